@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Build and install Horovod from its source release against the torch that is
+# already installed in the target Python. Used by the images and, unchanged, on
+# bare metal (a cluster without containers), so the two never drift.
+#
+#   PYTHON=/path/to/python bash docker/install-horovod.sh
+#
+# Environment (all optional):
+#   PYTHON                  interpreter to install into (default: python3)
+#   HOROVOD_SDIST           a local horovod-<version>.tar.gz instead of downloading it
+#   HOROVOD_GPU_OPERATIONS  NCCL or MPI (GPU builds only; unset for CPU)
+#   HOROVOD_WITHOUT_MPI=1   build without the MPI controller (default: with it when mpicxx exists)
+#   CUDA_HOME               CUDA toolkit root; found from nvcc when torch is a CUDA build
+#   JOBS                    parallel compile jobs (default: number of cores)
+#
+# Horovod 0.28.1 (its last release) declares C++14; torch >= 2.1 needs C++17.
+# The only change made to its source is raising CMAKE_CXX_STANDARD to 17 in
+# CMakeLists.txt and horovod/torch/CMakeLists.txt.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=versions.env
+source "$here/versions.env"
+
+PYTHON="${PYTHON:-python3}"
+JOBS="${JOBS:-$(nproc)}"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+say() { printf 'install-horovod: %s\n' "$*" >&2; }
+die() { say "error: $*"; exit 1; }
+
+"$PYTHON" -c 'import torch' 2>/dev/null \
+    || die "torch is not importable from $PYTHON; install torch==$TORCH_VERSION first"
+
+sdist="${HOROVOD_SDIST:-}"
+if [[ -z "$sdist" ]]; then
+    say "downloading horovod==$HOROVOD_VERSION source"
+    "$PYTHON" -m pip download --quiet --no-deps --no-binary :all: \
+        "horovod==$HOROVOD_VERSION" -d "$work"
+    sdist="$work/horovod-$HOROVOD_VERSION.tar.gz"
+fi
+[[ -f "$sdist" ]] || die "no source archive at $sdist"
+echo "$HOROVOD_SHA256  $sdist" | sha256sum --check --quiet \
+    || die "checksum of $sdist does not match HOROVOD_SHA256 in docker/versions.env"
+
+tar -xzf "$sdist" -C "$work"
+src="$work/horovod-$HOROVOD_VERSION"
+for f in "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"; do
+    grep -q 'set(CMAKE_CXX_STANDARD 14)' "$f" || die "unexpected source: no C++14 setting in $f"
+    sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$f"
+done
+
+export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
+export HOROVOD_WITH_GLOO=1
+if [[ "${HOROVOD_WITHOUT_MPI:-0}" != 1 ]]; then
+    command -v mpicxx >/dev/null \
+        || die "mpicxx not found: install an MPI (Debian: libopenmpi-dev) or set HOROVOD_WITHOUT_MPI=1"
+    export HOROVOD_WITH_MPI=1
+fi
+export MAKEFLAGS="-j$JOBS"
+
+torch_cuda="$("$PYTHON" -c 'import torch; print(torch.version.cuda or "")')"
+if [[ -n "$torch_cuda" ]]; then
+    # A CUDA build of torch makes Horovod's torch extension look for the toolkit.
+    if [[ -z "${CUDA_HOME:-}" ]]; then
+        nvcc="$(command -v nvcc || true)"
+        [[ -n "$nvcc" ]] || die "torch is built for CUDA $torch_cuda but no CUDA toolkit was found: set CUDA_HOME or put nvcc on the PATH"
+        # nvcc may be a wrapper script; ask it where it really lives.
+        real="$(sed -n 's#^exec \(/.*\)/bin/nvcc.*#\1#p' "$nvcc" 2>/dev/null | head -n1)"
+        CUDA_HOME="${real:-$(cd "$(dirname "$(readlink -f "$nvcc")")/.." && pwd)}"
+    fi
+    export CUDA_HOME CUDAToolkit_ROOT="$CUDA_HOME" PATH="$CUDA_HOME/bin:$PATH"
+    say "torch is built for CUDA $torch_cuda; CUDA toolkit at $CUDA_HOME"
+    if [[ "${HOROVOD_GPU_OPERATIONS:-}" == NCCL && -z "${HOROVOD_NCCL_HOME:-}${HOROVOD_NCCL_LIB:-}" ]]; then
+        # Use the NCCL that torch itself loads (the nvidia-nccl wheel), so one
+        # process never holds two copies of NCCL.
+        nccl="$("$PYTHON" -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__) if nvidia.nccl.__file__ else list(nvidia.nccl.__path__)[0])' 2>/dev/null || true)"
+        if [[ -n "$nccl" && -f "$nccl/lib/libnccl.so.2" ]]; then
+            ln -sf libnccl.so.2 "$nccl/lib/libnccl.so"
+            export HOROVOD_NCCL_INCLUDE="$nccl/include" HOROVOD_NCCL_LIB="$nccl/lib" HOROVOD_NCCL_LINK=SHARED
+            say "using torch's NCCL at $nccl"
+        fi
+    fi
+elif [[ -n "${HOROVOD_GPU_OPERATIONS:-}" ]]; then
+    die "HOROVOD_GPU_OPERATIONS=$HOROVOD_GPU_OPERATIONS needs a CUDA build of torch; this one is CPU-only"
+fi
+
+say "building horovod $HOROVOD_VERSION with $JOBS jobs (takes minutes)"
+# No build isolation: Horovod must compile against the torch installed here,
+# not a fresh one pip would fetch into an isolated build environment.
+"$PYTHON" -m pip install --no-build-isolation --no-cache-dir "$src"
+
+say "checking the build"
+"$PYTHON" -m horovod.runner.launch --check-build
+"$PYTHON" - <<'EOF'
+import os, horovod.torch as hvd
+assert hvd.gloo_built(), "Horovod was built without Gloo"
+if os.environ.get("HOROVOD_WITH_MPI") == "1":
+    assert hvd.mpi_built(), "Horovod was built without MPI"
+ops = os.environ.get("HOROVOD_GPU_OPERATIONS", "")
+if ops == "NCCL":
+    assert hvd.nccl_built(), "Horovod was built without NCCL"
+print("install-horovod: horovod.torch imports; gloo=%s mpi=%s nccl=%s"
+      % (hvd.gloo_built(), hvd.mpi_built(), hvd.nccl_built()))
+EOF

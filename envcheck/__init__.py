@@ -1,0 +1,1 @@
+"""Probes of the host and of the lab image (`python -m envcheck`)."""

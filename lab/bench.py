@@ -1,0 +1,367 @@
+"""`invoke bench`: check the request, launch each run with its framework's launcher,
+stream its output, end it promptly when a rank dies, record failures, and print the
+report's table. This module is the edge where processes are started; the commands
+come from lab.launch and the figures from the records the workers write."""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import glob
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+from lab import launch, results, summary
+from lab.config import ConfigError, RunConfig
+
+
+class BenchError(Exception):
+    """Bad input or a missing piece: one sentence that says what to do."""
+
+
+@dataclass
+class BenchSettings:
+    np: list[int] = field(default_factory=lambda: [1])
+    framework: str = "auto"          # auto: horovod when it imports, else ddp
+    backend: str = "gloo"
+    model: str = "mnist"
+    data: str = "synthetic"
+    data_dir: str = "data"
+    device: str = "cpu"
+    epochs: int = 1
+    batch_size: int = 64
+    compression: str = "none"
+    warmup_steps: int = 5
+    max_steps: int = 0
+    synthetic_size: int = 0
+    threads: int = 1
+    seed: int = 42
+    results_dir: str = "results"
+    run_id: str = ""                 # empty: a new one
+    timeout_s: float = 3600          # per run; the job is killed and recorded as failed
+    ceiling: bool = False
+    fault: str = ""                  # RANK:STEP, for tests of a dying rank
+
+
+@dataclass
+class Outcome:
+    run_dir: str
+    records: list[dict]
+    failed: int
+    notes: list[str]
+    ceiling: dict | None = None
+
+
+def parse_np(spec) -> list[int]:
+    """"2" or "1,2,4" (or a list of ints) -> [1, 2, 4]; one clear sentence on bad input."""
+    if isinstance(spec, int):
+        items = [spec]
+    elif isinstance(spec, (list, tuple)):
+        items = list(spec)
+    else:
+        parts = [p.strip() for p in str(spec).split(",")]
+        items = []
+        for p in parts:
+            try:
+                items.append(int(p))
+            except ValueError:
+                raise BenchError(f"--np takes whole numbers separated by commas "
+                                 f"(for example 1,2,4), not {spec!r}") from None
+    if not items:
+        raise BenchError("--np needs at least one process count")
+    for n in items:
+        if n < 1:
+            raise BenchError(f"--np must be at least 1, not {n}")
+    return list(dict.fromkeys(items))
+
+
+_STACK_PROBE = r"""
+import json, importlib.util
+out = {}
+try:
+    import torch, torch.distributed as dist
+    out["torch"] = torch.__version__
+    out["cuda_available"] = torch.cuda.is_available()
+    out["gpus"] = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    out["ddp_backends"] = {"gloo": dist.is_gloo_available(), "mpi": dist.is_mpi_available(),
+                           "nccl": dist.is_nccl_available()}
+except Exception as e:
+    out["torch_error"] = f"{type(e).__name__}: {e}"
+if importlib.util.find_spec("horovod") is not None:
+    try:
+        import horovod.torch as hvd
+        out["horovod"] = {"gloo": bool(hvd.gloo_built()), "mpi": bool(hvd.mpi_built()),
+                          "nccl": bool(hvd.nccl_built())}
+    except Exception as e:
+        out["horovod_error"] = f"{type(e).__name__}: {e}"
+try:
+    import torchvision
+    out["torchvision"] = torchvision.__version__
+except Exception as e:
+    out["torchvision_error"] = f"{type(e).__name__}: {e}".splitlines()[0]
+print(json.dumps(out))
+"""
+
+
+def probe_stack(python: str = sys.executable, timeout: float = 120) -> dict:
+    """What the worker's Python can run: torch, its distributed back ends, GPUs, Horovod."""
+    try:
+        cp = subprocess.run([python, "-c", _STACK_PROBE], capture_output=True, text=True,
+                            timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise BenchError(f"importing torch in {python} took over {timeout:g} s: check the "
+                         f"installation with `invoke doctor`") from None
+    try:
+        return json.loads(cp.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        raise BenchError(f"could not inspect the Python at {python}: "
+                         f"{(cp.stderr.strip().splitlines() or ['no output'])[-1]}") from None
+
+
+def resolve_framework(requested: str, stack: dict) -> tuple[str, str | None]:
+    """auto -> horovod when it imports, else ddp (with a note saying so)."""
+    if requested != "auto":
+        return requested, None
+    if "horovod" in stack:
+        return "horovod", None
+    return "ddp", ("Horovod is not installed, so the framework is DDP (torch.distributed.run); "
+                   "build Horovod with docker/install-horovod.sh to use it")
+
+
+def check_request(s: BenchSettings, stack: dict) -> tuple[str, list[str]]:
+    """Everything that can be known before launching; returns the framework and notes."""
+    if "torch_error" in stack or "torch" not in stack:
+        raise BenchError(f"torch does not import ({stack.get('torch_error', 'not installed')}): "
+                         f"install the training extra, pip install -e '.[train]'")
+    framework, note = resolve_framework(s.framework, stack)
+    notes = [note] if note else []
+    cfg = base_config(s, framework)
+    try:
+        cfg.check()
+    except ConfigError as e:
+        raise BenchError(str(e)) from None
+    if framework == "none" and any(n != 1 for n in s.np):
+        raise BenchError("--framework none runs one process: use --np 1, "
+                         "or --framework horovod or ddp")
+    if s.device == "cuda":
+        if not stack.get("cuda_available"):
+            raise BenchError("--device cuda but torch sees no GPU: run `invoke doctor`, "
+                             "or use --device cpu")
+        if max(s.np) > stack.get("gpus", 0):
+            raise BenchError(f"--np {max(s.np)} needs {max(s.np)} GPUs on this host and torch "
+                             f"sees {stack.get('gpus', 0)}: lower --np")
+    if framework == "horovod":
+        if "horovod_error" in stack:
+            raise BenchError(f"Horovod is installed but does not import ({stack['horovod_error']}): "
+                             f"rebuild it against this torch with docker/install-horovod.sh")
+        if "horovod" not in stack:
+            raise BenchError("Horovod is not installed: build it with docker/install-horovod.sh, "
+                             "or use --framework ddp")
+        if not stack["horovod"].get(s.backend):
+            raise BenchError(f"this Horovod was built without {s.backend}: rebuild it with "
+                             f"docker/install-horovod.sh, or pick another --backend")
+        if s.backend == "mpi" and shutil.which("mpirun") is None:
+            raise BenchError("--backend mpi needs mpirun on the PATH: install an MPI "
+                             "(Debian: openmpi-bin)")
+    if framework == "ddp" and not stack.get("ddp_backends", {}).get(s.backend):
+        hint = ("pip's torch builds have no MPI back end; use --framework horovod --backend mpi"
+                if s.backend == "mpi" else "use --backend gloo")
+        raise BenchError(f"this torch has no {s.backend} back end for DDP: {hint}")
+    if s.model == "resnet50" and "torchvision" not in stack:
+        raise BenchError(f"--model resnet50 needs torchvision, which does not import here "
+                         f"({stack.get('torchvision_error', 'not installed')}): install the "
+                         f"torchvision built for torch {stack['torch']}")
+    return framework, notes
+
+
+def base_config(s: BenchSettings, framework: str) -> RunConfig:
+    return RunConfig(model=s.model, framework=framework, backend=s.backend, device=s.device,
+                     data=s.data, data_dir=s.data_dir, epochs=s.epochs, batch_size=s.batch_size,
+                     compression=s.compression, warmup_steps=s.warmup_steps,
+                     max_steps=s.max_steps, synthetic_size=s.synthetic_size, threads=s.threads,
+                     seed=s.seed, results_dir=s.results_dir, fault=s.fault)
+
+
+def _horovodrun() -> str:
+    here = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    return here if os.path.exists(here) else (shutil.which("horovodrun") or "horovodrun")
+
+
+def _kill_group(proc: subprocess.Popen, grace: float = 5.0) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_job(cmd: list[str], env: dict, timeout_s: float, echo) -> tuple[int | None, list[str], str]:
+    """Run a launcher in its own process group, echoing its output. Returns the exit
+    code (None when it was killed for the timeout), the last lines, and why it ended."""
+    tail: collections.deque[str] = collections.deque(maxlen=40)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, start_new_session=True, stdin=subprocess.DEVNULL,
+                            errors="replace")
+
+    def pump():
+        for line in proc.stdout:
+            tail.append(line.rstrip("\n"))
+            echo(line.rstrip("\n"))
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        rc = proc.wait(timeout=timeout_s if timeout_s > 0 else None)
+        why = "exited"
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        rc, why = None, f"did not finish within {timeout_s:g} s and was stopped"
+    except KeyboardInterrupt:
+        _kill_group(proc)
+        raise
+    finally:
+        if proc.poll() is None:
+            _kill_group(proc)
+    # The launcher is gone; stragglers it left in the group are ended too.
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    reader.join(timeout=5)
+    return rc, list(tail), why
+
+
+def first_failure(failure_dir: str) -> dict | None:
+    """The earliest failure any rank wrote for one launch."""
+    found = []
+    for path in glob.glob(os.path.join(failure_dir, "rank-*.json")):
+        try:
+            with open(path) as f:
+                found.append(json.load(f))
+        except (OSError, json.JSONDecodeError):
+            continue
+    if not found:
+        return None
+    # A rank that raised on its own comes before ranks that failed because a peer left.
+    found.sort(key=lambda x: (x.get("time", ""), "interrupted" in x.get("reason", ""),
+                              x.get("rank", 0)))
+    return found[0]
+
+
+def _failure_reason_from_tail(tail: list[str]) -> str:
+    for line in reversed(tail):
+        if "failed:" in line or "Error" in line:
+            return line.strip()[:300]
+    return (tail[-1].strip()[:300] if tail else "no output")
+
+
+def run(s: BenchSettings, echo=print, stack: dict | None = None) -> Outcome:
+    """Check the request, then run one job per process count into one results directory."""
+    nps = parse_np(s.np)
+    s = dataclasses.replace(s, np=nps)
+    stack = stack if stack is not None else probe_stack()
+    framework, notes = check_request(s, stack)
+    for n in notes:
+        echo(n)
+    if s.data == "mnist":
+        # Once, here, rather than by every rank at the same time.
+        from lab.fetch import DataUnavailable, ensure_mnist
+        try:
+            ensure_mnist(s.data_dir)
+        except DataUnavailable as e:
+            raise BenchError(str(e)) from None
+    run_id = s.run_id or results.new_run_id()
+    rdir = results.run_dir(s.results_dir, run_id)
+    rfile = rdir / results.RESULTS_FILE
+    os.makedirs(rdir, exist_ok=True)
+
+    ceiling = None
+    if s.ceiling:
+        ceiling = measure_ceiling(s)
+        echo(f"compute ceiling ({s.model}, batch {s.batch_size}, {s.threads} thread(s), "
+             f"no framework): {ceiling['images_per_s']:,.0f} images/s per process")
+
+    failed = 0
+    for i, np in enumerate(nps):
+        cfg = dataclasses.replace(base_config(s, framework), run_id=run_id, expected_np=np,
+                                  attempt=f"{i:03d}-np{np}")
+        cmd = launch.command(framework, s.backend, np, cfg.to_args())
+        if framework == "horovod":
+            cmd[0] = _horovodrun()
+        env = dict(os.environ, OMP_NUM_THREADS=str(s.threads), PYTHONUNBUFFERED="1")
+        echo(f"== {framework} over {s.backend}, {np} process(es): {' '.join(cmd)}")
+        before = len(results.read_records(rfile)[0])
+        started = results.now_iso()
+        t0 = time.monotonic()
+        try:
+            rc, tail, why = run_job(cmd, env, s.timeout_s, echo)
+        except KeyboardInterrupt:
+            _record_failure(rfile, cfg, np, started, {"rank": None, "host": None,
+                            "reason": "interrupted by the user", "log_tail": ""})
+            raise
+        wrote = len(results.read_records(rfile)[0]) > before
+        if rc == 0 and wrote:
+            continue
+        failed += 1
+        info = first_failure(os.path.join(rdir, "failures", cfg.attempt))
+        if rc == 0:
+            reason = "the job exited normally but wrote no record"
+        elif rc is None:
+            reason = f"the job {why}"
+        elif info:
+            reason = f"rank {info['rank']} on {info['host']} failed: {info['reason']}"
+        else:
+            reason = f"the launcher exited with {rc}: {_failure_reason_from_tail(tail)}"
+        echo(f"!! run failed after {time.monotonic() - t0:.1f} s: {reason}")
+        _record_failure(rfile, cfg, np, started, {
+            "rank": info["rank"] if info else None, "host": info["host"] if info else None,
+            "reason": reason, "log_tail": "\n".join(tail[-20:])})
+
+    records = [r for r in results.read_records(rfile)[0] if r.get("run_id") == run_id]
+    return Outcome(str(rdir), records, failed, notes, ceiling)
+
+
+def _record_failure(rfile, cfg: RunConfig, np: int, started: str, error: dict) -> None:
+    results.append_record(rfile, {
+        "run_id": cfg.run_id, "record_id": results.new_record_id(), "status": "failed",
+        "started_at": started, "finished_at": results.now_iso(), "config": cfg.as_record(),
+        "np": np, "error": error})
+
+
+def measure_ceiling(s: BenchSettings) -> dict:
+    cmd = [sys.executable, "-m", "lab.ceiling", "--model", s.model, "--batch-size",
+           str(s.batch_size), "--threads", str(s.threads), "--device", s.device]
+    if s.model == "resnet50":
+        cmd += ["--steps", "5", "--warmup", "2"]
+    env = dict(os.environ, OMP_NUM_THREADS=str(s.threads))
+    cp = subprocess.run(cmd, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)
+    if cp.returncode != 0:
+        raise BenchError(f"measuring the compute ceiling failed: "
+                         f"{(cp.stderr.strip().splitlines() or ['no output'])[-1]}")
+    return json.loads(cp.stdout)
+
+
+def render(outcome: Outcome) -> str:
+    table = summary.render(summary.rows(outcome.records))
+    lines = [table]
+    if outcome.ceiling:
+        c = outcome.ceiling["images_per_s"]
+        for r in outcome.records:
+            if r.get("status") == "ok":
+                n = r["world"]["np"]
+                t = r["figures"]["throughput_img_s"]
+                lines.append(f"np={n}: {t:,.0f} images/s = {t / (c * n):.0%} of {n} x the "
+                             f"compute ceiling ({c:,.0f} images/s)")
+    lines.append(f"records: {os.path.join(outcome.run_dir, results.RESULTS_FILE)}")
+    return "\n".join(lines)

@@ -1,0 +1,63 @@
+"""`python -m lab.ceiling`: the compute ceiling of one process — the model's training
+steps on batches already in memory, with no framework and no data pipeline. A run's
+throughput is judged against it: np=1 should come close, np=N should approach N times it
+when each rank has its own cores or GPU."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+
+def measure(model_name: str = "mnist", batch_size: int = 64, threads: int = 1, steps: int = 200,
+            warmup: int = 10, device: str = "cpu", seed: int = 0) -> dict:
+    import torch
+    from lab import data, models
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    dev = torch.device(device)
+    if model_name == "mnist":
+        ds = data.synthetic(1, 28, 10, batch_size * 8, 1, seed=seed)
+    else:
+        ds = data.synthetic(3, 224, 1000, batch_size * 2, 1, seed=seed)
+    x, y = ds.train.images.to(dev), ds.train.labels.to(dev)
+    n_batches = len(y) // batch_size
+    model, loss_fn = models.build(model_name, ds.channels, ds.classes)
+    model.to(dev).train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
+    times = []
+    for i in range(warmup + steps):
+        j = i % n_batches
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model(x[j * batch_size:(j + 1) * batch_size]),
+                y[j * batch_size:(j + 1) * batch_size]).backward()
+        opt.step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return {"model": model_name, "batch_size": batch_size, "threads": threads, "device": device,
+            "steps": steps, "step_time_mean_s": sum(times) / len(times),
+            "images_per_s": batch_size * len(times) / sum(times)}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m lab.ceiling", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="mnist", choices=("mnist", "resnet50"))
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--device", default="cpu")
+    a = p.parse_args(argv)
+    out = measure(a.model, a.batch_size, a.threads, a.steps, a.warmup, a.device)
+    json.dump(out, sys.stdout)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""Data sets as whole tensors: IDX files (MNIST), scikit-learn's digits, synthetic.
+
+Each split is one tensor of images and one of labels, put on the training device
+once; an epoch's shard is gathered with one index operation, and a step is a slice
+of it, so the hot path does no per-sample Python work.
+"""
+from __future__ import annotations
+
+import gzip
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from lab.fetch import DataUnavailable, ensure_mnist  # noqa: F401 (part of this module's API)
+
+# MNIST's mean and standard deviation, the normalisation of Horovod's example.
+MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
+
+# IDX type codes (http://yann.lecun.com/exdb/mnist/, "THE IDX FILE FORMAT").
+_IDX_TYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+
+
+@dataclass
+class Split:
+    images: torch.Tensor   # float32, N x C x H x W, normalised
+    labels: torch.Tensor   # int64, N
+
+    def __len__(self) -> int:
+        return self.labels.shape[0]
+
+    def to(self, device) -> "Split":
+        return Split(self.images.to(device), self.labels.to(device))
+
+
+@dataclass
+class Dataset:
+    name: str
+    train: Split
+    test: Split
+    channels: int
+    size: int          # height = width
+    classes: int
+
+
+# ---------------------------------------------------------------- IDX format
+
+def read_idx(path: str | os.PathLike) -> np.ndarray:
+    """Parse an IDX file (optionally gzipped) into an array of its shape."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        raw = f.read()
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
+        raise ValueError(f"{path} is not an IDX file (bad magic number)")
+    type_code, ndim = raw[2], raw[3]
+    if type_code not in _IDX_TYPES:
+        raise ValueError(f"{path}: unknown IDX type code 0x{type_code:02x}")
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise ValueError(f"{path}: truncated IDX header")
+    shape = struct.unpack(f">{ndim}I", raw[4:header])
+    dtype = np.dtype(_IDX_TYPES[type_code])
+    count = int(np.prod(shape)) if shape else 1
+    if len(raw) - header != count * dtype.itemsize:
+        raise ValueError(f"{path}: IDX header says {shape} of {dtype} "
+                         f"but the file holds {len(raw) - header} data bytes")
+    data = np.frombuffer(raw, dtype=dtype, offset=header, count=count)
+    return data.reshape(shape).astype(dtype.newbyteorder("="))
+
+
+def write_idx(path: str | os.PathLike, array: np.ndarray) -> None:
+    """Write an array as an IDX file (gzipped if the name ends in .gz)."""
+    path = Path(path)
+    codes = {np.dtype(v).newbyteorder("="): k for k, v in _IDX_TYPES.items()}
+    dtype = array.dtype.newbyteorder("=")
+    if dtype not in codes:
+        raise ValueError(f"IDX cannot hold {array.dtype}")
+    header = bytes([0, 0, codes[dtype], array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    body = array.astype(np.dtype(_IDX_TYPES[codes[dtype]])).tobytes()
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "wb") as f:
+        f.write(header + body)
+
+
+# ---------------------------------------------------------------- MNIST
+
+def _normalise(images_0_1: torch.Tensor) -> torch.Tensor:
+    return (images_0_1 - MNIST_MEAN) / MNIST_STD
+
+
+def load_mnist(data_dir) -> Dataset:
+    """MNIST from the IDX files in data_dir (or data_dir/mnist), downloaded first if absent."""
+    root = ensure_mnist(data_dir)
+
+    def split(prefix):
+        x = read_idx(root / f"{prefix}-images-idx3-ubyte.gz")
+        y = read_idx(root / f"{prefix}-labels-idx1-ubyte.gz")
+        if x.ndim != 3 or y.ndim != 1 or x.shape[0] != y.shape[0]:
+            raise ValueError(f"{root}: {prefix} images {x.shape} and labels {y.shape} do not match")
+        images = torch.from_numpy(x.astype(np.float32) / 255.0).unsqueeze(1)
+        return Split(_normalise(images), torch.from_numpy(y.astype(np.int64)))
+
+    try:
+        train, test = split("train"), split("t10k")
+    except (ValueError, OSError, EOFError) as e:
+        raise DataUnavailable(f"the MNIST files in {root} cannot be read ({e}): delete them to "
+                              f"download a fresh copy, or pass another --data-dir") from None
+    return Dataset("mnist", train, test, channels=1, size=train.images.shape[-1], classes=10)
+
+
+def load_digits(seed: int = 0, test_size: int = 300) -> Dataset:
+    """scikit-learn's 1,797 bundled 8x8 handwritten digits, upsampled to 20x20 and centred
+    in 28x28 (MNIST's layout: digits fit a 20x20 box), split into train and test."""
+    try:
+        from sklearn.datasets import load_digits as sk_load_digits
+    except ImportError:
+        raise DataUnavailable("--data digits needs scikit-learn: pip install scikit-learn "
+                              "(or install the kit with its 'train' extra)") from None
+    d = sk_load_digits()
+    x = torch.from_numpy(d.images.astype(np.float32) / 16.0).unsqueeze(1)
+    x = torch.nn.functional.interpolate(x, size=(20, 20), mode="bilinear", align_corners=False)
+    x = torch.nn.functional.pad(x, (4, 4, 4, 4)).clamp_(0, 1)
+    y = torch.from_numpy(d.target.astype(np.int64))
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
+    test_idx, train_idx = order[:test_size], order[test_size:]
+    x = _normalise(x)
+    return Dataset("digits", Split(x[train_idx], y[train_idx]), Split(x[test_idx], y[test_idx]),
+                   channels=1, size=28, classes=10)
+
+
+def synthetic(channels: int, size: int, classes: int, train_size: int, test_size: int,
+              seed: int = 0) -> Dataset:
+    """Random images and labels: nothing to learn, for pure throughput."""
+    g = torch.Generator().manual_seed(seed)
+
+    def split(n):
+        return Split(torch.randn(n, channels, size, size, generator=g),
+                     torch.randint(0, classes, (n,), generator=g))
+
+    return Dataset("synthetic", split(train_size), split(test_size), channels, size, classes)
+
+
+def load(cfg) -> Dataset:
+    """The data set a RunConfig asks for, on the CPU."""
+    if cfg.data == "mnist":
+        return load_mnist(cfg.data_dir)
+    if cfg.data == "digits":
+        return load_digits(seed=cfg.seed)
+    # Synthetic: MNIST's shape for the MNIST network; ImageNet's for ResNet-50.
+    if cfg.model == "mnist":
+        n = cfg.synthetic_size or 60000
+        return synthetic(1, 28, 10, n, max(n // 6, 1), seed=cfg.seed)
+    n = cfg.synthetic_size or 8 * cfg.batch_size
+    return synthetic(3, 224, 1000, n, max(n // 8, 1), seed=cfg.seed)
+
+
+# ---------------------------------------------------------------- sharding
+
+def shard_indices(n: int, rank: int, world: int, epoch: int, seed: int) -> torch.Tensor:
+    """This rank's sample indices for an epoch: a permutation drawn from (seed, epoch),
+    cut into `world` equal, disjoint blocks (the remainder is dropped so every rank
+    takes the same number of steps)."""
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} is outside a world of {world}")
+    per = n // world
+    g = torch.Generator().manual_seed(seed * 100003 + epoch)
+    perm = torch.randperm(n, generator=g)
+    return perm[rank * per:(rank + 1) * per]
+
+
+def eval_indices(n: int, rank: int, world: int) -> torch.Tensor:
+    """This rank's share of the test set: every sample counted by exactly one rank."""
+    return torch.arange(rank, n, world)

@@ -1,0 +1,140 @@
+"""The three ways a worker trains: alone (`none`), with Horovod, or with
+torch.distributed's DistributedDataParallel. Each adapter offers the same few calls,
+so the training loop is written once."""
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+
+import torch
+
+from lab.config import ConfigError
+
+# How long a collective may wait for a peer before the job gives up (seconds). The
+# launchers end a job as soon as one rank dies; this bounds any case they miss.
+COLLECTIVE_TIMEOUT_S = int(os.environ.get("LAB_COLLECTIVE_TIMEOUT", "300"))
+
+
+class Local:
+    """One process, no communication: the serial baseline."""
+    name = "none"
+    controller = "none"
+
+    def __init__(self, cfg):
+        self.rank, self.size, self.local_rank, self.local_size = 0, 1, 0, 1
+
+    def wrap(self, model, optimizer, compression):
+        return model, optimizer
+
+    def allgather_object(self, obj):
+        return [obj]
+
+    def shutdown(self):
+        pass
+
+
+class Horovod:
+    """Horovod: DistributedOptimizer averaging gradients, state broadcast from rank 0."""
+    name = "horovod"
+
+    def __init__(self, cfg):
+        try:
+            import horovod.torch as hvd
+        except ImportError as e:
+            raise ConfigError(f"Horovod does not import ({e}): build it with "
+                              f"docker/install-horovod.sh, or use --framework ddp") from None
+        self.hvd = hvd
+        hvd.init()
+        self.rank, self.size = hvd.rank(), hvd.size()
+        self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
+        if hvd.mpi_enabled():
+            self.controller = "mpi"
+        elif hvd.gloo_enabled():
+            self.controller = "gloo"
+        else:
+            self.controller = "unknown"
+        if cfg.backend in ("gloo", "mpi") and self.controller != cfg.backend and self.size > 1:
+            raise ConfigError(f"asked for the {cfg.backend} back end but Horovod runs on "
+                              f"{self.controller}: launch with horovodrun --{cfg.backend}")
+        if cfg.backend == "nccl" and not hvd.nccl_built():
+            raise ConfigError("this Horovod was built without NCCL: rebuild it with "
+                              "HOROVOD_GPU_OPERATIONS=NCCL, or use --backend gloo or mpi")
+        if cfg.backend == "nccl":
+            self.controller = "nccl"
+
+    def wrap(self, model, optimizer, compression):
+        hvd = self.hvd
+        comp = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}[compression]
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        optimizer = hvd.DistributedOptimizer(
+            optimizer, named_parameters=model.named_parameters(), compression=comp)
+        return model, optimizer
+
+    def allgather_object(self, obj):
+        return self.hvd.allgather_object(obj)
+
+    def shutdown(self):
+        self.hvd.shutdown()
+
+
+class DDP:
+    """torch.distributed with DistributedDataParallel, as started by torch.distributed.run."""
+    name = "ddp"
+
+    def __init__(self, cfg):
+        import torch.distributed as dist
+        self.dist = dist
+        if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+            raise ConfigError("--framework ddp expects to be started by torch.distributed.run "
+                              "(RANK and WORLD_SIZE are unset): use invoke bench, or "
+                              "python -m torch.distributed.run --nproc-per-node N -m lab.train")
+        available = {"gloo": dist.is_gloo_available(), "mpi": dist.is_mpi_available(),
+                     "nccl": dist.is_nccl_available()}
+        if not available[cfg.backend]:
+            hint = {"mpi": "pip's torch builds carry no MPI back end; use --framework horovod "
+                           "--backend mpi, or --backend gloo",
+                    "nccl": "install a CUDA build of torch, or use --backend gloo",
+                    "gloo": "install a torch build with Gloo"}[cfg.backend]
+            raise ConfigError(f"this torch has no {cfg.backend} back end for torch.distributed: {hint}")
+        self.controller = cfg.backend
+        dist.init_process_group(cfg.backend,
+                                timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+        self.rank, self.size = dist.get_rank(), dist.get_world_size()
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.local_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        self.device = None
+
+    def wrap(self, model, optimizer, compression):
+        from torch.nn.parallel import DistributedDataParallel
+        device_ids = [self.local_rank] if next(model.parameters()).is_cuda else None
+        model = DistributedDataParallel(model, device_ids=device_ids)  # broadcasts rank 0's state
+        if compression == "fp16":
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+            model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        return model, optimizer
+
+    def allgather_object(self, obj):
+        out = [None] * self.size
+        self.dist.all_gather_object(out, obj)
+        return out
+
+    def shutdown(self):
+        if self.dist.is_initialized():
+            self.dist.destroy_process_group()
+
+
+FRAMEWORK_ADAPTERS = {"none": Local, "horovod": Horovod, "ddp": DDP}
+
+
+def create(cfg):
+    return FRAMEWORK_ADAPTERS[cfg.framework](cfg)
+
+
+def hostname() -> str:
+    return socket.gethostname()
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    return getattr(model, "module", model)

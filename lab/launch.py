@@ -1,0 +1,102 @@
+"""Launch commands, built by pure functions: settings in, argv out. Nothing here
+starts a process (lab.bench does that)."""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+
+class HostsError(ValueError):
+    """A host list that cannot be parsed; the message says the expected form."""
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    slots: int
+
+
+def parse_hosts(spec: str) -> list[Host]:
+    """Parse Horovod's host syntax "node1:2,node2:2" (a host without ":N" has 1 slot)."""
+    hosts = []
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            raise HostsError(f"empty host in {spec!r}: write hosts as node1:2,node2:2")
+        name, sep, slots = part.partition(":")
+        if not name:
+            raise HostsError(f"missing host name in {part!r}: write hosts as node1:2,node2:2")
+        try:
+            n = int(slots) if sep else 1
+        except ValueError:
+            raise HostsError(f"slots of {name!r} must be a whole number, not {slots!r}") from None
+        if n < 1:
+            raise HostsError(f"{name!r} needs at least 1 slot")
+        if any(h.name == name for h in hosts):
+            raise HostsError(f"host {name!r} is listed twice")
+        hosts.append(Host(name, n))
+    return hosts
+
+
+def format_hosts(hosts: list[Host]) -> str:
+    return ",".join(f"{h.name}:{h.slots}" for h in hosts)
+
+
+def local_hosts(np: int) -> list[Host]:
+    return [Host("localhost", np)]
+
+
+def worker_command(worker_args: list[str], python: str = sys.executable) -> list[str]:
+    return [python, "-m", "lab.train", *worker_args]
+
+
+def horovod_command(np: int, hosts: list[Host], controller: str, worker_args: list[str],
+                    python: str = sys.executable, horovodrun: str = "horovodrun") -> list[str]:
+    """horovodrun over Gloo or MPI. (NCCL is not a Horovod controller: tensors go
+    through NCCL when Horovod was built with HOROVOD_GPU_OPERATIONS=NCCL.)"""
+    if controller not in ("gloo", "mpi"):
+        raise ValueError(f"Horovod's controller is gloo or mpi, not {controller!r}")
+    slots = sum(h.slots for h in hosts)
+    if np > slots:
+        raise HostsError(f"{np} processes but the hosts offer {slots} slots: "
+                         f"lower --np or give hosts more slots")
+    return [horovodrun, "-np", str(np), "-H", format_hosts(hosts), f"--{controller}",
+            *worker_command(worker_args, python)]
+
+
+def ddp_command(nproc_per_node: int, worker_args: list[str], nnodes: int = 1, node_rank: int = 0,
+                rdzv_endpoint: str | None = None, python: str = sys.executable) -> list[str]:
+    """torch.distributed.run for one node: standalone on a single node, or joining a
+    c10d rendezvous at rdzv_endpoint (host:port) on several."""
+    cmd = [python, "-m", "torch.distributed.run", f"--nproc-per-node={nproc_per_node}"]
+    if nnodes == 1 and rdzv_endpoint is None:
+        cmd.append("--standalone")
+    else:
+        if rdzv_endpoint is None:
+            raise ValueError("a multi-node DDP job needs a rendezvous endpoint host:port")
+        cmd += [f"--nnodes={nnodes}", f"--node-rank={node_rank}", "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={rdzv_endpoint}"]
+    return [*cmd, "-m", "lab.train", *worker_args]
+
+
+def framework_for_backend(framework: str, backend: str) -> str:
+    """The Horovod controller that carries a back end: nccl runs over Gloo's controller."""
+    if framework != "horovod":
+        raise ValueError("only Horovod has a controller")
+    return "gloo" if backend == "nccl" else backend
+
+
+def command(framework: str, backend: str, np: int, worker_args: list[str],
+            python: str = sys.executable) -> list[str]:
+    """The command that starts `np` local ranks of a run."""
+    if framework == "none":
+        if np != 1:
+            raise HostsError("--framework none runs one process: use --np 1, or "
+                             "--framework horovod or ddp")
+        return worker_command(worker_args, python)
+    if framework == "horovod":
+        return horovod_command(np, local_hosts(np), framework_for_backend(framework, backend),
+                               worker_args, python)
+    if framework == "ddp":
+        return ddp_command(np, worker_args, python=python)
+    raise ValueError(f"unknown framework {framework!r}")

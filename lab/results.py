@@ -1,0 +1,161 @@
+"""The results schema and the results.jsonl file: one JSON record per run, appended
+and flushed as each run ends, never rewritten.
+
+`python -m lab.results --schema` prints the schema as the Markdown table the README
+carries (a test keeps the two the same).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import secrets
+import sys
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+RESULTS_FILE = "results.jsonl"
+
+# Every field of a record: name -> (kind, meaning). Dotted names are nested.
+SCHEMA = {
+    "schema_version": ("int", f"version of this schema (now {SCHEMA_VERSION})"),
+    "run_id": ("str", "the results directory's name: one `invoke bench` invocation"),
+    "record_id": ("str", "unique id of this record"),
+    "status": ("str", "`ok`, or `failed` (then `error` is set and figures may be absent)"),
+    "started_at": ("str", "UTC start time, ISO 8601"),
+    "finished_at": ("str", "UTC end time, ISO 8601"),
+    "config": ("object", "the run's configuration: model, framework, backend, device, data, "
+               "epochs, batch_size (per rank), test_batch_size, lr (before scaling), momentum, "
+               "compression, seed, warmup_steps, max_steps, synthetic_size, threads"),
+    "world.np": ("int", "number of processes (ranks)"),
+    "world.nodes": ("int", "number of distinct hosts the ranks ran on"),
+    "world.hosts": ("list[str]", "host name of each rank, by rank"),
+    "world.devices_per_node": ("int", "ranks (devices) per host"),
+    "world.controller": ("str", "what carried the collectives: gloo, mpi or nccl (Horovod: its "
+                         "controller; DDP: the process group's back end; none: local)"),
+    "figures.throughput_img_s": ("float", "global images per second over the timed steps, "
+                                 "bounded by the slowest rank"),
+    "figures.step_time_mean_s": ("float", "mean time of a timed training step (rank 0)"),
+    "figures.step_time_p50_s": ("float", "median step time (rank 0)"),
+    "figures.step_time_p95_s": ("float", "95th-percentile step time (rank 0)"),
+    "figures.timed_steps": ("int", "steps timed per rank (warm-up steps excluded)"),
+    "figures.test_accuracy": ("float", "test accuracy (0..1) after the last epoch, over all ranks"),
+    "figures.final_loss": ("float", "mean training loss of the last epoch over all ranks"),
+    "figures.peak_memory_bytes": ("list[int]", "peak memory per rank: CUDA memory allocated "
+                                  "on a GPU, maximum resident set size on the CPU"),
+    "figures.lr_used": ("float", "learning rate after scaling by the world size"),
+    "epochs": ("list[object]", "per epoch: epoch, train_loss, test_accuracy, epoch_time_s, "
+               "shard_sizes (samples per rank), shard_overlap (samples seen by more than one "
+               "rank: 0 when shards are disjoint)"),
+    "step_times_s": ("list[float]", "every timed step's time on rank 0, in order"),
+    "manifest": ("object", "the environment: hosts, cpu_model, gpus (NVML), driver, cuda, "
+                 "cudnn, nccl, mpi, torch, torchvision, horovod, python, os, image"),
+    "error.rank": ("int|null", "on failure: the rank that failed first, when known"),
+    "error.host": ("str|null", "on failure: that rank's host"),
+    "error.reason": ("str", "on failure: one line saying what went wrong"),
+    "error.log_tail": ("str", "on failure: the end of the job's output"),
+}
+
+
+def now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def new_run_id() -> str:
+    """A sortable, unique run id: UTC time plus 4 random hex digits."""
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return f"{stamp}-{secrets.token_hex(2)}"
+
+
+def new_record_id() -> str:
+    return secrets.token_hex(8)
+
+
+def run_dir(results_dir: str | os.PathLike, run_id: str) -> Path:
+    return Path(results_dir) / run_id
+
+
+def append_record(path: str | os.PathLike, record: dict) -> None:
+    """Append one record as a line and push it to disk before returning."""
+    record = {"schema_version": SCHEMA_VERSION, **record}
+    line = json.dumps(record, sort_keys=False, separators=(",", ":")) + "\n"
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # One write of the whole line on an O_APPEND descriptor: concurrent writers
+    # never interleave within a line.
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            line = "\n" + line  # a torn last line (a crash mid-write) stays on its own
+        os.write(fd, line.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_records(path: str | os.PathLike) -> tuple[list[dict], list[str]]:
+    """All records of a results file, and one message per line that could not be read
+    (a line cut short by a crash is reported, not fatal)."""
+    records, problems = [], []
+    path = Path(path)
+    if not path.exists():
+        return records, problems
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                problems.append(f"{path}:{n}: not a JSON record ({e.msg}); line skipped")
+                continue
+            if not isinstance(rec, dict) or "schema_version" not in rec:
+                problems.append(f"{path}:{n}: not a results record; line skipped")
+                continue
+            if rec["schema_version"] > SCHEMA_VERSION:
+                problems.append(f"{path}:{n}: schema version {rec['schema_version']} is newer "
+                                f"than this kit's {SCHEMA_VERSION}; upgrade the kit to read it")
+                continue
+            records.append(rec)
+    return records, problems
+
+
+def _lookup(record: dict, dotted: str):
+    node = record
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise KeyError(dotted)
+        node = node[part]
+    return node
+
+
+def missing_fields(record: dict) -> list[str]:
+    """Schema fields a record lacks. A failed record needs only the error fields and
+    what identifies the run; an ok record needs everything but the error."""
+    out = []
+    for name in SCHEMA:
+        if record.get("status") == "ok" and name.startswith("error."):
+            continue
+        if record.get("status") == "failed" and name.split(".")[0] in (
+                "figures", "epochs", "step_times_s", "manifest", "world"):
+            continue
+        try:
+            _lookup(record, name)
+        except KeyError:
+            out.append(name)
+    return out
+
+
+def schema_markdown() -> str:
+    lines = [f"Schema version {SCHEMA_VERSION}.", "", "| field | type | meaning |",
+             "| --- | --- | --- |"]
+    lines += [f"| `{k}` | {t} | {m} |" for k, (t, m) in SCHEMA.items()]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--schema"]:
+        sys.stdout.write(schema_markdown())
+    else:
+        sys.exit("usage: python -m lab.results --schema")

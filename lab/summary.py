@@ -1,0 +1,75 @@
+"""The results table of the lab report (back end, servers, devices per server, time per
+step, throughput, speedup), computed from records alone."""
+from __future__ import annotations
+
+from lab import metrics
+
+COLUMNS = ("model", "framework", "back end", "servers", "devices per server", "np",
+           "time per step (ms)", "throughput (img/s)", "speedup", "efficiency", "accuracy")
+
+# Fields that make two runs "the same configuration" apart from the number of processes.
+_SAME = ("model", "framework", "backend", "device", "data", "batch_size", "compression",
+         "epochs", "max_steps", "threads")
+
+
+def config_key(record: dict) -> tuple:
+    c = record.get("config", {})
+    return tuple(c.get(k) for k in _SAME)
+
+
+def rows(records: list[dict]) -> list[dict]:
+    """One row per record, in order; speedup and efficiency against the fastest
+    one-process ok run of the same configuration among these records."""
+    baselines: dict[tuple, float] = {}
+    for r in records:
+        if r.get("status") == "ok" and r["world"]["np"] == 1:
+            key = config_key(r)
+            baselines[key] = max(baselines.get(key, 0.0), r["figures"]["throughput_img_s"])
+    out = []
+    for r in records:
+        c = r.get("config", {})
+        row = {"model": c.get("model"), "framework": c.get("framework"),
+               "back end": c.get("backend"), "np": r.get("world", {}).get("np", r.get("np"))}
+        if r.get("status") != "ok":
+            row.update({"servers": None, "devices per server": None,
+                        "failed": r.get("error", {}).get("reason", "failed")})
+            out.append(row)
+            continue
+        w, f = r["world"], r["figures"]
+        row.update({"servers": w["nodes"], "devices per server": w["devices_per_node"],
+                    "time per step (ms)": f["step_time_mean_s"] * 1000,
+                    "throughput (img/s)": f["throughput_img_s"],
+                    "accuracy": f["test_accuracy"]})
+        base = baselines.get(config_key(r))
+        if base:
+            s = metrics.speedup(f["throughput_img_s"], base)
+            row["speedup"] = s
+            row["efficiency"] = metrics.efficiency(s, w["np"])
+        out.append(row)
+    return out
+
+
+def render(table_rows: list[dict]) -> str:
+    from tabulate import tabulate
+
+    def cell(row, col):
+        if "failed" in row and col not in ("model", "framework", "back end", "np"):
+            if col != "time per step (ms)":
+                return ""
+            reason = row["failed"]
+            return "FAILED: " + (reason if len(reason) <= 70 else reason[:67] + "...")
+        v = row.get(col)
+        if v is None:
+            return "n/a" if col in ("speedup", "efficiency") else ""
+        if col == "time per step (ms)":
+            return f"{v:.2f}"
+        if col == "throughput (img/s)":
+            return f"{v:,.0f}"
+        if col in ("speedup",):
+            return f"{v:.2f}"
+        if col in ("efficiency", "accuracy"):
+            return f"{v:.1%}"
+        return str(v)
+
+    return tabulate([[cell(r, c) for c in COLUMNS] for r in table_rows], headers=COLUMNS,
+                    tablefmt="github", disable_numparse=True)

@@ -1,0 +1,230 @@
+"""`python -m lab.train`: one rank of a data-parallel training run.
+
+Started by a launcher (horovodrun, torch.distributed.run) or alone with
+`--framework none`. Rank 0 appends one record to <results-dir>/<run-id>/results.jsonl;
+a rank that fails writes <results-dir>/<run-id>/failures/rank-<N>.json and exits
+non-zero at once, so the launcher ends the job.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+import traceback
+
+from lab.config import ConfigError, parse_args
+from lab import results
+
+
+class InjectedFault(RuntimeError):
+    """Raised by --fault RANK:STEP, to test that a dying rank ends the job."""
+
+
+def _sync(device):
+    import torch
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _peak_memory(device) -> int:
+    import torch
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+
+
+def _evaluate(model, split, idx, batch, device):
+    import torch
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for start in range(0, len(idx), batch):
+            sel = idx[start:start + batch].to(device)
+            out = model(split.images[sel])
+            correct += int((out.argmax(1) == split.labels[sel]).sum())
+    return correct, len(idx)
+
+
+def train(cfg, d, log=print) -> dict | None:
+    """Train and measure; return the record on rank 0 (None elsewhere)."""
+    import torch
+    from lab import data, dist, manifest, metrics, models
+
+    started = results.now_iso()
+    torch.set_num_threads(cfg.threads)
+    if cfg.expected_np and d.size != cfg.expected_np:
+        raise ConfigError(f"the launcher started {cfg.expected_np} processes but this one sees "
+                          f"a world of {d.size}: start Horovod jobs with horovodrun and DDP "
+                          f"jobs with torch.distributed.run")
+    if cfg.device == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("--device cuda but torch sees no GPU: check the driver and "
+                              "`invoke doctor`, or use --device cpu")
+        if d.local_rank >= torch.cuda.device_count():
+            raise ConfigError(f"{d.local_size} ranks on this host but only "
+                              f"{torch.cuda.device_count()} GPUs: lower --np")
+        torch.cuda.set_device(d.local_rank)
+        device = torch.device("cuda", d.local_rank)
+    else:
+        device = torch.device("cpu")
+
+    torch.manual_seed(cfg.seed)
+    ds = data.load(cfg)
+    train_split, test_split = ds.train.to(device), ds.test.to(device)
+    model, loss_fn = models.build(cfg.model, ds.channels, ds.classes)
+    model.to(device)
+    lr = cfg.lr * d.size  # the usual linear scaling with the number of workers
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=cfg.momentum)
+    model, optimizer = d.wrap(model, optimizer, cfg.compression)
+    fault_rank, fault_step = (int(x) for x in cfg.fault.split(":")) if cfg.fault else (-1, -1)
+
+    step_times: list[float] = []
+    epochs = []
+    global_step = 0
+    b = cfg.batch_size
+    for epoch in range(cfg.epochs):
+        idx = data.shard_indices(len(train_split), d.rank, d.size, epoch, cfg.seed)
+        steps = len(idx) // b
+        if cfg.max_steps:
+            steps = min(steps, cfg.max_steps)
+        if steps == 0:
+            raise ConfigError(f"each rank's shard holds {len(idx)} samples, fewer than one "
+                              f"batch of {b}: lower --batch-size or --np, or use more data")
+        xs = train_split.images[idx[:steps * b].to(device)]
+        ys = train_split.labels[idx[:steps * b].to(device)]
+        model.train()
+        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        _sync(device)
+        epoch_start = time.perf_counter()
+        for s in range(steps):
+            if global_step == fault_step and d.rank == fault_rank:
+                raise InjectedFault(f"fault injected at step {global_step} (--fault {cfg.fault})")
+            t0 = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            loss = loss_fn(model(xs[s * b:(s + 1) * b]), ys[s * b:(s + 1) * b])
+            loss.backward()
+            optimizer.step()
+            loss_sum += loss.detach()
+            _sync(device)
+            if global_step >= cfg.warmup_steps:
+                step_times.append(time.perf_counter() - t0)
+            global_step += 1
+        epoch_time = time.perf_counter() - epoch_start
+
+        correct, total = _evaluate(dist.unwrap(model), test_split,
+                                   data.eval_indices(len(test_split), d.rank, d.size),
+                                   cfg.test_batch_size, device)
+        parts = d.allgather_object({"loss": float(loss_sum) / steps, "correct": correct,
+                                    "total": total, "indices": idx[:steps * b].tolist()})
+        shard_sizes = [len(p["indices"]) for p in parts]
+        seen = set()
+        for p in parts:
+            seen.update(p["indices"])
+        ep = {"epoch": epoch + 1,
+              "train_loss": sum(p["loss"] for p in parts) / len(parts),
+              "test_accuracy": sum(p["correct"] for p in parts) / max(1, sum(p["total"] for p in parts)),
+              "epoch_time_s": epoch_time,
+              "shard_sizes": shard_sizes,
+              "shard_overlap": sum(shard_sizes) - len(seen)}
+        epochs.append(ep)
+        if d.rank == 0:
+            rate = d.size * steps * b / epoch_time
+            log(f"epoch {ep['epoch']}/{cfg.epochs}: loss {ep['train_loss']:.4f}, "
+                f"test accuracy {ep['test_accuracy']:.2%}, {epoch_time:.2f} s, "
+                f"{rate:,.0f} images/s", flush=True)
+
+    summary = d.allgather_object({"host": dist.hostname(), "timed_s": sum(step_times),
+                                  "timed_steps": len(step_times),
+                                  "peak_memory": _peak_memory(device)})
+    if d.rank != 0:
+        return None
+    if not step_times:
+        raise ConfigError(f"no step was timed: {global_step} steps ran and --warmup-steps is "
+                          f"{cfg.warmup_steps}; run more steps or lower --warmup-steps")
+    hosts = [p["host"] for p in summary]
+    stats = metrics.step_stats(step_times)
+    record = {
+        "run_id": cfg.run_id,
+        "record_id": results.new_record_id(),
+        "status": "ok",
+        "started_at": started,
+        "finished_at": results.now_iso(),
+        "config": cfg.as_record(),
+        "world": {"np": d.size, "nodes": len(set(hosts)), "hosts": hosts,
+                  "devices_per_node": d.local_size, "controller": d.controller},
+        "figures": {
+            "throughput_img_s": metrics.global_throughput(
+                b, d.size, [p["timed_s"] for p in summary], min(p["timed_steps"] for p in summary)),
+            "step_time_mean_s": stats["mean_s"],
+            "step_time_p50_s": stats["p50_s"],
+            "step_time_p95_s": stats["p95_s"],
+            "timed_steps": stats["steps"],
+            "test_accuracy": epochs[-1]["test_accuracy"],
+            "final_loss": epochs[-1]["train_loss"],
+            "peak_memory_bytes": [p["peak_memory"] for p in summary],
+            "lr_used": lr,
+        },
+        "epochs": epochs,
+        "step_times_s": [round(t, 7) for t in step_times],
+        "manifest": manifest.collect(hosts),
+    }
+    return record
+
+
+def failure_path(cfg, rank) -> str:
+    return os.path.join(results.run_dir(cfg.results_dir, cfg.run_id), "failures",
+                        cfg.attempt or "manual", f"rank-{rank}.json")
+
+
+def _rank_from_env() -> int:
+    for var in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK"):
+        if var in os.environ:
+            return int(os.environ[var])
+    return 0
+
+
+def main(argv=None) -> int:
+    cfg = parse_args(argv)
+    rank = _rank_from_env()
+    d = None
+    try:
+        cfg.check()
+        from lab import dist
+        d = dist.create(cfg)
+        rank = d.rank
+        record = train(cfg, d)
+        if record is not None:
+            path = results.run_dir(cfg.results_dir, cfg.run_id) / results.RESULTS_FILE
+            results.append_record(path, record)
+            f = record["figures"]
+            print(f"rank 0: {f['throughput_img_s']:,.0f} images/s, step "
+                  f"{f['step_time_mean_s'] * 1000:.2f} ms, accuracy {f['test_accuracy']:.2%}; "
+                  f"recorded in {path}", flush=True)
+        d.shutdown()
+        return 0
+    except BaseException as e:  # noqa: BLE001 - every failure is recorded, then the rank exits
+        import socket
+        reason = f"{type(e).__name__}: {e}" if not isinstance(e, ConfigError) else str(e)
+        if isinstance(e, KeyboardInterrupt):
+            reason = "interrupted"
+        info = {"rank": rank, "host": socket.gethostname(), "reason": reason,
+                "time": results.now_iso(),
+                "traceback": "" if isinstance(e, ConfigError) else traceback.format_exc()}
+        try:
+            path = failure_path(cfg, rank)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                json.dump(info, f)
+        except OSError:
+            pass
+        print(f"rank {rank} on {info['host']} failed: {reason}", file=sys.stderr, flush=True)
+        # Leave at once: a clean shutdown could wait forever on peers that are gone.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(2 if isinstance(e, ConfigError) else 1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

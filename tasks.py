@@ -1,0 +1,87 @@
+"""The kit's tasks. Thin: each one turns flags into settings and calls into `lab`.
+Defaults come from invoke.yaml; flags win."""
+from invoke import task
+from invoke.exceptions import Exit
+
+BENCH_HELP = {
+    "np": "process counts, one or a comma list: 2 or 1,2,4 (a sweep)",
+    "framework": "auto (Horovod if installed, else DDP), horovod, ddp or none",
+    "backend": "gloo, mpi or nccl",
+    "model": "mnist (Horovod's MNIST CNN) or resnet50",
+    "data": "synthetic, mnist (downloaded once into --data-dir) or digits (offline)",
+    "data-dir": "where MNIST is cached",
+    "device": "cpu or cuda (one GPU per rank)",
+    "epochs": "epochs per run",
+    "batch-size": "images per rank per step",
+    "compression": "gradient compression: none or fp16",
+    "warmup-steps": "steps left out of the timing",
+    "max-steps": "cap on steps per epoch (0: the whole shard)",
+    "threads": "CPU threads per rank",
+    "results-dir": "where results/<run-id>/results.jsonl goes",
+    "run-id": "append to this run instead of starting a new one",
+    "timeout-s": "seconds a run may take before it is stopped and recorded as failed",
+    "ceiling": "also measure the compute ceiling (model steps, no framework) and compare",
+}
+
+
+def _setting(c, name, value):
+    return value if value is not None else c.config.get("bench", {}).get(name)
+
+
+@task(help=BENCH_HELP)
+def bench(c, np=None, framework=None, backend=None, model=None, data=None, data_dir=None,
+          device=None, epochs=None, batch_size=None, compression=None, warmup_steps=None,
+          max_steps=None, threads=None, results_dir=None, run_id=None, timeout_s=None,
+          ceiling=False):
+    """Run data-parallel training with N processes, record it and print the table."""
+    from lab.bench import BenchError, BenchSettings, parse_np, render, run
+
+    try:
+        given = dict(np=np, framework=framework, backend=backend, model=model, data=data,
+                     data_dir=data_dir, device=device, epochs=epochs, batch_size=batch_size,
+                     compression=compression, warmup_steps=warmup_steps, max_steps=max_steps,
+                     threads=threads, results_dir=results_dir, timeout_s=timeout_s)
+        values = {k: _setting(c, k, v) for k, v in given.items()}
+        values = {k: v for k, v in values.items() if v is not None}
+        values["np"] = parse_np(values.get("np", "1"))
+        for k in ("epochs", "batch_size", "warmup_steps", "max_steps", "threads"):
+            if k in values:
+                values[k] = _int(k, values[k])
+        if "timeout_s" in values:
+            values["timeout_s"] = float(values["timeout_s"])
+        settings = BenchSettings(**values, run_id=run_id or "", ceiling=ceiling)
+        outcome = run(settings)
+    except BenchError as e:
+        raise Exit(f"error: {e}", code=2)
+    except KeyboardInterrupt:
+        raise Exit("interrupted: the runs that finished are kept in the results directory", code=130)
+    print(render(outcome))
+    if outcome.failed:
+        raise Exit(f"{outcome.failed} run(s) failed; the failures are recorded in "
+                   f"{outcome.run_dir}", code=1)
+
+
+def _int(name, value):
+    from lab.bench import BenchError
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise BenchError(f"--{name.replace('_', '-')} takes a whole number, not {value!r}") from None
+
+
+@task(help={"results-dir": "where the benchmark's records go"})
+def benchmark(c, results_dir="results"):
+    """Measure MNIST and ResNet-50 throughput at np 1 and 2 beside the compute ceiling."""
+    from lab.bench import BenchError, BenchSettings, render, run
+
+    plans = [
+        BenchSettings(np=[1, 2], model="mnist", data="synthetic", batch_size=64, epochs=1,
+                      max_steps=300, warmup_steps=20, ceiling=True, results_dir=results_dir),
+        BenchSettings(np=[1, 2], model="resnet50", data="synthetic", batch_size=16, epochs=1,
+                      max_steps=8, warmup_steps=2, ceiling=True, results_dir=results_dir),
+    ]
+    try:
+        for s in plans:
+            print(render(run(s, echo=lambda line: None)))
+    except BenchError as e:
+        raise Exit(f"error: {e}", code=2)

@@ -1,0 +1,66 @@
+"""Shared fixtures. Every multi-process test starts real launchers and real ranks."""
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _horovod_state():
+    if importlib.util.find_spec("horovod") is None:
+        return "Horovod is not installed (build it with docker/install-horovod.sh)"
+    cp = subprocess.run([sys.executable, "-c", "import horovod.torch"], capture_output=True, text=True)
+    if cp.returncode != 0:
+        return "horovod.torch does not import: " + (cp.stderr.strip().splitlines() or [""])[-1]
+    return None
+
+
+HOROVOD_MISSING = _horovod_state()
+requires_horovod = pytest.mark.skipif(HOROVOD_MISSING is not None, reason=HOROVOD_MISSING or "")
+requires_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not on the PATH")
+
+
+def _torchvision_state():
+    cp = subprocess.run([sys.executable, "-c", "import torchvision"], capture_output=True, text=True)
+    return None if cp.returncode == 0 else (cp.stderr.strip().splitlines() or ["no torchvision"])[-1]
+
+
+TORCHVISION_MISSING = _torchvision_state()
+
+
+def make_mnist_like(root: Path, train: int = 1536, test: int = 512, seed: int = 0) -> Path:
+    """Write the four MNIST IDX files with a learnable problem: each class is a fixed
+    random stroke pattern plus noise."""
+    import numpy as np
+    from lab.data import write_idx
+
+    rng = np.random.default_rng(seed)
+    templates = (rng.random((10, 28, 28)) > 0.8).astype(np.float32)
+
+    def split(n):
+        y = rng.integers(0, 10, n).astype(np.uint8)
+        x = templates[y] * 200 + rng.normal(0, 40, (n, 28, 28))
+        return np.clip(x, 0, 255).astype(np.uint8), y
+
+    root.mkdir(parents=True, exist_ok=True)
+    for prefix, n in (("train", train), ("t10k", test)):
+        x, y = split(n)
+        write_idx(root / f"{prefix}-images-idx3-ubyte.gz", x)
+        write_idx(root / f"{prefix}-labels-idx1-ubyte.gz", y)
+    return root
+
+
+@pytest.fixture(scope="session")
+def mnist_like(tmp_path_factory):
+    return make_mnist_like(tmp_path_factory.mktemp("mnist-like"))
+
+
+@pytest.fixture
+def no_network_mirrors(monkeypatch):
+    """Mirrors that refuse at once (a closed loopback port), so no test reaches out."""
+    monkeypatch.setenv("LAB_MNIST_MIRRORS", "http://127.0.0.1:9/")

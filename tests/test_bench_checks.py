@@ -1,0 +1,63 @@
+"""What bench refuses before launching anything, and why. The `stack` dicts are what
+lab.bench.probe_stack reports; the GPU ones stand in for a GPU machine, which this
+machine is not."""
+import subprocess
+import sys
+
+import pytest
+
+from lab.bench import BenchError, BenchSettings, check_request, parse_np, resolve_framework
+
+CPU_STACK = {"torch": "2.13.0", "cuda_available": False, "gpus": 0,
+             "ddp_backends": {"gloo": True, "mpi": False, "nccl": True},
+             "horovod": {"gloo": True, "mpi": True, "nccl": False}, "torchvision": "0.28.0"}
+
+
+def test_parse_np():
+    assert parse_np("2") == [2]
+    assert parse_np("1, 2,4,2") == [1, 2, 4]
+    assert parse_np(3) == [3]
+    for bad, msg in (("0", "at least 1"), ("two", "whole numbers"), ("1,,2", "whole numbers")):
+        with pytest.raises(BenchError, match=msg):
+            parse_np(bad)
+
+
+def test_auto_falls_back_to_ddp_and_says_so():
+    stack = {k: v for k, v in CPU_STACK.items() if k != "horovod"}
+    fw, note = resolve_framework("auto", stack)
+    assert fw == "ddp" and "Horovod is not installed" in note
+    assert resolve_framework("auto", CPU_STACK) == ("horovod", None)
+
+
+@pytest.mark.parametrize("settings,stack_change,message", [
+    (dict(backend="nccl"), {}, "add --device cuda"),
+    (dict(backend="nccl", device="cuda"), {}, "torch sees no GPU"),
+    (dict(backend="nccl", device="cuda", np=[4], framework="ddp"),
+     {"cuda_available": True, "gpus": 2}, "needs 4 GPUs"),
+    (dict(framework="horovod", backend="nccl", device="cuda"),
+     {"cuda_available": True, "gpus": 2}, "built without nccl"),
+    (dict(framework="ddp", backend="mpi"), {}, "no MPI back end"),
+    (dict(framework="none", np=[2]), {}, "runs one process"),
+    (dict(backend="tcp"), {}, "choose one of gloo, mpi, nccl"),
+    (dict(framework="horovod"), {"horovod": None}, "Horovod is not installed"),
+    (dict(model="resnet50"), {"torchvision": None, "torchvision_error": "ImportError: x"},
+     "needs torchvision"),
+    (dict(), {"torch": None, "torch_error": "ModuleNotFoundError: torch"}, "pip install -e"),
+])
+def test_refusals_name_the_fix(settings, stack_change, message):
+    stack = dict(CPU_STACK, **stack_change)
+    stack = {k: v for k, v in stack.items() if v is not None}
+    with pytest.raises(BenchError, match=message):
+        check_request(BenchSettings(**settings), stack)
+
+
+def test_cli_bad_input_is_one_line_without_traceback(tmp_path):
+    for args, expected in ((["--np", "0"], "--np must be at least 1"),
+                           (["--backend", "nccl"], "nccl back end runs on GPUs only"),
+                           (["--epochs", "x"], "--epochs takes a whole number")):
+        cp = subprocess.run([sys.executable, "-m", "invoke", "bench", *args,
+                             "--results-dir", str(tmp_path)],
+                            capture_output=True, text=True, timeout=120)
+        assert cp.returncode == 2, cp.stderr
+        assert expected in cp.stderr and "Traceback" not in cp.stderr
+        assert len(cp.stderr.strip().splitlines()) == 1

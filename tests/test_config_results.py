@@ -1,0 +1,71 @@
+"""Configuration checks, the worker's arguments, the results file and its schema."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from lab import results
+from lab.config import ConfigError, RunConfig, parse_args
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def test_worker_arguments_round_trip():
+    cfg = RunConfig(model="resnet50", framework="horovod", backend="mpi", epochs=3, lr=0.05,
+                    run_id="r1", results_dir="/tmp/x", fault="1:2")
+    assert parse_args(cfg.to_args()) == cfg
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"backend": "tcp"}, "unknown backend 'tcp': choose one of gloo, mpi, nccl"),
+    ({"model": "vgg"}, "unknown model"),
+    ({"epochs": 0}, "--epochs must be at least 1"),
+    ({"backend": "nccl"}, "nccl back end runs on GPUs only"),
+    ({"framework": "none", "compression": "fp16"}, "needs a distributed framework"),
+    ({"fault": "x"}, "RANK:STEP"),
+    ({"max_steps": -1}, "cannot be negative"),
+])
+def test_bad_configurations_get_one_sentence(changes, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        RunConfig(**changes).check()
+
+
+def test_append_and_read_records(tmp_path):
+    path = tmp_path / "r" / results.RESULTS_FILE
+    results.append_record(path, {"run_id": "a", "status": "ok"})
+    results.append_record(path, {"run_id": "a", "status": "failed"})
+    recs, problems = results.read_records(path)
+    assert [r["status"] for r in recs] == ["ok", "failed"] and not problems
+    assert all(r["schema_version"] == results.SCHEMA_VERSION for r in recs)
+
+
+def test_a_torn_line_loses_nothing_else(tmp_path):
+    path = tmp_path / results.RESULTS_FILE
+    results.append_record(path, {"run_id": "a", "status": "ok"})
+    with open(path, "a") as f:
+        f.write('{"schema_version": 1, "run_id": "b", "sta')  # a crash mid-write
+    results.append_record(path, {"run_id": "c", "status": "ok"})
+    recs, problems = results.read_records(path)
+    assert [r["run_id"] for r in recs] == ["a", "c"]
+    assert len(problems) == 1 and ":2:" in problems[0]
+
+
+def test_newer_schema_is_reported_not_misread(tmp_path):
+    path = tmp_path / results.RESULTS_FILE
+    path.write_text(json.dumps({"schema_version": results.SCHEMA_VERSION + 1}) + "\n")
+    recs, problems = results.read_records(path)
+    assert not recs and "upgrade the kit" in problems[0]
+
+
+def test_missing_fields():
+    assert "figures.throughput_img_s" in results.missing_fields({"status": "ok"})
+    failed = {"schema_version": 1, "run_id": "a", "record_id": "b", "status": "failed",
+              "started_at": "", "finished_at": "", "config": {},
+              "error": {"rank": 1, "host": "h", "reason": "r", "log_tail": ""}}
+    assert results.missing_fields(failed) == []
+
+
+def test_readme_documents_the_current_schema():
+    assert results.schema_markdown() in README.read_text(), \
+        "README's schema table is stale: paste the output of python -m lab.results --schema"
