@@ -253,9 +253,9 @@ def first_failure(failure_dir: str) -> dict | None:
             continue
     if not found:
         return None
-    # A rank that raised on its own comes before ranks that failed because a peer left.
-    found.sort(key=lambda x: (x.get("time", ""), "interrupted" in x.get("reason", ""),
-                              x.get("rank", 0)))
+    # The first to fail is the cause: a rank writes its file before it exits, and its
+    # peers fail only once it is gone.
+    found.sort(key=lambda x: (x.get("t", float("inf")), x.get("rank", 0)))
     return found[0]
 
 

@@ -102,7 +102,7 @@ def train(cfg, d, log=print) -> dict | None:
             if global_step == fault_step and d.rank == fault_rank:
                 raise InjectedFault(f"fault injected at step {global_step} (--fault {cfg.fault})")
             t0 = time.perf_counter()
-            optimizer.zero_grad(set_to_none=True)
+            optimizer.zero_grad()  # set_to_none by default; Horovod takes no argument
             loss = loss_fn(model(xs[s * b:(s + 1) * b]), ys[s * b:(s + 1) * b])
             loss.backward()
             optimizer.step()
@@ -210,7 +210,7 @@ def main(argv=None) -> int:
         if isinstance(e, KeyboardInterrupt):
             reason = "interrupted"
         info = {"rank": rank, "host": socket.gethostname(), "reason": reason,
-                "time": results.now_iso(),
+                "time": results.now_iso(), "t": time.time(),
                 "traceback": "" if isinstance(e, ConfigError) else traceback.format_exc()}
         try:
             path = failure_path(cfg, rank)

@@ -1,0 +1,144 @@
+"""Real multi-process jobs on the CPU: real launchers (torch.distributed.run,
+horovodrun over Gloo and over MPI), real ranks, records checked as written."""
+import subprocess
+import sys
+import time
+
+import pytest
+
+from lab import bench, results
+from lab.bench import BenchSettings
+from tests.conftest import TORCHVISION_MISSING, requires_horovod, requires_mpirun
+
+
+@pytest.fixture(scope="session")
+def stack():
+    return bench.probe_stack()
+
+
+def run(stack, tmp_path, mnist_like, **kw):
+    settings = dict(np=[2], data="mnist", data_dir=str(mnist_like), epochs=2, batch_size=32,
+                    warmup_steps=3, results_dir=str(tmp_path), timeout_s=300)
+    settings.update(kw)
+    lines = []
+    outcome = bench.run(BenchSettings(**settings), echo=lines.append, stack=stack)
+    return outcome, lines
+
+
+def check_ok_record(r, np, controller):
+    assert r["status"] == "ok" and results.missing_fields(r) == []
+    w, f = r["world"], r["figures"]
+    assert w["np"] == np and len(w["hosts"]) == np and w["controller"] == controller
+    assert w["nodes"] == 1 and w["devices_per_node"] == np
+    for ep in r["epochs"]:  # disjoint, equal shards every epoch
+        assert ep["shard_overlap"] == 0 and len(set(ep["shard_sizes"])) == 1
+        assert sum(ep["shard_sizes"]) == ep["shard_sizes"][0] * np
+    assert r["epochs"][-1]["train_loss"] < r["epochs"][0]["train_loss"]  # it learns
+    for key in ("throughput_img_s", "step_time_mean_s", "step_time_p50_s", "step_time_p95_s"):
+        assert f[key] > 0
+    assert f["step_time_p50_s"] <= f["step_time_p95_s"]
+    assert len(r["step_times_s"]) == f["timed_steps"] > 0
+    assert len(f["peak_memory_bytes"]) == np and min(f["peak_memory_bytes"]) > 0
+    assert f["lr_used"] == pytest.approx(r["config"]["lr"] * np)
+    assert 0 <= f["test_accuracy"] <= 1
+    m = r["manifest"]
+    assert m["torch"] and m["python"] and m["os"] and m["hosts"] == w["hosts"]
+
+
+def test_ddp_over_gloo_two_processes(stack, tmp_path, mnist_like):
+    outcome, _ = run(stack, tmp_path, mnist_like, framework="ddp", backend="gloo")
+    assert outcome.failed == 0 and len(outcome.records) == 1
+    check_ok_record(outcome.records[0], 2, "gloo")
+    # 1536 samples / 2 ranks / batch 32 = 24 steps per epoch, 2 epochs, 3 warm-up steps.
+    assert outcome.records[0]["figures"]["timed_steps"] == 2 * 24 - 3
+
+
+@requires_horovod
+def test_horovod_over_gloo_two_processes(stack, tmp_path, mnist_like):
+    outcome, lines = run(stack, tmp_path, mnist_like, framework="horovod", backend="gloo")
+    assert outcome.failed == 0, "\n".join(lines[-20:])
+    check_ok_record(outcome.records[0], 2, "gloo")
+
+
+@requires_horovod
+@requires_mpirun
+def test_horovod_over_mpi_two_processes(stack, tmp_path, mnist_like):
+    outcome, lines = run(stack, tmp_path, mnist_like, framework="horovod", backend="mpi")
+    assert outcome.failed == 0, "\n".join(lines[-20:])
+    check_ok_record(outcome.records[0], 2, "mpi")
+
+
+def test_serial_baseline_and_sweep_speedup(stack, tmp_path, mnist_like):
+    outcome, _ = run(stack, tmp_path, mnist_like, framework="ddp", np=[1, 2], epochs=1)
+    assert [r["world"]["np"] for r in outcome.records] == [1, 2]
+    rows = bench.summary.rows(outcome.records)
+    assert rows[0]["speedup"] == pytest.approx(1.0)
+    expected = (outcome.records[1]["figures"]["throughput_img_s"]
+                / outcome.records[0]["figures"]["throughput_img_s"])
+    assert rows[1]["speedup"] == pytest.approx(expected)
+    assert rows[1]["efficiency"] == pytest.approx(expected / 2)
+    serial, _ = run(stack, tmp_path, mnist_like, framework="none", np=[1], epochs=1)
+    assert serial.records[0]["world"]["controller"] == "none"
+
+
+@pytest.mark.parametrize("framework", ["ddp", pytest.param("horovod", marks=requires_horovod)])
+def test_a_dying_rank_ends_the_job_with_its_rank_and_reason(stack, tmp_path, mnist_like, framework):
+    # A good run first: it must survive the failure of the next one untouched.
+    good, _ = run(stack, tmp_path, mnist_like, framework=framework, epochs=1, run_id="r")
+    before = (tmp_path / "r" / results.RESULTS_FILE).read_text()
+    t0 = time.monotonic()
+    bad, lines = run(stack, tmp_path, mnist_like, framework=framework, epochs=2, fault="1:5",
+                     run_id="r")
+    elapsed = time.monotonic() - t0
+    assert bad.failed == 1 and elapsed < 60, f"took {elapsed:.0f} s"
+    after = (tmp_path / "r" / results.RESULTS_FILE).read_text()
+    assert after.startswith(before)
+    failed = [r for r in bad.records if r["status"] == "failed"]
+    assert len(failed) == 1 and results.missing_fields(failed[0]) == []
+    err = failed[0]["error"]
+    assert err["rank"] == 1 and "fault injected at step 5" in err["reason"]
+    assert any("rank 1" in line and "fault injected" in line for line in lines)
+
+
+@pytest.mark.skipif(TORCHVISION_MISSING is not None, reason=f"torchvision: {TORCHVISION_MISSING}")
+def test_resnet50_on_mnist_shaped_data(stack, tmp_path, mnist_like):
+    outcome, lines = run(stack, tmp_path, mnist_like, framework="ddp", model="resnet50",
+                         epochs=1, batch_size=8, max_steps=3, warmup_steps=1)
+    assert outcome.failed == 0, "\n".join(lines[-20:])
+    r = outcome.records[0]
+    assert r["config"]["model"] == "resnet50" and r["figures"]["timed_steps"] == 2
+    assert r["figures"]["throughput_img_s"] > 0
+
+
+def test_digits_and_synthetic_need_no_network(stack, tmp_path, no_network_mirrors):
+    outcome, lines = run(stack, tmp_path, None, framework="ddp", data="digits", np=[1],
+                         epochs=10, batch_size=32, data_dir=str(tmp_path / "nodata"))
+    assert outcome.failed == 0, "\n".join(lines[-20:])
+    assert outcome.records[0]["figures"]["test_accuracy"] > 0.5  # real digits are learnable
+    synth, _ = run(stack, tmp_path, None, framework="ddp", data="synthetic", np=[1], epochs=1,
+                   max_steps=10, data_dir=str(tmp_path / "nodata"))
+    assert synth.failed == 0
+
+
+def test_mnist_without_network_is_one_sentence(tmp_path, no_network_mirrors):
+    cp = subprocess.run([sys.executable, "-m", "invoke", "bench", "--np", "1", "--framework", "ddp",
+                         "--data", "mnist", "--data-dir", str(tmp_path / "empty"),
+                         "--results-dir", str(tmp_path / "res")],
+                        capture_output=True, text=True, timeout=300)
+    assert cp.returncode == 2
+    assert "--data synthetic" in cp.stderr and "--data-dir" in cp.stderr
+    assert "Traceback" not in cp.stderr + cp.stdout
+
+
+def test_invoke_bench_prints_the_table(tmp_path, mnist_like):
+    cp = subprocess.run([sys.executable, "-m", "invoke", "bench", "--np", "2", "--framework", "ddp",
+                         "--data", "mnist", "--data-dir", str(mnist_like), "--batch-size", "32",
+                         "--results-dir", str(tmp_path)],
+                        capture_output=True, text=True, timeout=300)
+    assert cp.returncode == 0, cp.stderr
+    header = next(line for line in cp.stdout.splitlines() if "back end" in line)
+    for col in ("back end", "servers", "devices per server", "time per step", "throughput",
+                "speedup", "efficiency", "accuracy"):
+        assert col in header
+    recs, _ = results.read_records(next(tmp_path.glob("*/results.jsonl")))
+    assert len(recs) == 1 and recs[0]["world"]["np"] == 2
