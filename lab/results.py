@@ -50,8 +50,8 @@ SCHEMA = {
     "step_times_s": ("list[float]", "every timed step's time on rank 0, in order"),
     "manifest": ("object", "the environment: hosts, cpu_model, gpus (NVML), driver, cuda, "
                  "cudnn, nccl, mpi, torch, torchvision, horovod, python, os, image"),
-    "error.rank": ("int|null", "on failure: the rank that failed first, when known"),
-    "error.host": ("str|null", "on failure: that rank's host"),
+    "error.rank": ("int or null", "on failure: the rank that failed first, when known"),
+    "error.host": ("str or null", "on failure: that rank's host"),
     "error.reason": ("str", "on failure: one line saying what went wrong"),
     "error.log_tail": ("str", "on failure: the end of the job's output"),
 }
