@@ -72,16 +72,15 @@ def _int(name, value):
 @task(help={"results-dir": "where the benchmark's records go"})
 def benchmark(c, results_dir="results"):
     """Measure MNIST and ResNet-50 throughput at np 1 and 2 beside the compute ceiling."""
-    from lab.bench import BenchError, BenchSettings, render, run
+    from lab.bench import BenchError, benchmark_plans, probe_stack, render, run
 
-    plans = [
-        BenchSettings(np=[1, 2], model="mnist", data="synthetic", batch_size=64, epochs=1,
-                      max_steps=300, warmup_steps=20, ceiling=True, results_dir=results_dir),
-        BenchSettings(np=[1, 2], model="resnet50", data="synthetic", batch_size=16, epochs=1,
-                      max_steps=8, warmup_steps=2, ceiling=True, results_dir=results_dir),
-    ]
     try:
+        stack = probe_stack()
+        plans, notes = benchmark_plans(stack, results_dir)
+        for note in notes:
+            print(note)
         for s in plans:
-            print(render(run(s, echo=lambda line: None)))
+            print(f"\n## {s.model}, {s.framework} over {s.backend}, np {s.np}")
+            print(render(run(s, echo=lambda line: None, stack=stack)))
     except BenchError as e:
         raise Exit(f"error: {e}", code=2)

@@ -44,6 +44,29 @@ def measure(model_name: str = "mnist", batch_size: int = 64, threads: int = 1, s
             "images_per_s": batch_size * len(times) / sum(times)}
 
 
+def measure_concurrent(processes: int, model_name: str = "mnist", batch_size: int = 64,
+                       threads: int = 1, steps: int = 200, warmup: int = 10,
+                       device: str = "cpu") -> dict:
+    """The same measurement in `processes` independent processes at once: what the machine
+    gives N ranks that never communicate (shared cores, memory bandwidth, caches)."""
+    import os
+    import subprocess
+    cmd = [sys.executable, "-m", "lab.ceiling", "--model", model_name, "--batch-size",
+           str(batch_size), "--threads", str(threads), "--steps", str(steps), "--warmup",
+           str(warmup), "--device", device]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=env, stdin=subprocess.DEVNULL) for _ in range(processes)]
+    outs = []
+    for p in procs:
+        out, err = p.communicate()
+        if p.returncode != 0:
+            raise RuntimeError((err.strip().splitlines() or ["no output"])[-1])
+        outs.append(json.loads(out))
+    return {"processes": processes, "images_per_s": sum(o["images_per_s"] for o in outs),
+            "per_process": [o["images_per_s"] for o in outs]}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m lab.ceiling", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="mnist", choices=("mnist", "resnet50"))
@@ -52,8 +75,14 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--processes", type=int, default=1,
+                   help="run this many independent processes at once and sum them")
     a = p.parse_args(argv)
-    out = measure(a.model, a.batch_size, a.threads, a.steps, a.warmup, a.device)
+    if a.processes > 1:
+        out = measure_concurrent(a.processes, a.model, a.batch_size, a.threads, a.steps,
+                                 a.warmup, a.device)
+    else:
+        out = measure(a.model, a.batch_size, a.threads, a.steps, a.warmup, a.device)
     json.dump(out, sys.stdout)
     sys.stdout.write("\n")
     return 0

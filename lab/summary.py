@@ -64,7 +64,7 @@ def render(table_rows: list[dict]) -> str:
         if col == "time per step (ms)":
             return f"{v:.2f}"
         if col == "throughput (img/s)":
-            return f"{v:,.0f}"
+            return f"{v:,.0f}" if v >= 100 else f"{v:.2f}"
         if col in ("speedup",):
             return f"{v:.2f}"
         if col in ("efficiency", "accuracy"):
