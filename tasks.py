@@ -84,3 +84,33 @@ def benchmark(c, results_dir="results"):
             print(render(run(s, echo=lambda line: None, stack=stack)))
     except BenchError as e:
         raise Exit(f"error: {e}", code=2)
+
+
+BUILD_HELP = {
+    "flavor": "cpu (the GPU flavor is not built yet)",
+    "gpu-ops": "GPU operations for Horovod: NCCL or MPI (GPU flavor only)",
+    "base-image": "base image instead of the matrix's (e.g. one made by docker/make-base-image.sh)",
+    "extra-ca": "a CA bundle to trust in the image and use for pip (a proxy's CA)",
+    "wheelhouse": "a folder of wheels pip looks at first (offline clusters)",
+    "torch-index": "index URL for torch (e.g. PyTorch's CPU index)",
+    "torchvision": "also install torchvision (needs a torch build it pairs with)",
+}
+
+
+@task(help=BUILD_HELP)
+def build(c, flavor=None, gpu_ops=None, base_image=None, extra_ca=None, wheelhouse=None,
+          torch_index=None, torchvision=False):
+    """Build the lab image (pinned torch, Open MPI, Horovod) and run its smoke tests."""
+    from lab.images import BuildError, BuildSettings
+    from lab.images import build as build_image
+
+    cfg = c.config.get("build", {})
+    settings = BuildSettings(
+        flavor=flavor or cfg.get("flavor", "cpu"), gpu_ops=gpu_ops or cfg.get("gpu_ops", ""),
+        base_image=base_image or cfg.get("base_image", ""), extra_ca=extra_ca or "",
+        wheelhouse=wheelhouse or "", torch_index=torch_index or cfg.get("torch_index", ""),
+        with_torchvision=torchvision)
+    try:
+        build_image(settings)
+    except BuildError as e:
+        raise Exit(f"error: {e}", code=1)

@@ -5,7 +5,8 @@ import sys
 import pytest
 
 WORKER_MODULES = "lab.train, lab.data, lab.dist, lab.models, lab.manifest, lab.metrics, lab.ceiling"
-HOST_MODULES = "lab.bench, lab.launch, lab.summary, lab.results, lab.fetch, envcheck.probes, tasks"
+HOST_MODULES = ("lab.bench, lab.launch, lab.summary, lab.results, lab.fetch, lab.images, "
+                "lab.versions, envcheck.probes, tasks")
 
 
 def imported_after(modules: str) -> set:
