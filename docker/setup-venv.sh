@@ -25,8 +25,11 @@ ca="${PIP_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}"
 index="${TORCH_INDEX_URL:-}"
 say() { printf 'setup-venv: %s\n' "$*" >&2; }
 
-key="$( { cat "$here/versions.env" "$here/install-horovod.sh" "$here/setup-venv.sh" \
-              "$repo/pyproject.toml"; python3 --version; echo "$index"; } | sha256sum | cut -c1-16)"
+# The key covers what the slow part (torch, Horovod's compile) depends on; the kit and
+# its other dependencies are brought up to date on every run below.
+key="$( { grep -E '^(TORCH|TORCHVISION|HOROVOD|SETUPTOOLS|WHEEL)_' "$here/versions.env"
+          cat "$here/install-torch.sh" "$here/install-horovod.sh" "$here/setup-venv.sh"
+          python3 --version; echo "$index"; } | sha256sum | cut -c1-16)"
 cache="${LAB_ENV_CACHE-$HOME/.cache/dl-lab-kit}"
 if [[ -n "$cache" ]]; then
     env="$cache/venv-$key"
@@ -42,22 +45,17 @@ else
     mkdir -p "$(dirname "$env")"
     python3 -m venv "$env"
     py="$env/bin/python"
-    # --isolated: pip's machine-wide configuration may point at other wheels of
-    # torch (a local CPU wheel, say) that would not pair with torchvision.
-    torch_args=(--isolated --cert "$ca" --quiet)
-    [[ -n "$index" ]] && torch_args+=(--index-url "$index")
-    say "installing torch==$TORCH_VERSION torchvision==$TORCHVISION_VERSION${index:+ from $index}"
-    "$py" -m pip install "${torch_args[@]}" "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION"
-    "$py" -m pip install --quiet setuptools wheel
+    PYTHON="$py" PIP_ISOLATED=1 PIP_CA_BUNDLE="$ca" WITH_TORCHVISION=1 \
+        bash "$here/install-torch.sh"
     "$py" -m pip install --quiet -e "$repo[train,test]"
     PYTHON="$py" bash "$here/install-horovod.sh"
     "$py" -c "import torch, torchvision, horovod.torch, lab, envcheck"
     touch "$env/.complete"
 fi
 
-# The kit itself is installed editable from this checkout every time (no dependencies
-# change here, so this takes seconds).
-"$env/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e "$repo"
+# The kit itself, editable from this checkout, every time: seconds when nothing changed,
+# and a dependency added to pyproject.toml is installed here.
+"$env/bin/python" -m pip install --quiet --no-build-isolation -e "$repo[train,test]"
 if [[ "$env" != "$dest" ]]; then
     rm -rf "$dest"
     ln -s "$env" "$dest"

@@ -57,6 +57,8 @@ def build_args(s: BuildSettings, matrix: dict[str, str]) -> dict[str, str]:
         "TORCH_VERSION": matrix["TORCH_VERSION"],
         "TORCHVISION_VERSION": matrix["TORCHVISION_VERSION"] if s.with_torchvision else "",
         "TORCH_INDEX_URL": s.torch_index,
+        "SETUPTOOLS_VERSION": matrix["SETUPTOOLS_VERSION"],
+        "WHEEL_VERSION": matrix["WHEEL_VERSION"],
         "HOROVOD_VERSION": matrix["HOROVOD_VERSION"],
         "HOROVOD_SHA256": matrix["HOROVOD_SHA256"],
         "HOROVOD_GPU_OPERATIONS": s.gpu_ops,

