@@ -1,5 +1,6 @@
 """Real multi-process jobs on the CPU: real launchers (torch.distributed.run,
 horovodrun over Gloo and over MPI), real ranks, records checked as written."""
+import os
 import subprocess
 import sys
 import time
@@ -157,3 +158,48 @@ def test_ceiling_is_measured_around_each_run(stack, tmp_path, mnist_like):
     assert c["images_per_s"] == pytest.approx((c["before"] + c["after"]) / 2)
     text = bench.render(outcome)
     assert "of the compute ceiling" in text and "2 independent process(es)" in text
+
+
+def test_ctrl_c_records_the_interruption_and_leaves_no_rank(tmp_path):
+    import signal
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "invoke", "bench", "--np", "1,2", "--framework", "ddp",
+         "--max-steps", "5000", "--results-dir", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        # A background shell may have left SIGINT ignored; a terminal's Ctrl-C is not.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        for line in proc.stdout:  # wait until the first run's ranks are training
+            if "== ddp over gloo, 1 process" in line:
+                break
+        time.sleep(8)
+        assert processes_with("--attempt 000-np1"), "the check below would see no rank at all"
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends to the foreground group
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, out[-2000:]
+    assert "interrupted" in out and "Traceback (most recent call last)" not in out.split("interrupted")[-1]
+    recs, _ = results.read_records(next(tmp_path.glob("*/results.jsonl")))
+    assert [r["status"] for r in recs] == ["failed"]
+    assert recs[0]["error"]["reason"] == "interrupted by the user" and recs[0]["np"] == 1
+    run_id = recs[0]["run_id"]
+    assert processes_with(run_id) == [], "ranks left running after Ctrl-C"
+
+
+def processes_with(text):
+    """Command lines of live processes that contain `text` (read from /proc)."""
+    import glob
+    found = []
+    for path in glob.glob("/proc/[0-9]*/cmdline"):
+        if path == f"/proc/{os.getpid()}/cmdline":
+            continue
+        try:
+            with open(path, "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmd:
+            found.append(cmd)
+    return found
