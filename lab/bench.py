@@ -25,24 +25,27 @@ class BenchError(Exception):
     """Bad input or a missing piece: one sentence that says what to do."""
 
 
+_RUN = RunConfig()  # the run's defaults live in RunConfig alone
+
+
 @dataclass
 class BenchSettings:
     np: list[int] = field(default_factory=lambda: [1])
     framework: str = "auto"          # auto: horovod when it imports, else ddp
-    backend: str = "gloo"
-    model: str = "mnist"
-    data: str = "synthetic"
-    data_dir: str = "data"
-    device: str = "cpu"
-    epochs: int = 1
-    batch_size: int = 64
-    compression: str = "none"
-    warmup_steps: int = 5
-    max_steps: int = 0
-    synthetic_size: int = 0
-    threads: int = 1
-    seed: int = 42
-    results_dir: str = "results"
+    backend: str = _RUN.backend
+    model: str = _RUN.model
+    data: str = _RUN.data
+    data_dir: str = _RUN.data_dir
+    device: str = _RUN.device
+    epochs: int = _RUN.epochs
+    batch_size: int = _RUN.batch_size
+    compression: str = _RUN.compression
+    warmup_steps: int = _RUN.warmup_steps
+    max_steps: int = _RUN.max_steps
+    synthetic_size: int = _RUN.synthetic_size
+    threads: int = _RUN.threads
+    seed: int = _RUN.seed
+    results_dir: str = _RUN.results_dir
     run_id: str = ""                 # empty: a new one
     timeout_s: float = 3600          # per run; the job is killed and recorded as failed
     ceiling: bool = False
