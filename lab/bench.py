@@ -316,9 +316,9 @@ def run(s: BenchSettings, echo=print, stack: dict | None = None) -> Outcome:
                             "reason": "interrupted by the user", "log_tail": ""})
             raise
         wrote = len(results.read_records(rfile)[0]) > before
-        if s.ceiling:
-            ceilings[np] = ceiling_around(s, np, before_s=ceiling_before)
         if rc == 0 and wrote:
+            if s.ceiling:
+                ceilings[np] = ceiling_around(s, np, before_s=ceiling_before)
             continue
         failed += 1
         info = first_failure(os.path.join(rdir, "failures", cfg.attempt))
@@ -349,17 +349,13 @@ def _record_failure(rfile, cfg: RunConfig, np: int, started: str, error: dict) -
 def measure_ceiling(s: BenchSettings, processes: int) -> dict:
     """The model's steps with no framework (lab.ceiling) in `processes` independent
     processes at once: what the machine gives that many ranks that never communicate."""
-    cmd = [sys.executable, "-m", "lab.ceiling", "--model", s.model, "--batch-size",
-           str(s.batch_size), "--threads", str(s.threads), "--device", s.device,
-           "--processes", str(processes)]
-    if s.model == "resnet50":
-        cmd += ["--steps", "3", "--warmup", "1"]
-    env = dict(os.environ, OMP_NUM_THREADS=str(s.threads))
-    cp = subprocess.run(cmd, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)
-    if cp.returncode != 0:
-        raise BenchError(f"measuring the compute ceiling failed: "
-                         f"{(cp.stderr.strip().splitlines() or ['no output'])[-1]}")
-    return json.loads(cp.stdout)
+    from lab.ceiling import measure_concurrent  # standard library only at import
+    steps = dict(steps=3, warmup=1) if s.model == "resnet50" else {}
+    try:
+        return measure_concurrent(processes, s.model, s.batch_size, s.threads,
+                                  device=s.device, **steps)
+    except RuntimeError as e:
+        raise BenchError(f"measuring the compute ceiling failed: {e}") from None
 
 
 def ceiling_around(s: BenchSettings, processes: int, before_s: dict) -> dict:

@@ -51,6 +51,7 @@ def measure_concurrent(processes: int, model_name: str = "mnist", batch_size: in
     gives N ranks that never communicate (shared cores, memory bandwidth, caches)."""
     import os
     import subprocess
+    # Each process is this module with --processes 1, so torch is set up afresh in each.
     cmd = [sys.executable, "-m", "lab.ceiling", "--model", model_name, "--batch-size",
            str(batch_size), "--threads", str(threads), "--steps", str(steps), "--warmup",
            str(warmup), "--device", device]
@@ -78,7 +79,7 @@ def main(argv=None) -> int:
     p.add_argument("--processes", type=int, default=1,
                    help="run this many independent processes at once and sum them")
     a = p.parse_args(argv)
-    if a.processes > 1:
+    if a.processes != 1:
         out = measure_concurrent(a.processes, a.model, a.batch_size, a.threads, a.steps,
                                  a.warmup, a.device)
     else:

@@ -97,15 +97,10 @@ def assemble_context(dest: Path, s: BuildSettings) -> None:
     (dest / "wheelhouse").mkdir()
     if s.wheelhouse:
         for whl in Path(s.wheelhouse).glob("*.whl"):
-            os.link(whl, dest / "wheelhouse" / whl.name) if _same_fs(whl, dest) \
-                else shutil.copy2(whl, dest / "wheelhouse" / whl.name)
-
-
-def _same_fs(a: Path, b: Path) -> bool:
-    try:
-        return a.stat().st_dev == b.stat().st_dev
-    except OSError:
-        return False
+            try:
+                os.link(whl, dest / "wheelhouse" / whl.name)  # no copy on the same file system
+            except OSError:
+                shutil.copy2(whl, dest / "wheelhouse" / whl.name)
 
 
 def connect():
