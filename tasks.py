@@ -21,6 +21,10 @@ BENCH_HELP = {
     "run-id": "append to this run instead of starting a new one",
     "timeout-s": "seconds a run may take before it is stopped and recorded as failed",
     "ceiling": "also measure the compute ceiling (model steps, no framework) and compare",
+    "local": "run the ranks as local processes even when a lab image is built",
+    "image": "the lab image to run in (default: the built one that fits --device)",
+    "frozen": "in the image, run its own copy of the kit instead of the checkout's",
+    "fault": "RANK:STEP: that rank fails at that step (to see how a failed job is handled)",
 }
 
 
@@ -32,7 +36,7 @@ def _setting(c, name, value):
 def bench(c, np=None, framework=None, backend=None, model=None, data=None, data_dir=None,
           device=None, epochs=None, batch_size=None, compression=None, warmup_steps=None,
           max_steps=None, threads=None, results_dir=None, run_id=None, timeout_s=None,
-          ceiling=False):
+          ceiling=False, local=False, image=None, frozen=False, fault=None):
     """Run data-parallel training with N processes, record it and print the table."""
     from lab.bench import BenchError, BenchSettings, parse_np, render, run
 
@@ -49,7 +53,9 @@ def bench(c, np=None, framework=None, backend=None, model=None, data=None, data_
                 values[k] = _int(k, values[k])
         if "timeout_s" in values:
             values["timeout_s"] = float(values["timeout_s"])
-        settings = BenchSettings(**values, run_id=run_id or "", ceiling=ceiling)
+        where = "local" if local else ("image" if image else _setting(c, "where", None) or "auto")
+        settings = BenchSettings(**values, run_id=run_id or "", ceiling=ceiling, where=where,
+                                 image=image or "", frozen=frozen, fault=fault or "")
         outcome = run(settings)
     except BenchError as e:
         raise Exit(f"error: {e}", code=2)
@@ -87,29 +93,32 @@ def benchmark(c, results_dir="results"):
 
 
 BUILD_HELP = {
-    "flavor": "cpu (the GPU flavor is not built yet)",
-    "gpu-ops": "GPU operations for Horovod: NCCL or MPI (GPU flavor only)",
+    "flavor": "gpu (CUDA, CUDA-aware Open MPI, NCCL, nccl-tests) or cpu",
+    "gpu-ops": "GPU operations Horovod is built with: NCCL (default) or MPI (GPU flavor)",
+    "cuda": "the matrix's CUDA entry for the GPU flavor: 13.0 (default) or 12.6 (Volta)",
     "base-image": "base image instead of the matrix's (e.g. one made by docker/make-base-image.sh)",
-    "extra-ca": "a CA bundle to trust in the image and use for pip (a proxy's CA)",
+    "extra-ca": "a CA bundle to trust in the image and use for pip and downloads (a proxy's CA)",
     "wheelhouse": "a folder of wheels pip looks at first (offline clusters)",
-    "torch-index": "index URL for torch (e.g. PyTorch's CPU index)",
-    "torchvision": "also install torchvision (needs a torch build it pairs with)",
+    "torch-index": "index URL for torch instead of the matrix's; 'default' is pip's own index",
+    "torchvision": "install torchvision too (--no-torchvision where no build pairs with torch)",
+    "nccl-tests": "build nccl-tests in the GPU flavor (--no-nccl-tests where GitHub is unreachable)",
 }
 
 
 @task(help=BUILD_HELP)
-def build(c, flavor=None, gpu_ops=None, base_image=None, extra_ca=None, wheelhouse=None,
-          torch_index=None, torchvision=False):
-    """Build the lab image (pinned torch, Open MPI, Horovod) and run its smoke tests."""
+def build(c, flavor=None, gpu_ops=None, cuda=None, base_image=None, extra_ca=None,
+          wheelhouse=None, torch_index=None, torchvision=True, nccl_tests=True):
+    """Build the lab image (pinned CUDA, Open MPI, NCCL, torch, Horovod) and smoke-test it."""
     from lab.images import BuildError, BuildSettings
     from lab.images import build as build_image
 
     cfg = c.config.get("build", {})
     settings = BuildSettings(
-        flavor=flavor or cfg.get("flavor", "cpu"), gpu_ops=gpu_ops or cfg.get("gpu_ops", ""),
-        base_image=base_image or cfg.get("base_image", ""), extra_ca=extra_ca or "",
-        wheelhouse=wheelhouse or "", torch_index=torch_index or cfg.get("torch_index", ""),
-        with_torchvision=torchvision)
+        flavor=flavor or cfg.get("flavor", "gpu"), gpu_ops=gpu_ops or cfg.get("gpu_ops", ""),
+        cuda=cuda or cfg.get("cuda", ""), base_image=base_image or cfg.get("base_image", ""),
+        extra_ca=extra_ca or "", wheelhouse=wheelhouse or "",
+        torch_index=torch_index or cfg.get("torch_index", ""), with_torchvision=torchvision,
+        nccl_tests=nccl_tests)
     try:
         build_image(settings)
     except BuildError as e:

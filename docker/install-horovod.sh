@@ -19,8 +19,8 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-# shellcheck source=versions.env
-source "$here/versions.env"
+# shellcheck source=matrix.sh
+source "$here/matrix.sh"
 
 PYTHON="${PYTHON:-python3}"
 JOBS="${JOBS:-$(nproc)}"
@@ -59,6 +59,10 @@ if [[ "${HOROVOD_WITHOUT_MPI:-0}" != 1 ]]; then
     export HOROVOD_WITH_MPI=1
 fi
 export MAKEFLAGS="-j$JOBS"
+if [[ "${HOROVOD_GPU_OPERATIONS:-}" == MPI ]]; then
+    ompi_info --parsable --all 2>/dev/null | grep -q 'mpi_built_with_cuda_support:value:true' \
+        || die "HOROVOD_GPU_OPERATIONS=MPI needs a CUDA-aware MPI, and this one is not (ompi_info): build one with docker/install-openmpi.sh, or use NCCL"
+fi
 
 torch_cuda="$("$PYTHON" -c 'import torch; print(torch.version.cuda or "")')"
 if [[ -n "$torch_cuda" ]]; then
@@ -75,12 +79,10 @@ if [[ -n "$torch_cuda" ]]; then
     if [[ "${HOROVOD_GPU_OPERATIONS:-}" == NCCL && -z "${HOROVOD_NCCL_HOME:-}${HOROVOD_NCCL_LIB:-}" ]]; then
         # Use the NCCL that torch itself loads (the nvidia-nccl wheel), so one
         # process never holds two copies of NCCL.
-        nccl="$("$PYTHON" -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__) if nvidia.nccl.__file__ else list(nvidia.nccl.__path__)[0])' 2>/dev/null || true)"
-        if [[ -n "$nccl" && -f "$nccl/lib/libnccl.so.2" ]]; then
-            ln -sf libnccl.so.2 "$nccl/lib/libnccl.so"
-            export HOROVOD_NCCL_INCLUDE="$nccl/include" HOROVOD_NCCL_LIB="$nccl/lib" HOROVOD_NCCL_LINK=SHARED
-            say "using torch's NCCL at $nccl"
-        fi
+        nccl="$(PYTHON="$PYTHON" bash "$here/torch-nccl.sh")" \
+            || die "HOROVOD_GPU_OPERATIONS=NCCL: set HOROVOD_NCCL_HOME to an NCCL install"
+        export HOROVOD_NCCL_INCLUDE="$nccl/include" HOROVOD_NCCL_LIB="$nccl/lib" HOROVOD_NCCL_LINK=SHARED
+        say "using torch's NCCL at $nccl"
     fi
 elif [[ -n "${HOROVOD_GPU_OPERATIONS:-}" ]]; then
     die "HOROVOD_GPU_OPERATIONS=$HOROVOD_GPU_OPERATIONS needs a CUDA build of torch; this one is CPU-only"
@@ -101,6 +103,10 @@ if os.environ.get("HOROVOD_WITH_MPI") == "1":
 ops = os.environ.get("HOROVOD_GPU_OPERATIONS", "")
 if ops == "NCCL":
     assert hvd.nccl_built(), "Horovod was built without NCCL"
+if ops == "MPI":
+    # --check-build lists MPI among tensor operations whenever the MPI controller is
+    # built; GPU operations over MPI show as CUDA support without NCCL.
+    assert hvd.cuda_built() and not hvd.nccl_built(), "Horovod was not built for MPI GPU operations"
 print("install-horovod: horovod.torch imports; gloo=%s mpi=%s nccl=%s"
       % (hvd.gloo_built(), hvd.mpi_built(), hvd.nccl_built()))
 EOF

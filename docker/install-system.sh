@@ -11,7 +11,19 @@ pkgs=(python3 python3-venv python3-dev g++ make cmake git ca-certificates
       openssh-server openssh-client iproute2 procps less)
 if [[ "$flavor" == cpu ]]; then
     pkgs+=(openmpi-bin libopenmpi-dev)
+else
+    # To fetch and unpack the Open MPI tarball and to build it.
+    pkgs+=(curl xz-utils file perl)
 fi
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
+if [[ "$flavor" == gpu ]]; then
+    # nvidia/cuda's devel images bring NCCL as packages; torch brings its own as a
+    # wheel and everything here is built against that one, so the base's copy goes.
+    mapfile -t nccl < <(dpkg-query -W -f '${Package}\n' 'libnccl*' 2>/dev/null || true)
+    if ((${#nccl[@]})); then
+        apt-mark unhold "${nccl[@]}" >/dev/null
+        apt-get purge -y -qq "${nccl[@]}" >/dev/null
+    fi
+fi
 rm -rf /var/lib/apt/lists/*

@@ -13,14 +13,8 @@
 #   PIP_CA_BUNDLE     CA bundle with PIP_ISOLATED (default Debian's)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-given_torch="${TORCH_VERSION:-}" given_tv="${TORCHVISION_VERSION:-}"
-given_st="${SETUPTOOLS_VERSION:-}" given_wh="${WHEEL_VERSION:-}"
-# shellcheck source=versions.env
-source "$here/versions.env"
-TORCH_VERSION="${given_torch:-$TORCH_VERSION}"
-TORCHVISION_VERSION="${given_tv:-$TORCHVISION_VERSION}"
-SETUPTOOLS_VERSION="${given_st:-$SETUPTOOLS_VERSION}"
-WHEEL_VERSION="${given_wh:-$WHEEL_VERSION}"
+# shellcheck source=matrix.sh
+source "$here/matrix.sh"
 PYTHON="${PYTHON:-python3}"
 
 args=(--quiet)

@@ -28,7 +28,8 @@ say() { printf 'setup-venv: %s\n' "$*" >&2; }
 # The key covers what the slow part (torch, Horovod's compile) depends on; the kit and
 # its other dependencies are brought up to date on every run below.
 key="$( { grep -E '^(TORCH|TORCHVISION|HOROVOD|SETUPTOOLS|WHEEL)_' "$here/versions.env"
-          cat "$here/install-torch.sh" "$here/install-horovod.sh" "$here/setup-venv.sh"
+          cat "$here/install-torch.sh" "$here/install-horovod.sh" "$here/setup-venv.sh" \
+              "$here/matrix.sh" "$here/torch-nccl.sh"
           python3 --version; echo "$index"; } | sha256sum | cut -c1-16)"
 cache="${LAB_ENV_CACHE-$HOME/.cache/dl-lab-kit}"
 if [[ -n "$cache" ]]; then

@@ -13,12 +13,37 @@ echo "$out"
 for want in "PyTorch" "MPI" "Gloo"; do
     grep -Eq "\[X\] $want" <<<"$out" || fail "horovodrun --check-build does not show $want"
 done
-if [[ -n "$ops" ]]; then
-    grep -Eq "\[X\] $ops" <<<"$out" || fail "horovodrun --check-build does not show GPU operations $ops"
-fi
+# GPU operations: NCCL shows in --check-build; MPI always does once the MPI controller
+# is built, so MPI GPU operations are read from the library: CUDA without NCCL.
+case "$ops" in
+    NCCL) grep -Eq "\[X\] NCCL" <<<"$out" || fail "horovodrun --check-build does not show NCCL" ;;
+    MPI) python -c 'import horovod.torch as h; assert h.cuda_built() and h.mpi_built() and not h.nccl_built()' \
+            || fail "Horovod was not built for MPI GPU operations (CUDA, MPI, no NCCL)" ;;
+    "") python -c 'import horovod.torch as h; assert not h.cuda_built()' 2>/dev/null \
+            || fail "a CPU image's Horovod was built with CUDA" ;;
+esac
+[[ -n "$ops" ]] && echo "smoke-test: Horovod's GPU operations are $ops"
 if [[ "$flavor" == gpu ]]; then
     ompi_info --parsable --all | grep -q 'mpi_built_with_cuda_support:value:true' \
         || fail "Open MPI is not CUDA-aware (ompi_info: mpi_built_with_cuda_support is not true)"
+    echo "smoke-test: Open MPI is CUDA-aware (ompi_info)"
+    # One NCCL: the one torch loads is the one Horovod was built with.
+    python - <<'PY' || fail "torch and Horovod do not use the same NCCL"
+import torch, horovod.torch as hvd
+assert torch.version.cuda, "torch is not a CUDA build"
+t = ".".join(map(str, torch.cuda.nccl.version()))
+if hvd.nccl_built():
+    v = hvd.nccl_built()
+    h = f"{v // 10000}.{v // 100 % 100}.{v % 100}"
+    assert h == t, f"Horovod was built with NCCL {h}, torch loads {t}"
+print(f"smoke-test: torch {torch.__version__} (CUDA {torch.version.cuda}) loads NCCL {t}")
+PY
+    if [[ "${NCCL_TESTS:-1}" == 1 ]]; then
+        command -v all_reduce_perf >/dev/null || fail "nccl-tests' all_reduce_perf is not on the PATH"
+        ! ldd "$(command -v all_reduce_perf)" | grep -q 'not found' \
+            || fail "all_reduce_perf has unresolved libraries: $(ldd "$(command -v all_reduce_perf)" | grep 'not found')"
+        echo "smoke-test: nccl-tests installed, its libraries resolve"
+    fi
 fi
 python - <<'PY'
 import horovod.torch as hvd

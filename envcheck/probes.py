@@ -9,6 +9,7 @@ imported inside the probes that need them.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import platform
 import re
@@ -202,4 +203,9 @@ def image_info() -> dict | None:
     image = os.environ.get("LAB_IMAGE_ID")
     if not image:
         return None
-    return {"id": image, "labels": os.environ.get("LAB_IMAGE_LABELS", "")}
+    raw = os.environ.get("LAB_IMAGE_LABELS", "")
+    try:
+        labels = json.loads(raw) if raw else {}
+    except ValueError:
+        labels = {"unparsed": raw}
+    return {"id": image, "labels": labels}

@@ -50,6 +50,9 @@ class BenchSettings:
     timeout_s: float = 3600          # per run; the job is killed and recorded as failed
     ceiling: bool = False
     fault: str = ""                  # RANK:STEP, for tests of a dying rank
+    where: str = "local"             # local | image | auto (the image when one is built)
+    image: str = ""                  # a tag; empty: the lab image that fits the device
+    frozen: bool = False             # in the image: its own copy of the kit, not the checkout
 
 
 @dataclass
@@ -108,12 +111,26 @@ try:
     out["torchvision"] = torchvision.__version__
 except Exception as e:
     out["torchvision_error"] = f"{type(e).__name__}: {e}".splitlines()[0]
+import shutil
+out["mpirun"] = shutil.which("mpirun") is not None
 print(json.dumps(out))
 """
 
 
-def probe_stack(python: str = sys.executable, timeout: float = 120) -> dict:
-    """What the worker's Python can run: torch, its distributed back ends, GPUs, Horovod."""
+def probe_stack(python: str = sys.executable, timeout: float = 120, runner=None) -> dict:
+    """What the worker's Python can run: torch, its distributed back ends, GPUs, Horovod
+    (in the image when a runner is given)."""
+    if runner is not None:
+        from lab.container import ContainerError
+        try:
+            rc, out = runner.output(["python", "-c", _STACK_PROBE], timeout_s=timeout)
+        except ContainerError as e:
+            raise BenchError(f"{e}; run with --local to use local processes") from None
+        try:
+            return json.loads(out.strip().splitlines()[-1])
+        except (IndexError, json.JSONDecodeError):
+            raise BenchError(f"could not inspect the Python in the image {runner.tag}: "
+                             f"{(out.strip().splitlines() or ['no output'])[-1]}") from None
     try:
         cp = subprocess.run([python, "-c", _STACK_PROBE], capture_output=True, text=True,
                             timeout=timeout, stdin=subprocess.DEVNULL)
@@ -169,7 +186,7 @@ def check_request(s: BenchSettings, stack: dict) -> tuple[str, list[str]]:
         if not stack["horovod"].get(s.backend):
             raise BenchError(f"this Horovod was built without {s.backend}: rebuild it with "
                              f"docker/install-horovod.sh, or pick another --backend")
-        if s.backend == "mpi" and shutil.which("mpirun") is None:
+        if s.backend == "mpi" and not stack.get("mpirun", shutil.which("mpirun") is not None):
             raise BenchError("--backend mpi needs mpirun on the PATH: install an MPI "
                              "(Debian: openmpi-bin)")
     if framework == "ddp" and not stack.get("ddp_backends", {}).get(s.backend):
@@ -269,14 +286,52 @@ def _failure_reason_from_tail(tail: list[str]) -> str:
     return (tail[-1].strip()[:300] if tail else "no output")
 
 
+WHERE = ("local", "image", "auto")
+
+
+def choose_runner(s: BenchSettings):
+    """Where the ranks run: (an ImageRunner or None for local processes, a note or None).
+    `auto` takes the lab image when an engine and an image are there, and says in one
+    line why not otherwise; `image` insists on it; `local` never looks."""
+    if s.where not in WHERE:
+        raise BenchError(f"where the job runs must be one of {', '.join(WHERE)}, not {s.where!r}")
+    if s.where == "local":
+        return None, None
+    from lab import container
+    tags = [s.image] if s.image else container.candidate_images(
+        s.device, "horovod" if s.framework == "auto" else s.framework, s.backend)
+    try:
+        client = container.connect()
+    except container.ContainerError as e:
+        if s.where == "image" or s.image:
+            raise BenchError(f"{e}: start the engine, or run with --local") from None
+        return None, f"running as local processes: {e} (--local says so and skips the check)"
+    image = container.find_image(client, tags)
+    if image is None:
+        if s.where == "image" or s.image:
+            raise BenchError(f"no image {' or '.join(tags)} is built: run `invoke build`, "
+                             f"or run with --local")
+        return None, (f"running as local processes: no lab image ({', '.join(tags)}) is built "
+                      f"(`invoke build` makes one; --local skips the check)")
+    runner = container.ImageRunner(client, image, frozen=s.frozen, gpus=s.device == "cuda",
+                                   results_dir=s.results_dir, data_dir=s.data_dir)
+    code = "the image's own copy of the kit" if s.frozen else "the checkout's lab code"
+    return runner, f"running in the image {runner.tag} ({image.short_id}) with {code}"
+
+
 def run(s: BenchSettings, echo=print, stack: dict | None = None) -> Outcome:
     """Check the request, then run one job per process count into one results directory."""
     nps = parse_np(s.np)
     s = dataclasses.replace(s, np=nps)
-    stack = stack if stack is not None else probe_stack()
+    runner, where_note = choose_runner(s)
+    if where_note:
+        echo(where_note)
+    stack = stack if stack is not None else probe_stack(runner=runner)
     framework, notes = check_request(s, stack)
     for n in notes:
         echo(n)
+    if where_note and runner is not None:
+        notes.insert(0, where_note)
     if s.data == "mnist":
         # Once, here, rather than by every rank at the same time.
         from lab.fetch import DataUnavailable, ensure_mnist
@@ -288,37 +343,55 @@ def run(s: BenchSettings, echo=print, stack: dict | None = None) -> Outcome:
     rdir = results.run_dir(s.results_dir, run_id)
     rfile = rdir / results.RESULTS_FILE
     os.makedirs(rdir, exist_ok=True)
+    if runner is not None:
+        from lab.container import DATA_IN, RESULTS_IN
+        runner.hand_over(str(rdir))
 
     failed = 0
     ceilings: dict[int, dict] = {}
     for i, np in enumerate(nps):
         cfg = dataclasses.replace(base_config(s, framework), run_id=run_id, expected_np=np,
                                   attempt=f"{i:03d}-np{np}")
-        cmd = launch.command(framework, s.backend, np, cfg.to_args())
-        if framework == "horovod":
-            cmd[0] = _horovodrun()
-        env = dict(os.environ, OMP_NUM_THREADS=str(s.threads), PYTHONUNBUFFERED="1")
+        extra = {"OMP_NUM_THREADS": str(s.threads), "PYTHONUNBUFFERED": "1"}
         if s.device == "cpu":
             # Open MPI busy-polls while it waits; with Horovod's background thread beside
             # each rank's compute thread that steals the cores the ranks compute on
             # (measured here: 2 ranks of the MNIST CNN, 3,000-3,400 images/s polling,
             # 4,400-4,700 yielding). A value set by the user wins.
-            env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+            extra["OMPI_MCA_mpi_yield_when_idle"] = os.environ.get(
+                "OMPI_MCA_mpi_yield_when_idle", "1")
+        if runner is None:
+            cmd = launch.command(framework, s.backend, np, cfg.to_args())
+            if framework == "horovod":
+                cmd[0] = _horovodrun()
+            env = dict(os.environ, **extra)
+        else:
+            inside = dataclasses.replace(cfg, results_dir=RESULTS_IN, data_dir=DATA_IN)
+            cmd = launch.command(framework, s.backend, np, inside.to_args(), python="python")
         echo(f"== {framework} over {s.backend}, {np} process(es): {' '.join(cmd)}")
         before = len(results.read_records(rfile)[0])
-        ceiling_before = measure_ceiling(s, np) if s.ceiling else None
+        ceiling_before = measure_ceiling(s, np, runner) if s.ceiling else None
         started = results.now_iso()
         t0 = time.monotonic()
         try:
-            rc, tail, why = run_job(cmd, env, s.timeout_s, echo)
+            if runner is None:
+                rc, tail, why = run_job(cmd, env, s.timeout_s, echo)
+            else:
+                rc, tail, why = runner.run(cmd, extra, s.timeout_s, echo,
+                                           name=f"lab-bench-{run_id}-{cfg.attempt}")
         except KeyboardInterrupt:
             _record_failure(rfile, cfg, np, started, {"rank": None, "host": None,
                             "reason": "interrupted by the user", "log_tail": ""})
             raise
+        except Exception as e:
+            from lab.container import ContainerError
+            if not isinstance(e, ContainerError):
+                raise
+            rc, tail, why = 1, [str(e)], str(e)
         wrote = len(results.read_records(rfile)[0]) > before
         if rc == 0 and wrote:
             if s.ceiling:
-                ceilings[np] = ceiling_around(s, np, before_s=ceiling_before)
+                ceilings[np] = ceiling_around(s, np, before_s=ceiling_before, runner=runner)
             continue
         failed += 1
         info = first_failure(os.path.join(rdir, "failures", cfg.attempt))
@@ -346,11 +419,30 @@ def _record_failure(rfile, cfg: RunConfig, np: int, started: str, error: dict) -
         "np": np, "error": error})
 
 
-def measure_ceiling(s: BenchSettings, processes: int) -> dict:
+def measure_ceiling(s: BenchSettings, processes: int, runner=None) -> dict:
     """The model's steps with no framework (lab.ceiling) in `processes` independent
-    processes at once: what the machine gives that many ranks that never communicate."""
+    processes at once: what the machine gives that many ranks that never communicate.
+    In the image when the job runs there."""
     from lab.ceiling import measure_concurrent  # standard library only at import
     steps = dict(steps=3, warmup=1) if s.model == "resnet50" else {}
+    if runner is not None:
+        cmd = ["python", "-m", "lab.ceiling", "--processes", str(processes), "--model", s.model,
+               "--batch-size", str(s.batch_size), "--threads", str(s.threads),
+               "--device", s.device]
+        for k, v in steps.items():
+            cmd += [f"--{k}", str(v)]
+        from lab.container import ContainerError
+        try:
+            rc, out = runner.output(cmd)
+        except ContainerError as e:
+            raise BenchError(str(e)) from None
+        try:
+            if rc != 0:
+                raise ValueError
+            return json.loads(out.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise BenchError(f"measuring the compute ceiling in the image failed: "
+                             f"{(out.strip().splitlines() or ['no output'])[-1]}") from None
     try:
         return measure_concurrent(processes, s.model, s.batch_size, s.threads,
                                   device=s.device, **steps)
@@ -358,10 +450,10 @@ def measure_ceiling(s: BenchSettings, processes: int) -> dict:
         raise BenchError(f"measuring the compute ceiling failed: {e}") from None
 
 
-def ceiling_around(s: BenchSettings, processes: int, before_s: dict) -> dict:
+def ceiling_around(s: BenchSettings, processes: int, before_s: dict, runner=None) -> dict:
     """The ceiling measured just before and just after a run, averaged: a shared
     machine's speed drifts, and the run lies between the two."""
-    after = measure_ceiling(s, processes)
+    after = measure_ceiling(s, processes, runner)
     b, a = before_s["images_per_s"], after["images_per_s"]
     return {"processes": processes, "images_per_s": (a + b) / 2, "before": b, "after": a}
 

@@ -15,7 +15,7 @@ from lab import versions
 REPO_ROOT = Path(__file__).resolve().parent.parent
 IMAGE_REPO = "dl-lab-kit"
 LABEL_PREFIX = "org.dl-lab-kit."
-FLAVORS = ("cpu",)            # the GPU flavor is not built yet
+FLAVORS = ("gpu", "cpu")
 GPU_OPERATIONS = ("NCCL", "MPI")
 
 
@@ -25,23 +25,51 @@ class BuildError(Exception):
 
 @dataclass
 class BuildSettings:
-    flavor: str = "cpu"
-    gpu_ops: str = ""
-    base_image: str = ""        # empty: the matrix's base for the flavor
+    flavor: str = "gpu"
+    gpu_ops: str = ""           # GPU flavor: NCCL (when empty) or MPI; CPU flavor: none
+    cuda: str = ""              # GPU flavor: a CUDA entry of the matrix (empty: CUDA_DEFAULT)
+    base_image: str = ""        # empty: the matrix's base for the flavor (and CUDA)
     extra_ca: str = ""          # a CA bundle to trust in the image (and use for pip)
     wheelhouse: str = ""        # a folder of wheels pip looks at first
-    torch_index: str = ""       # an index URL for torch/torchvision
-    with_torchvision: bool = False
+    torch_index: str = ""       # index URL for torch; empty: the matrix's; "default": pip's own
+    with_torchvision: bool = True
+    nccl_tests: bool = True     # GPU flavor: build nccl-tests (needs GitHub at build time)
 
 
-def check(s: BuildSettings) -> None:
+def cuda_entries(matrix: dict[str, str]) -> list[str]:
+    """The CUDA versions the matrix has a GPU entry for, e.g. ['13.0', '12.6']."""
+    found = []
+    for key in matrix:
+        m = re.fullmatch(r"CUDA_(\d+)_(\d+)_BASE_IMAGE", key)
+        if m:
+            found.append(f"{m.group(1)}.{m.group(2)}")
+    return found
+
+
+def variant(s: BuildSettings, matrix: dict[str, str]) -> str:
+    """The matrix prefix of the flavor's entries: CPU_ or CUDA_13_0_."""
+    if s.flavor == "cpu":
+        return "CPU_"
+    return "CUDA_" + (s.cuda or matrix["CUDA_DEFAULT"]).replace(".", "_") + "_"
+
+
+def gpu_ops(s: BuildSettings) -> str:
+    return (s.gpu_ops or "NCCL") if s.flavor == "gpu" else ""
+
+
+def check(s: BuildSettings, matrix: dict[str, str] | None = None) -> None:
+    matrix = versions.read() if matrix is None else matrix
     if s.flavor not in FLAVORS:
-        raise BuildError(f"--flavor {s.flavor!r} cannot be built yet: use --flavor cpu "
-                         f"(the GPU flavor is an open issue)")
+        raise BuildError(f"--flavor takes gpu or cpu, not {s.flavor!r}")
     if s.gpu_ops and s.gpu_ops not in GPU_OPERATIONS:
         raise BuildError(f"--gpu-ops takes NCCL or MPI, not {s.gpu_ops!r}")
     if s.gpu_ops and s.flavor == "cpu":
         raise BuildError("--gpu-ops needs the GPU flavor: drop it for --flavor cpu")
+    if s.cuda and s.flavor == "cpu":
+        raise BuildError("--cuda needs the GPU flavor: drop it for --flavor cpu")
+    if s.cuda and s.cuda not in cuda_entries(matrix):
+        raise BuildError(f"--cuda {s.cuda}: the version matrix (docker/versions.env) has entries "
+                         f"for CUDA {', '.join(cuda_entries(matrix))}; pick one of those")
     if s.extra_ca and not Path(s.extra_ca).is_file():
         raise BuildError(f"--extra-ca {s.extra_ca}: no such file; give a PEM certificate bundle")
     if s.wheelhouse and not Path(s.wheelhouse).is_dir():
@@ -50,19 +78,32 @@ def check(s: BuildSettings) -> None:
 
 def build_args(s: BuildSettings, matrix: dict[str, str]) -> dict[str, str]:
     """The Dockerfile's build arguments, every version from the matrix."""
-    base = s.base_image or matrix[f"BASE_IMAGE_{s.flavor.upper()}"]
-    return {
-        "BASE_IMAGE": base,
+    v = variant(s, matrix)
+    index = s.torch_index or matrix[v + "TORCH_INDEX_URL"]
+    args = {
+        "BASE_IMAGE": s.base_image or matrix[v + "BASE_IMAGE"],
         "FLAVOR": s.flavor,
         "TORCH_VERSION": matrix["TORCH_VERSION"],
         "TORCHVISION_VERSION": matrix["TORCHVISION_VERSION"] if s.with_torchvision else "",
-        "TORCH_INDEX_URL": s.torch_index,
+        "TORCH_INDEX_URL": "" if index == "default" else index,
         "SETUPTOOLS_VERSION": matrix["SETUPTOOLS_VERSION"],
         "WHEEL_VERSION": matrix["WHEEL_VERSION"],
         "HOROVOD_VERSION": matrix["HOROVOD_VERSION"],
         "HOROVOD_SHA256": matrix["HOROVOD_SHA256"],
-        "HOROVOD_GPU_OPERATIONS": s.gpu_ops,
+        "HOROVOD_GPU_OPERATIONS": gpu_ops(s),
     }
+    if s.flavor == "gpu":
+        args.update({
+            "OPENMPI_VERSION": matrix["OPENMPI_VERSION"],
+            "OPENMPI_URL": matrix["OPENMPI_URL"],
+            "OPENMPI_SHA256": matrix["OPENMPI_SHA256"],
+            "NCCL_VERSION": matrix[v + "NCCL_VERSION"],
+            "CUDA_ARCHS": matrix[v + "ARCHS"],
+            "NCCL_TESTS": "1" if s.nccl_tests else "0",
+            "NCCL_TESTS_VERSION": matrix["NCCL_TESTS_VERSION"],
+            "NCCL_TESTS_COMMIT": matrix["NCCL_TESTS_COMMIT"],
+        })
+    return args
 
 
 def kit_version() -> str:
@@ -71,16 +112,32 @@ def kit_version() -> str:
     return m.group(1) if m else "0"
 
 
-def tags(s: BuildSettings, version: str) -> list[str]:
-    """dl-lab-kit:cpu and dl-lab-kit:cpu-<kit version> (gpu-nccl, gpu-mpi likewise)."""
-    name = s.flavor + (f"-{s.gpu_ops.lower()}" if s.gpu_ops else "")
+def tags(s: BuildSettings, version: str, matrix: dict[str, str] | None = None) -> list[str]:
+    """dl-lab-kit:cpu, dl-lab-kit:gpu-nccl, dl-lab-kit:gpu-mpi-cu126 (a CUDA other than
+    the default is named), each also with -<kit version>."""
+    name = s.flavor
+    if s.flavor == "gpu":
+        matrix = versions.read() if matrix is None else matrix
+        name += "-" + gpu_ops(s).lower()
+        if s.cuda and s.cuda != matrix["CUDA_DEFAULT"]:
+            name += "-cu" + s.cuda.replace(".", "")
     return [f"{IMAGE_REPO}:{name}", f"{IMAGE_REPO}:{name}-{version}"]
 
 
-def labels(args: dict[str, str], version: str) -> dict[str, str]:
-    """The matrix as image labels; every results record carries them."""
-    out = {LABEL_PREFIX + k.lower(): v for k, v in args.items() if v}
+def labels(s: BuildSettings, args: dict[str, str], matrix: dict[str, str],
+           version: str) -> dict[str, str]:
+    """The versions in the image as labels; every results record carries them."""
+    out = {LABEL_PREFIX + k.lower(): v for k, v in args.items()
+           if v and k not in ("NCCL_TESTS", "CUDA_ARCHS")}
     out[LABEL_PREFIX + "kit_version"] = version
+    if s.flavor == "gpu":
+        v = variant(s, matrix)
+        out[LABEL_PREFIX + "cuda_version"] = s.cuda or matrix["CUDA_DEFAULT"]
+        out[LABEL_PREFIX + "cudnn_version"] = matrix[v + "CUDNN_VERSION"]
+        out[LABEL_PREFIX + "cuda_archs"] = matrix[v + "ARCHS"]
+        if not s.nccl_tests:
+            out.pop(LABEL_PREFIX + "nccl_tests_version", None)
+            out.pop(LABEL_PREFIX + "nccl_tests_commit", None)
     return out
 
 
@@ -120,18 +177,18 @@ def connect():
 
 def build(s: BuildSettings, echo=print) -> str:
     """Build the image, streaming its progress; returns the image id."""
-    check(s)
     matrix = versions.read()
+    check(s, matrix)
     args = build_args(s, matrix)
     version = kit_version()
-    image_tags = tags(s, version)
+    image_tags = tags(s, version, matrix)
     client = connect()
     with tempfile.TemporaryDirectory(prefix="lab-build-") as ctx:
         assemble_context(Path(ctx), s)
         step, log = "", []
         image_id = None
         stream = client.api.build(path=ctx, dockerfile="docker/Dockerfile", buildargs=args,
-                                  tag=image_tags[0], labels=labels(args, version), rm=True,
+                                  tag=image_tags[0], labels=labels(s, args, matrix, version), rm=True,
                                   forcerm=True, decode=True)
         for chunk in stream:
             if "stream" in chunk:
@@ -142,8 +199,14 @@ def build(s: BuildSettings, echo=print) -> str:
                     echo(line)
             elif "error" in chunk:
                 tail = "\n".join(log[-25:])
+                hint = ""
+                if not step or " : FROM " in step:
+                    hint = (f" The base image {args['BASE_IMAGE']} could not be had: pull it "
+                            f"(`docker pull {args['BASE_IMAGE']}`) or pass --base-image with one "
+                            f"this engine has (docker/make-base-image.sh and "
+                            f"docker/make-cuda-base-image.sh make them without a registry).")
                 raise BuildError(f"the image build failed at {step or 'its start'}: "
-                                 f"{chunk['error'].strip()}\n--- end of that step's log ---\n{tail}")
+                                 f"{chunk['error'].strip()}.{hint}\n--- end of that step's log ---\n{tail}")
             elif "aux" in chunk and "ID" in chunk["aux"]:
                 image_id = chunk["aux"]["ID"]
     if image_id is None:

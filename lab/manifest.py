@@ -11,6 +11,11 @@ def _value(result):
     return {"status": result.status, "reason": result.fix}
 
 
+def _kit_path() -> str:
+    import os
+    return os.path.dirname(os.path.abspath(__file__))
+
+
 def collect(hosts: list[str]) -> dict:
     """Everything the report's environment table needs, measured on rank 0's host;
     `hosts` is every rank's host name, by rank."""
@@ -25,6 +30,9 @@ def collect(hosts: list[str]) -> dict:
         "driver": gpus.value.get("driver") if gpus.status == probes.PASS else None,
         "mpi": _value(probes.probe_mpi_version()),
         "image": probes.image_info(),
+        # Which copy of the kit ran: the checkout's (mounted into the image unless
+        # --frozen) or the image's own.
+        "kit_path": _kit_path(),
     }
     if isinstance(packages, dict):
         manifest.update({k: packages.get(k) for k in ("torch", "torchvision", "horovod", "python")})

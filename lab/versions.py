@@ -38,15 +38,49 @@ def notes(text: str) -> dict[str, str]:
     return out
 
 
+VARIANT_FIELDS = (("BASE_IMAGE", "base image"), ("TORCH_INDEX_URL", "torch index"),
+                  ("NCCL_VERSION", "NCCL (torch's wheel)"), ("CUDNN_VERSION", "cuDNN (torch's wheel)"),
+                  ("ARCHS", "compute capabilities"))
+
+
+def _variants(values: dict[str, str]) -> list[tuple[str, str]]:
+    """(prefix, column title) of each flavor entry: CPU_ and each CUDA_X_Y_."""
+    out = [("CPU_", "CPU flavor")] if "CPU_BASE_IMAGE" in values else []
+    for key in values:
+        if key.startswith("CUDA_") and key.endswith("_BASE_IMAGE"):
+            prefix = key.removesuffix("BASE_IMAGE")
+            cuda = prefix[5:-1].replace("_", ".")
+            title = f"GPU, CUDA {cuda}" + (" (default)" if values.get("CUDA_DEFAULT") == cuda else "")
+            out.append((prefix, title))
+    return out
+
+
 def markdown(path: str | Path = MATRIX) -> str:
-    """The version table of the README, generated from the matrix."""
+    """The version tables of the README, generated from the matrix: what every image
+    has, then one column per flavor entry, then why each entry is what it is."""
     text = Path(path).read_text()
     values, why = parse(text), notes(text)
+    variants = _variants(values)
+    prefixes = tuple(p for p, _ in variants) + ("CUDA_DEFAULT",)
     rows = ["| component | version | note |", "| --- | --- | --- |"]
     for key, value in values.items():
+        if key.startswith(prefixes):
+            continue
         name = key.removesuffix("_VERSION").replace("_", " ").lower()
         shown = f"`{value}`" if len(value) < 40 else f"`{value[:12]}…`"
         rows.append(f"| {name} | {shown} | {why.get(key, '')} |")
+    rows += ["", "| | " + " | ".join(title for _, title in variants) + " |",
+             "| --- |" + " --- |" * len(variants)]
+    for field, label in VARIANT_FIELDS:
+        cells = [f"`{values[p + field]}`" if p + field in values else "none"
+                 for p, _ in variants]
+        rows.append(f"| {label} | " + " | ".join(cells) + " |")
+    rows.append("")
+    for p, title in variants:
+        note = why.get(p + "BASE_IMAGE", "")
+        if p != "CPU_" and why.get("CUDA_DEFAULT") and title.endswith("(default)"):
+            note = why["CUDA_DEFAULT"]
+        rows.append(f"- {title}: {note}")
     return "\n".join(rows) + "\n"
 
 

@@ -80,7 +80,7 @@ def test_horovodrun_two_ranks_in_the_image(image, tmp_path, controller):
     assert r["world"]["np"] == 2 and r["world"]["controller"] == controller
     assert r["epochs"][-1]["train_loss"] < r["epochs"][0]["train_loss"]
     assert r["manifest"]["image"]["id"] == image[1].id
-    assert json.loads(r["manifest"]["image"]["labels"])[LABEL_PREFIX + "horovod_version"]
+    assert r["manifest"]["image"]["labels"][LABEL_PREFIX + "horovod_version"]
 
 
 def test_ddp_over_gloo_in_the_image(image, tmp_path):
@@ -97,3 +97,105 @@ def test_image_runs_jobs_as_an_unprivileged_user_and_holds_no_keys(image, tmp_pa
                                       "ls ~/.ssh 2>/dev/null | wc -l", tmp_path)
     uid, host_keys, user_keys = logs.split()[:3]
     assert rc == 0 and uid != "0" and host_keys == "0" and user_keys == "0"
+
+
+# `invoke bench` running its jobs in the image: one labelled container per job, with
+# the checkout's code mounted (or the image's own with --frozen), removed at the end.
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+from lab.container import LABEL_KEY, LABEL_VALUE  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def bench_cli(*args, timeout=600, **kw):
+    return subprocess.run([sys.executable, "-m", "invoke", "bench", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def bench_containers(client):
+    return client.containers.list(all=True, filters={"label": f"{LABEL_KEY}={LABEL_VALUE}"})
+
+
+@pytest.mark.parametrize("framework,backend", [("horovod", "gloo"), ("horovod", "mpi")])
+def test_bench_runs_its_ranks_in_the_image(image, tmp_path, framework, backend):
+    client, img = image
+    cp = bench_cli("--image", IMAGE, "--np", "2", "--framework", framework, "--backend", backend,
+                   "--max-steps", "15", "--results-dir", str(tmp_path))
+    assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-2000:]
+    assert f"running in the image {IMAGE}" in cp.stdout
+    [r] = results.read_records(next(tmp_path.glob("*/results.jsonl")))[0]
+    assert r["status"] == "ok" and r["world"]["np"] == 2
+    assert r["manifest"]["image"]["id"] == img.id                 # ran in that image
+    assert r["manifest"]["kit_path"] == "/opt/lab-src/lab"        # with the checkout's code
+    assert r["manifest"]["image"]["labels"][LABEL_PREFIX + "torch_version"]
+    assert bench_containers(client) == []
+
+
+def test_frozen_runs_the_images_own_copy(image, tmp_path):
+    client, _ = image
+    cp = bench_cli("--image", IMAGE, "--frozen", "--np", "1", "--framework", "ddp",
+                   "--max-steps", "12", "--results-dir", str(tmp_path))
+    assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-2000:]
+    [r] = results.read_records(next(tmp_path.glob("*/results.jsonl")))[0]
+    assert r["manifest"]["kit_path"].startswith("/opt/lab/lib/")   # the image's site-packages
+    assert bench_containers(client) == []
+
+
+def test_a_dying_rank_in_the_image_is_recorded_and_its_container_removed(image, tmp_path):
+    client, _ = image
+    t0 = time.monotonic()
+    cp = bench_cli("--image", IMAGE, "--np", "2", "--framework", "ddp", "--max-steps", "400",
+                   "--fault", "1:10", "--results-dir", str(tmp_path))
+    took = time.monotonic() - t0
+    recs = results.read_records(next(tmp_path.glob("*/results.jsonl")))[0]
+    assert cp.returncode == 1, cp.stdout[-3000:]
+    assert [r["status"] for r in recs] == ["failed"] and recs[0]["error"]["rank"] == 1
+    assert took < 120, f"the failed job took {took:.0f} s to end"
+    assert bench_containers(client) == []
+
+
+def test_ctrl_c_removes_the_jobs_container(image, tmp_path):
+    client, _ = image
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "invoke", "bench", "--image", IMAGE, "--np", "2", "--framework",
+         "ddp", "--max-steps", "5000", "--results-dir", str(tmp_path)], cwd=REPO,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        for line in proc.stdout:
+            if "== ddp over gloo, 2 process" in line:
+                break
+        for _ in range(60):
+            if any(c.status == "running" for c in bench_containers(client)):
+                break
+            time.sleep(0.5)
+        assert bench_containers(client), "the check below would see no container at all"
+        time.sleep(3)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, out[-2000:]
+    recs = results.read_records(next(tmp_path.glob("*/results.jsonl")))[0]
+    assert [r["error"]["reason"] for r in recs] == ["interrupted by the user"]
+    assert bench_containers(client) == []
+
+
+def test_an_image_that_is_not_built_is_one_sentence(image, tmp_path):
+    cp = bench_cli("--image", "dl-lab-kit:no-such-tag", "--np", "1", "--results-dir", str(tmp_path))
+    assert cp.returncode == 2 and "Traceback" not in cp.stderr + cp.stdout
+    assert "no image dl-lab-kit:no-such-tag is built" in cp.stderr
+
+
+def test_auto_falls_back_to_local_processes_without_an_engine(tmp_path):
+    cp = bench_cli("--np", "1", "--framework", "ddp", "--max-steps", "12", "--results-dir",
+                   str(tmp_path), env=dict(os.environ, DOCKER_HOST="unix:///nonexistent.sock"))
+    assert cp.returncode == 0, cp.stdout[-2000:] + cp.stderr[-2000:]
+    assert "running as local processes: no Docker engine is reachable" in cp.stdout
+    [r] = results.read_records(next(tmp_path.glob("*/results.jsonl")))[0]
+    assert r["manifest"]["image"] is None

@@ -24,37 +24,97 @@ def test_matrix_rejects_bad_lines():
 
 def test_every_build_argument_is_declared_in_the_dockerfile():
     declared = set(re.findall(r"^ARG (\w+)", DOCKERFILE.read_text(), re.MULTILINE))
-    args = images.build_args(images.BuildSettings(), versions.read())
-    assert set(args) <= declared
+    for flavor in images.FLAVORS:
+        args = images.build_args(images.BuildSettings(flavor=flavor), versions.read())
+        assert set(args) <= declared
+
+
+MATRIX = {"CPU_BASE_IMAGE": "base:1", "CPU_TORCH_INDEX_URL": "https://cpu.example/whl",
+          "TORCH_VERSION": "9.9", "TORCHVISION_VERSION": "8.8", "HOROVOD_VERSION": "7.7",
+          "HOROVOD_SHA256": "ab" * 32, "SETUPTOOLS_VERSION": "1", "WHEEL_VERSION": "2",
+          "OPENMPI_VERSION": "4.1.4", "OPENMPI_URL": "http://x/ompi.tar.xz",
+          "OPENMPI_SHA256": "cd" * 32, "NCCL_TESTS_VERSION": "2.0", "NCCL_TESTS_COMMIT": "f" * 40,
+          "CUDA_DEFAULT": "13.0",
+          "CUDA_13_0_BASE_IMAGE": "cuda:13", "CUDA_13_0_TORCH_INDEX_URL": "https://x/cu130",
+          "CUDA_13_0_NCCL_VERSION": "2.29.7", "CUDA_13_0_CUDNN_VERSION": "9.20",
+          "CUDA_13_0_ARCHS": "75,80",
+          "CUDA_12_6_BASE_IMAGE": "cuda:12", "CUDA_12_6_TORCH_INDEX_URL": "https://x/cu126",
+          "CUDA_12_6_NCCL_VERSION": "2.29.3", "CUDA_12_6_CUDNN_VERSION": "9.10",
+          "CUDA_12_6_ARCHS": "70,75"}
 
 
 def test_build_args_come_from_the_matrix():
-    m = {"BASE_IMAGE_CPU": "base:1", "TORCH_VERSION": "9.9", "TORCHVISION_VERSION": "8.8",
-         "HOROVOD_VERSION": "7.7", "HOROVOD_SHA256": "ab" * 32, "SETUPTOOLS_VERSION": "1",
-         "WHEEL_VERSION": "2"}
-    a = images.build_args(images.BuildSettings(), m)
+    a = images.build_args(images.BuildSettings(flavor="cpu", with_torchvision=False), MATRIX)
     assert a["BASE_IMAGE"] == "base:1" and a["TORCH_VERSION"] == "9.9"
+    assert a["TORCH_INDEX_URL"] == "https://cpu.example/whl"
     assert a["TORCHVISION_VERSION"] == "" and a["HOROVOD_VERSION"] == "7.7"
-    a = images.build_args(images.BuildSettings(base_image="mine:2", with_torchvision=True), m)
+    assert a["HOROVOD_GPU_OPERATIONS"] == "" and "OPENMPI_URL" not in a
+    a = images.build_args(images.BuildSettings(flavor="cpu", base_image="mine:2",
+                                               torch_index="default"), MATRIX)
     assert a["BASE_IMAGE"] == "mine:2" and a["TORCHVISION_VERSION"] == "8.8"
+    assert a["TORCH_INDEX_URL"] == ""          # pip's own index
+
+
+def test_gpu_build_args_default_to_cuda_13_and_nccl():
+    a = images.build_args(images.BuildSettings(), MATRIX)
+    assert a["FLAVOR"] == "gpu" and a["BASE_IMAGE"] == "cuda:13"
+    assert a["HOROVOD_GPU_OPERATIONS"] == "NCCL" and a["NCCL_VERSION"] == "2.29.7"
+    assert a["TORCH_INDEX_URL"] == "https://x/cu130" and a["CUDA_ARCHS"] == "75,80"
+    assert a["OPENMPI_SHA256"] == "cd" * 32 and a["NCCL_TESTS"] == "1"
+    a = images.build_args(images.BuildSettings(gpu_ops="MPI", cuda="12.6", nccl_tests=False), MATRIX)
+    assert a["BASE_IMAGE"] == "cuda:12" and a["TORCH_INDEX_URL"] == "https://x/cu126"
+    assert a["HOROVOD_GPU_OPERATIONS"] == "MPI" and a["CUDA_ARCHS"] == "70,75"
+    assert a["NCCL_VERSION"] == "2.29.3" and a["NCCL_TESTS"] == "0"
+
+
+def test_the_real_matrix_has_every_gpu_entry():
+    m = versions.read()
+    assert images.cuda_entries(m) == ["13.0", "12.6"] and m["CUDA_DEFAULT"] == "13.0"
+    for cuda in images.cuda_entries(m):
+        images.build_args(images.BuildSettings(cuda=cuda), m)   # no key missing
+    assert "70" not in m["CUDA_13_0_ARCHS"].split(",")      # CUDA 13 has no Volta
+    assert "70" in m["CUDA_12_6_ARCHS"].split(",")
+    assert len(m["OPENMPI_SHA256"]) == 64 and len(m["NCCL_TESTS_COMMIT"]) == 40
 
 
 def test_tags_and_labels():
-    assert images.tags(images.BuildSettings(), "0.1.0") == ["dl-lab-kit:cpu", "dl-lab-kit:cpu-0.1.0"]
-    lab = images.labels({"TORCH_VERSION": "2.13.0", "TORCH_INDEX_URL": ""}, "0.1.0")
+    cpu = images.BuildSettings(flavor="cpu")
+    assert images.tags(cpu, "0.1.0", MATRIX) == ["dl-lab-kit:cpu", "dl-lab-kit:cpu-0.1.0"]
+    assert images.tags(images.BuildSettings(), "0.1.0", MATRIX)[0] == "dl-lab-kit:gpu-nccl"
+    assert images.tags(images.BuildSettings(gpu_ops="MPI", cuda="12.6"), "0.1.0", MATRIX) == [
+        "dl-lab-kit:gpu-mpi-cu126", "dl-lab-kit:gpu-mpi-cu126-0.1.0"]
+    lab = images.labels(cpu, {"TORCH_VERSION": "2.13.0", "TORCH_INDEX_URL": ""}, MATRIX, "0.1.0")
     assert lab == {"org.dl-lab-kit.torch_version": "2.13.0", "org.dl-lab-kit.kit_version": "0.1.0"}
+    gpu = images.BuildSettings(cuda="12.6", nccl_tests=False)
+    lab = images.labels(gpu, images.build_args(gpu, MATRIX), MATRIX, "0.1.0")
+    assert lab["org.dl-lab-kit.cuda_version"] == "12.6"
+    assert lab["org.dl-lab-kit.cudnn_version"] == "9.10"
+    assert lab["org.dl-lab-kit.nccl_version"] == "2.29.3"
+    assert lab["org.dl-lab-kit.horovod_gpu_operations"] == "NCCL"
+    assert "org.dl-lab-kit.nccl_tests_commit" not in lab      # not built, not claimed
 
 
 @pytest.mark.parametrize("settings,message", [
-    (dict(flavor="gpu"), "cannot be built yet"),
+    (dict(flavor="rocm"), "gpu or cpu"),
     (dict(gpu_ops="RCCL"), "NCCL or MPI"),
-    (dict(gpu_ops="NCCL"), "needs the GPU flavor"),
+    (dict(flavor="cpu", gpu_ops="NCCL"), "needs the GPU flavor"),
+    (dict(flavor="cpu", cuda="13.0"), "needs the GPU flavor"),
+    (dict(cuda="11.8"), "has entries for CUDA 13.0, 12.6"),
     (dict(extra_ca="/nonexistent.pem"), "no such file"),
     (dict(wheelhouse="/nonexistent"), "no such folder"),
 ])
 def test_bad_build_requests(settings, message):
     with pytest.raises(images.BuildError, match=message):
-        images.check(images.BuildSettings(**settings))
+        images.check(images.BuildSettings(**settings), MATRIX)
+
+
+def test_install_scripts_read_the_matrix_but_build_arguments_win(tmp_path):
+    import subprocess
+    script = f"source {DOCKERFILE.parent / 'matrix.sh'}; echo $TORCH_VERSION $HOROVOD_VERSION"
+    m = versions.read()
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "TORCH_VERSION": "1.2.3"}).stdout.split()
+    assert out == ["1.2.3", m["HOROVOD_VERSION"]]
 
 
 def test_no_engine_is_one_sentence(monkeypatch):

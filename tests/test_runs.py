@@ -128,7 +128,7 @@ def test_digits_and_synthetic_need_no_network(stack, tmp_path, no_network_mirror
 
 
 def test_mnist_without_network_is_one_sentence(tmp_path, no_network_mirrors):
-    cp = subprocess.run([sys.executable, "-m", "invoke", "bench", "--np", "1", "--framework", "ddp",
+    cp = subprocess.run([sys.executable, "-m", "invoke", "bench", "--local", "--np", "1", "--framework", "ddp",
                          "--data", "mnist", "--data-dir", str(tmp_path / "empty"),
                          "--results-dir", str(tmp_path / "res")],
                         capture_output=True, text=True, timeout=300)
@@ -138,7 +138,7 @@ def test_mnist_without_network_is_one_sentence(tmp_path, no_network_mirrors):
 
 
 def test_invoke_bench_prints_the_table(tmp_path, mnist_like):
-    cp = subprocess.run([sys.executable, "-m", "invoke", "bench", "--np", "2", "--framework", "ddp",
+    cp = subprocess.run([sys.executable, "-m", "invoke", "bench", "--local", "--np", "2", "--framework", "ddp",
                          "--data", "mnist", "--data-dir", str(mnist_like), "--batch-size", "32",
                          "--results-dir", str(tmp_path)],
                         capture_output=True, text=True, timeout=300)
@@ -163,7 +163,7 @@ def test_ceiling_is_measured_around_each_run(stack, tmp_path, mnist_like):
 def test_ctrl_c_records_the_interruption_and_leaves_no_rank(tmp_path):
     import signal
     proc = subprocess.Popen(
-        [sys.executable, "-m", "invoke", "bench", "--np", "1,2", "--framework", "ddp",
+        [sys.executable, "-m", "invoke", "bench", "--local", "--np", "1,2", "--framework", "ddp",
          "--max-steps", "5000", "--results-dir", str(tmp_path)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         # A background shell may have left SIGINT ignored; a terminal's Ctrl-C is not.

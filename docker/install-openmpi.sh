@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Build Open MPI from its release tarball with CUDA support (CUDA-aware MPI), for the
+# GPU flavor and, unchanged, for bare metal. Version, URL and sha256 come from
+# docker/versions.env; the checksum is verified also for a tarball given locally.
+#
+#   bash docker/install-openmpi.sh
+#
+# Environment (all optional):
+#   PREFIX            install prefix (default /opt/openmpi)
+#   CUDA_HOME         CUDA toolkit root (default: found from nvcc, else /usr/local/cuda)
+#   OPENMPI_TARBALL   a local copy of the tarball instead of downloading it
+#   JOBS              parallel compile jobs (default: number of cores)
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=matrix.sh
+source "$here/matrix.sh"
+say() { printf 'install-openmpi: %s\n' "$*" >&2; }
+die() { say "error: $*"; exit 1; }
+
+PREFIX="${PREFIX:-/opt/openmpi}"
+JOBS="${JOBS:-$(nproc)}"
+if [[ -z "${CUDA_HOME:-}" ]]; then
+    if nvcc="$(command -v nvcc)"; then
+        CUDA_HOME="$(cd "$(dirname "$(readlink -f "$nvcc")")/.." && pwd)"
+    else
+        CUDA_HOME=/usr/local/cuda
+    fi
+fi
+[[ -f "$CUDA_HOME/include/cuda.h" ]] \
+    || die "no CUDA toolkit at $CUDA_HOME (cuda.h missing): set CUDA_HOME to the toolkit's root"
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+tarball="${OPENMPI_TARBALL:-}"
+if [[ -z "$tarball" ]]; then
+    say "downloading $OPENMPI_URL"
+    tarball="$work/$(basename "$OPENMPI_URL")"
+    curl --fail --silent --show-error --location --retry 3 -o "$tarball" "$OPENMPI_URL" \
+        || die "could not download $OPENMPI_URL: give a local copy with OPENMPI_TARBALL=FILE"
+fi
+[[ -f "$tarball" ]] || die "no tarball at $tarball"
+echo "$OPENMPI_SHA256  $tarball" | sha256sum --check --quiet \
+    || die "checksum of $tarball does not match OPENMPI_SHA256 in docker/versions.env"
+
+tar -xf "$tarball" -C "$work"
+src="$(find "$work" -maxdepth 1 -type d -name "openmpi-$OPENMPI_VERSION*" | head -n1)"
+[[ -n "$src" ]] || die "the tarball holds no openmpi-$OPENMPI_VERSION folder"
+say "configuring Open MPI $OPENMPI_VERSION with CUDA from $CUDA_HOME into $PREFIX"
+cd "$src"
+# No Fortran bindings (nothing here uses them; saves minutes); mpirun finds its own
+# prefix on remote nodes without a PATH set there (multi-node over SSH).
+./configure --quiet --prefix="$PREFIX" --with-cuda="$CUDA_HOME" \
+    --disable-mpi-fortran --enable-orterun-prefix-by-default \
+    --enable-silent-rules >"$work/configure.log" 2>&1 \
+    || { tail -40 "$work/configure.log" >&2; die "configure failed (end of its log above)"; }
+say "compiling with $JOBS jobs (takes minutes)"
+make -j"$JOBS" >"$work/make.log" 2>&1 || { tail -40 "$work/make.log" >&2; die "make failed"; }
+make install >"$work/install.log" 2>&1 || { tail -40 "$work/install.log" >&2; die "make install failed"; }
+if [[ -w /etc/ld.so.conf.d ]]; then
+    echo "$PREFIX/lib" > /etc/ld.so.conf.d/openmpi.conf
+    ldconfig
+fi
+
+built="$("$PREFIX/bin/ompi_info" --parsable --all | grep -c 'mpi_built_with_cuda_support:value:true' || true)"
+[[ "$built" -ge 1 ]] || die "Open MPI was built but ompi_info does not report CUDA support"
+say "Open MPI $OPENMPI_VERSION at $PREFIX, CUDA-aware (ompi_info: mpi_built_with_cuda_support:value:true)"
+say "put $PREFIX/bin on the PATH"

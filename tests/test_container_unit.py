@@ -1,0 +1,72 @@
+"""What a job's container gets (pure: no engine needed)."""
+import json
+
+import pytest
+
+from lab import bench, container
+
+
+def spec(**kw):
+    args = dict(results_dir="results", data_dir=None, frozen=False, gpus=False,
+                host_uid=1234, host_gid=5678, image_id="sha256:ab", image_labels={"a": "1"})
+    args.update(kw)
+    return container.job_spec("dl-lab-kit:cpu", ["python", "-m", "lab.train"], **args)
+
+
+def test_results_mounted_read_write_data_read_only_and_the_checkout_on_the_path(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    s = spec(results_dir=str(tmp_path / "res"), data_dir=str(data))
+    assert s.mounts[str(tmp_path / "res")] == ("/results", "rw")
+    assert s.mounts[str(data)] == ("/data", "ro")
+    assert s.mounts[str(container.REPO_ROOT / "lab")] == ("/opt/lab-src/lab", "ro")
+    assert s.environment["PYTHONPATH"] == "/opt/lab-src"
+    assert s.environment["LAB_IMAGE_ID"] == "sha256:ab"
+    assert json.loads(s.environment["LAB_IMAGE_LABELS"]) == {"a": "1"}
+    assert s.labels == {container.LABEL_KEY: container.LABEL_VALUE}
+
+
+def test_frozen_leaves_the_checkout_out():
+    s = spec(frozen=True)
+    assert "PYTHONPATH" not in s.environment
+    assert all(not inside.startswith("/opt/lab-src") for inside, _ in s.mounts.values())
+
+
+def test_a_missing_data_folder_is_not_mounted(tmp_path):
+    assert "/data" not in [b for b, _ in spec(data_dir=str(tmp_path / "none")).mounts.values()]
+
+
+def test_ranks_write_as_the_user_who_runs_bench_and_root_becomes_the_image_user():
+    assert spec().user == "1234:5678" and spec().environment["HOME"] == "/tmp"
+    assert spec(host_uid=0, host_gid=0).user is None        # the image's USER (lab, 1000)
+
+
+def test_gpus_bring_device_requests_and_unlimited_memlock():
+    kw = container.run_kwargs(spec(gpus=True))
+    assert kw["device_requests"][0]["Capabilities"] == [["gpu"]]
+    assert kw["device_requests"][0]["Count"] == -1
+    assert kw["ulimits"][0]["Name"] == "memlock" and kw["ulimits"][0]["Hard"] == -1
+    kw = container.run_kwargs(spec())
+    assert "device_requests" not in kw and "ulimits" not in kw
+    assert kw["shm_size"] == container.SHM_SIZE and kw["init"] is True
+
+
+def test_which_image_fits_the_run():
+    assert container.candidate_images("cpu", "ddp", "gloo")[0] == "dl-lab-kit:cpu"
+    assert container.candidate_images("cuda", "horovod", "nccl") == [
+        "dl-lab-kit:gpu-nccl", "dl-lab-kit:gpu-mpi"]
+    assert container.candidate_images("cuda", "horovod", "mpi")[0] == "dl-lab-kit:gpu-mpi"
+
+
+def test_where_must_be_known():
+    with pytest.raises(bench.BenchError, match="local, image, auto"):
+        bench.choose_runner(bench.BenchSettings(where="cloud"))
+    assert bench.choose_runner(bench.BenchSettings(where="local")) == (None, None)
+
+
+def test_an_image_demanded_without_an_engine_is_one_sentence(monkeypatch):
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    with pytest.raises(bench.BenchError, match="no Docker engine is reachable.*--local"):
+        bench.choose_runner(bench.BenchSettings(where="image"))
+    runner, note = bench.choose_runner(bench.BenchSettings(where="auto"))
+    assert runner is None and note.startswith("running as local processes: no Docker engine")
