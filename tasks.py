@@ -123,3 +123,36 @@ def build(c, flavor=None, gpu_ops=None, cuda=None, base_image=None, extra_ca=Non
         build_image(settings)
     except BuildError as e:
         raise Exit(f"error: {e}", code=1)
+
+
+DOCTOR_HELP = {
+    "np": "ranks of the MPI hello and the all-reduce measurements",
+    "json": "print JSON (for scripts and CI) instead of the table",
+    "local": "check the stack as local processes even when a lab image is built",
+    "image": "the lab image to check (default: the one bench would use)",
+    "frozen": "in the image, check its own copy of the kit instead of the checkout's",
+}
+
+
+@task(help=DOCTOR_HELP)
+def doctor(c, np=2, json=False, local=False, image=None, frozen=False):
+    """Diagnose the host and the lab image: what is wrong and how to fix it."""
+    from envcheck import doctor as doc
+    from envcheck import report
+    from lab.container import ContainerError
+
+    if int(np) < 1:
+        raise Exit("error: --np must be at least 1", code=2)
+    where = "local" if local else ("image" if image else "auto")
+    try:
+        checks, seconds, notes = doc.run(int(np), where=where, image=image or "", frozen=frozen,
+                                         echo=(lambda line: None) if json else print)
+    except ContainerError as e:
+        raise Exit(f"error: {e}; run with --local to check local processes", code=2)
+    if json:
+        print(report.as_json(checks, seconds, notes))
+    else:
+        print(report.table(checks))
+        print(report.summary(checks, seconds))
+    if any(ch["status"] == "FAIL" for ch in checks):
+        raise Exit(code=1)

@@ -60,7 +60,7 @@ if [[ "${HOROVOD_WITHOUT_MPI:-0}" != 1 ]]; then
 fi
 export MAKEFLAGS="-j$JOBS"
 if [[ "${HOROVOD_GPU_OPERATIONS:-}" == MPI ]]; then
-    ompi_info --parsable --all 2>/dev/null | grep -q 'mpi_built_with_cuda_support:value:true' \
+    ompi_info --parsable --all 2>/dev/null | grep -q '_built_with_cuda_support:value:true' \
         || die "HOROVOD_GPU_OPERATIONS=MPI needs a CUDA-aware MPI, and this one is not (ompi_info): build one with docker/install-openmpi.sh, or use NCCL"
 fi
 
@@ -109,4 +109,11 @@ if ops == "MPI":
     assert hvd.cuda_built() and not hvd.nccl_built(), "Horovod was not built for MPI GPU operations"
 print("install-horovod: horovod.torch imports; gloo=%s mpi=%s nccl=%s"
       % (hvd.gloo_built(), hvd.mpi_built(), hvd.nccl_built()))
+# How it was built, beside the package: the library cannot tell MPI GPU operations
+# from none (both are CUDA without NCCL), so envcheck and the smoke tests read this.
+import json, horovod
+record = {"gpu_operations": ops or None, "cuda_home": os.environ.get("CUDA_HOME"),
+          "nccl_lib": os.environ.get("HOROVOD_NCCL_LIB"), "built_by": "docker/install-horovod.sh"}
+with open(os.path.join(os.path.dirname(horovod.__file__), "lab_build.json"), "w") as f:
+    json.dump(record, f)
 EOF

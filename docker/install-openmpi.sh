@@ -61,7 +61,7 @@ if [[ -w /etc/ld.so.conf.d ]]; then
     ldconfig
 fi
 
-built="$("$PREFIX/bin/ompi_info" --parsable --all | grep -c 'mpi_built_with_cuda_support:value:true' || true)"
+built="$("$PREFIX/bin/ompi_info" --parsable --all | grep -c '_built_with_cuda_support:value:true' || true)"
 [[ "$built" -ge 1 ]] || die "Open MPI was built but ompi_info does not report CUDA support"
-say "Open MPI $OPENMPI_VERSION at $PREFIX, CUDA-aware (ompi_info: mpi_built_with_cuda_support:value:true)"
+say "Open MPI $OPENMPI_VERSION at $PREFIX, CUDA-aware (ompi_info: opal_built_with_cuda_support:value:true)"
 say "put $PREFIX/bin on the PATH"

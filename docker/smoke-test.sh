@@ -17,15 +17,18 @@ done
 # is built, so MPI GPU operations are read from the library: CUDA without NCCL.
 case "$ops" in
     NCCL) grep -Eq "\[X\] NCCL" <<<"$out" || fail "horovodrun --check-build does not show NCCL" ;;
-    MPI) python -c 'import horovod.torch as h; assert h.cuda_built() and h.mpi_built() and not h.nccl_built()' \
-            || fail "Horovod was not built for MPI GPU operations (CUDA, MPI, no NCCL)" ;;
+    MPI) python -c '
+import json, os, horovod, horovod.torch as h
+rec = json.load(open(os.path.join(os.path.dirname(horovod.__file__), "lab_build.json")))
+assert rec["gpu_operations"] == "MPI" and h.cuda_built() and h.mpi_built() and not h.nccl_built()' \
+            || fail "Horovod was not built for MPI GPU operations (build record, CUDA, MPI, no NCCL)" ;;
     "") python -c 'import horovod.torch as h; assert not h.cuda_built()' 2>/dev/null \
             || fail "a CPU image's Horovod was built with CUDA" ;;
 esac
 [[ -n "$ops" ]] && echo "smoke-test: Horovod's GPU operations are $ops"
 if [[ "$flavor" == gpu ]]; then
-    ompi_info --parsable --all | grep -q 'mpi_built_with_cuda_support:value:true' \
-        || fail "Open MPI is not CUDA-aware (ompi_info: mpi_built_with_cuda_support is not true)"
+    ompi_info --parsable --all | grep -q '_built_with_cuda_support:value:true' \
+        || fail "Open MPI is not CUDA-aware (ompi_info: opal_built_with_cuda_support is not true)"
     echo "smoke-test: Open MPI is CUDA-aware (ompi_info)"
     # One NCCL: the one torch loads is the one Horovod was built with.
     python - <<'PY' || fail "torch and Horovod do not use the same NCCL"

@@ -61,6 +61,9 @@ def run_command(argv: list[str], timeout: float = 10, env: dict | None = None) -
     exe = shutil.which(argv[0])
     if exe is None:
         raise ProbeError(f"{argv[0]} not found on the PATH")
+    cap = os.environ.get("ENVCHECK_TIMEOUT_S")    # a lower limit for every command
+    if cap:
+        timeout = min(timeout, float(cap))
     # Own process group, so a timeout ends the command's children too (they would
     # otherwise hold its output pipe open past the timeout).
     proc = subprocess.Popen([exe, *argv[1:]], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -113,6 +116,122 @@ def parse_os_release(text: str) -> str:
         key, _, value = line.partition("=")
         fields[key.strip()] = value.strip().strip('"')
     return fields.get("PRETTY_NAME") or fields.get("NAME") or "unknown"
+
+
+def parse_ompi_info_cuda(text: str) -> bool:
+    """Whether `ompi_info --parsable --all` says Open MPI was built with CUDA support.
+    Open MPI 4.x names the parameter opal_built_with_cuda_support (older releases
+    mpi_built_with_cuda_support); either one set to true is enough."""
+    values = re.findall(r"^mca:[a-z]+:base:param:(?:opal|mpi)_built_with_cuda_support:value:(\w+)",
+                        text, re.MULTILINE)
+    if not values:
+        raise ValueError("no built_with_cuda_support parameter in the ompi_info output")
+    return "true" in values
+
+
+NCCL_TESTS_ROW = re.compile(
+    r"^\s*(\d+)\s+(\d+)\s+(\w+)\s+(\w+)\s+(-?\d+)\s+"
+    r"([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)\s+"
+    r"([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)\s*$")
+
+
+def parse_nccl_tests(text: str) -> dict:
+    """An nccl-tests *_perf output (format: nccl-tests doc/PERFORMANCE.md): one row per
+    size with out-of-place and in-place time (us), algbw and busbw (GB/s) and #wrong,
+    the ranks it ran on, and the average bus bandwidth. Lines from NCCL_DEBUG or a
+    launcher between the rows are ignored."""
+    rows, ranks = [], []
+    for line in text.splitlines():
+        m = NCCL_TESTS_ROW.match(line)
+        if m:
+            g = m.groups()
+            def num(s):
+                return None if s in ("N/A",) else int(s)
+            rows.append({"size_bytes": int(g[0]), "count": int(g[1]), "type": g[2],
+                         "redop": g[3], "time_us": float(g[5]), "algbw_gbs": float(g[6]),
+                         "busbw_gbs": float(g[7]), "wrong": num(g[8]),
+                         "inplace_time_us": float(g[9]), "inplace_algbw_gbs": float(g[10]),
+                         "inplace_busbw_gbs": float(g[11]), "inplace_wrong": num(g[12])})
+            continue
+        r = re.match(r"^#\s+Rank\s+(\d+).*?\bon\s+(\S+)\s+device\s+(\d+)\s+\[[^\]]*\]\s+(.+?)\s*$", line)
+        if r:
+            ranks.append({"rank": int(r.group(1)), "host": r.group(2),
+                          "device": int(r.group(3)), "gpu": r.group(4)})
+    if not rows:
+        raise ValueError("no result rows in the nccl-tests output")
+    avg = re.search(r"^#\s*Avg bus bandwidth\s*:\s*([\d.]+)", text, re.MULTILINE)
+    return {"rows": rows, "ranks": ranks, "avg_busbw_gbs": float(avg.group(1)) if avg else None}
+
+
+def allreduce_busbw(algbw: float, n: int) -> float:
+    """Bus bandwidth of an all-reduce over n ranks (nccl-tests doc/PERFORMANCE.md):
+    algbw * 2(n-1)/n. With one rank nothing crosses a bus: 0 by definition."""
+    return 0.0 if n <= 1 else algbw * 2 * (n - 1) / n
+
+
+def parse_nvidia_smi(text: str) -> dict:
+    """The default `nvidia-smi` table: driver, the CUDA version the driver supports,
+    and each GPU's index, name and memory."""
+    head = re.search(r"Driver Version:\s*(\S+)\s+CUDA Version:\s*(\S+)", text)
+    if not head:
+        raise ValueError("no driver version in the nvidia-smi output")
+    gpus = []
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        m = re.match(r"^\|\s+(\d+)\s+(.+?)\s+(?:On|Off)\s+\|\s+([0-9A-Fa-f:.]+)", line)
+        if m and i + 1 < len(lines):
+            mem = re.search(r"(\d+)MiB\s*/\s*(\d+)MiB", lines[i + 1])
+            gpus.append({"index": int(m.group(1)), "name": m.group(2).strip(),
+                         "bus_id": m.group(3),
+                         "memory_bytes": int(mem.group(2)) * 2**20 if mem else None})
+    return {"driver": head.group(1), "driver_cuda": head.group(2), "count": len(gpus),
+            "devices": gpus}
+
+
+def parse_check_build(text: str) -> dict:
+    """`horovodrun --check-build`: version and the [X]/[ ] lists of frameworks,
+    controllers and tensor operations."""
+    m = re.search(r"Horovod v(\S+):", text)
+    if not m:
+        raise ValueError("not a horovodrun --check-build output")
+    out = {"version": m.group(1).rstrip(":")}
+    section = None
+    for line in text.splitlines():
+        s = line.strip()
+        if s.startswith("Available "):
+            section = s[len("Available "):].rstrip(":").lower().replace(" ", "_")
+            out[section] = []
+            continue
+        b = re.match(r"^\[(X| )\]\s+(\S+)", s)
+        if b and section and b.group(1) == "X":
+            out[section].append(b.group(2))
+    return out
+
+
+# Minimum Linux driver for a CUDA toolkit (NVIDIA CUDA Toolkit release notes, table
+# "CUDA Toolkit and Corresponding Driver Versions"), and the floor below which even
+# minor-version compatibility does not hold (CUDA Compatibility guide).
+CUDA_MIN_DRIVER = {"13.0": "580.65.06", "12.6": "560.28.03"}
+CUDA_MINOR_COMPAT_DRIVER = {"13": "580.65.06", "12": "525.60.13"}
+
+
+def _vtuple(v: str) -> tuple:
+    return tuple(int(x) for x in re.findall(r"\d+", v))
+
+
+def driver_supports(driver: str, cuda: str) -> tuple[str, str]:
+    """(PASS|WARN|FAIL, sentence): whether a driver runs a CUDA toolkit's binaries."""
+    full = CUDA_MIN_DRIVER.get(cuda)
+    floor = CUDA_MINOR_COMPAT_DRIVER.get(cuda.split(".")[0])
+    if full is None and floor is None:
+        return WARN, f"no driver table entry for CUDA {cuda}"
+    if full and _vtuple(driver) >= _vtuple(full):
+        return PASS, f"driver {driver} >= {full}, CUDA {cuda}'s minimum"
+    if floor and _vtuple(driver) >= _vtuple(floor):
+        return WARN, (f"driver {driver} is older than CUDA {cuda}'s {full} and runs it only "
+                      f"through minor-version compatibility: update the driver to {full} or newer")
+    return FAIL, (f"driver {driver} is too old for CUDA {cuda} (needs {full or floor}): update "
+                  f"the driver, or build the image for an older CUDA (--cuda)")
 
 
 # ---------------------------------------------------------------- probes

@@ -199,3 +199,78 @@ def test_auto_falls_back_to_local_processes_without_an_engine(tmp_path):
     assert "running as local processes: no Docker engine is reachable" in cp.stdout
     [r] = results.read_records(next(tmp_path.glob("*/results.jsonl")))[0]
     assert r["manifest"]["image"] is None
+
+
+# The GPU images, built in CI on a local CUDA devel base (docker/make-cuda-base-image.sh).
+# No GPU here: these check what the images are made of, and that their CUDA build of
+# torch runs the lab's jobs on the CPU.
+GPU_IMAGES = {"NCCL": f"{IMAGE_REPO}:gpu-nccl", "MPI": f"{IMAGE_REPO}:gpu-mpi"}
+
+GPU_STACK = r"""
+import glob, json, subprocess, torch, horovod.torch as hvd
+libs = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout
+print(json.dumps({
+    "torch_cuda": torch.version.cuda,
+    "torch_nccl": ".".join(map(str, torch.cuda.nccl.version())),
+    "hvd_nccl": hvd.nccl_built(), "hvd_cuda": hvd.cuda_built(), "hvd_mpi": hvd.mpi_built(),
+    "hvd_gloo": hvd.gloo_built(),
+    "ncclso": sorted({l.split("=>")[-1].strip() for l in libs.splitlines() if "libnccl.so" in l}),
+    "system_nccl": glob.glob("/usr/lib/*/libnccl*") + glob.glob("/usr/local/cuda/lib*/libnccl*"),
+}))
+"""
+
+
+@pytest.fixture(scope="module", params=sorted(GPU_IMAGES))
+def gpu_image(request):
+    client, why = _client()
+    if client is None:
+        pytest.skip(why)
+    tag = GPU_IMAGES[request.param]
+    try:
+        img = client.images.get(tag)
+    except Exception:
+        pytest.skip(f"{tag} is not built (invoke build --gpu-ops {request.param})")
+    yield request.param, client, img
+    leaked = client.containers.list(all=True, filters={"label": TEST_LABEL})
+    for c in leaked:
+        c.remove(force=True)
+    assert not leaked
+
+
+def test_gpu_image_is_the_stack_it_was_asked_for(gpu_image, tmp_path):
+    ops, client, img = gpu_image
+    labels = img.labels
+    assert labels[LABEL_PREFIX + "flavor"] == "gpu"
+    assert labels[LABEL_PREFIX + "horovod_gpu_operations"] == ops
+    assert labels[LABEL_PREFIX + "cuda_version"] == "13.0"
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "stack.py").write_text(GPU_STACK)
+    rc, logs, _ = run_in_image((client, img), "ompi_info --parsable --all | "
+                               "grep -c _built_with_cuda_support:value:true; "
+                               "python /results/stack.py", tmp_path)
+    assert rc == 0, logs
+    lines = logs.strip().splitlines()
+    assert int(lines[0]) >= 1, "Open MPI is not CUDA-aware"
+    s = json.loads(lines[-1])
+    assert s["torch_cuda"].startswith("13.0")
+    assert s["torch_nccl"] == labels[LABEL_PREFIX + "nccl_version"]   # the matrix's NCCL
+    assert s["hvd_mpi"] and s["hvd_gloo"] and s["hvd_cuda"]
+    if ops == "NCCL":
+        v = s["hvd_nccl"]
+        assert f"{v // 10000}.{v // 100 % 100}.{v % 100}" == s["torch_nccl"]   # one NCCL
+    else:
+        assert not s["hvd_nccl"]
+    assert len(s["ncclso"]) == 1 and "/site-packages/nvidia/nccl/lib/" in s["ncclso"][0], s
+    assert s["system_nccl"] == [], "the base's NCCL is still in the image"
+
+
+def test_gpu_image_runs_the_lab_on_a_cpu(gpu_image, tmp_path):
+    ops, client, img = gpu_image
+    tag = GPU_IMAGES[ops]
+    cp = bench_cli("--image", tag, "--np", "2", "--framework", "horovod", "--backend", "gloo",
+                   "--max-steps", "15", "--results-dir", str(tmp_path))
+    assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-2000:]
+    [r] = results.read_records(next(tmp_path.glob("*/results.jsonl")))[0]
+    assert r["status"] == "ok" and r["manifest"]["image"]["id"] == img.id
+    assert r["manifest"]["cuda"].startswith("13.0")      # torch's CUDA build, on a CPU
+    assert bench_containers(client) == []

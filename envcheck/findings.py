@@ -1,0 +1,64 @@
+"""Contradictions between what the probes measured, each its own finding. Pure: takes
+the probes' results (by name, host side and where-the-ranks-run side) and returns
+Results."""
+from __future__ import annotations
+
+from envcheck.probes import FAIL, PASS, SKIP, WARN, Result
+
+
+def _value(results: dict, name: str):
+    r = results.get(name)
+    return r.value if r is not None and r.status == PASS else None
+
+
+def find(host: dict, ranks: dict, np: int, in_image: bool) -> list[Result]:
+    """host, ranks: {probe name: Result}. np: the rank count asked for."""
+    out = []
+    hvd = _value(ranks, "horovod") or {}
+    aware = _value(ranks, "mpi_cuda_build")
+    name = "finding: MPI GPU operations need a CUDA-aware MPI"
+    if hvd.get("gpu_operations") == "MPI" and aware is False:
+        out.append(Result(name, FAIL, {"gpu_operations": "MPI", "mpi_cuda_aware": False},
+                          "Horovod hands GPU buffers to an MPI that cannot read them: build the image "
+                          "with --gpu-ops MPI (its Open MPI is CUDA-aware) or use --gpu-ops NCCL"))
+    else:
+        out.append(Result(name, PASS if hvd.get("gpu_operations") == "MPI" else SKIP,
+                          hvd.get("gpu_operations"),
+                          "" if hvd.get("gpu_operations") == "MPI" else "Horovod has no MPI GPU operations"))
+
+    torch_v = _value(ranks, "torch") or {}
+    gpus = torch_v.get("device_count", 0)
+    name = "finding: one GPU per rank with NCCL"
+    if gpus and np > gpus:
+        out.append(Result(name, FAIL, {"np": np, "gpus": gpus},
+                          f"{np} ranks and {gpus} GPU(s): with NCCL two ranks cannot share a GPU; "
+                          f"use --np {gpus} or fewer"))
+    else:
+        out.append(Result(name, PASS if gpus else SKIP, {"np": np, "gpus": gpus},
+                          "" if gpus else "no GPU where the ranks run"))
+
+    host_gpus = (_value(host, "gpus") or {}).get("count", 0)
+    name = "finding: a CUDA torch sees the GPUs"
+    if torch_v.get("cuda_build") and not torch_v.get("cuda_available"):
+        if host_gpus:
+            out.append(Result(name, FAIL, {"host_gpus": host_gpus, "visible": 0},
+                              "the host has GPUs but the ranks see none: run the container with "
+                              "the GPUs (--gpus all; NVIDIA Container Toolkit) or check CUDA_VISIBLE_DEVICES"))
+        else:
+            out.append(Result(name, WARN, {"cuda_build": torch_v["cuda_build"], "visible": 0},
+                              "torch is a CUDA build and no GPU is visible: jobs run on the CPU "
+                              "(--device cpu)"))
+    else:
+        out.append(Result(name, PASS if torch_v.get("cuda_available") else SKIP,
+                          torch_v.get("cuda_build"), "" if torch_v.get("cuda_available")
+                          else "a CPU build of torch"))
+
+    name = "finding: the ranks see every GPU of the host"
+    if in_image and host_gpus and torch_v and gpus != host_gpus:
+        out.append(Result(name, FAIL, {"host": host_gpus, "in_image": gpus},
+                          f"NVML sees {host_gpus} GPU(s) on the host, torch sees {gpus} in the image: "
+                          f"check --gpus and CUDA_VISIBLE_DEVICES"))
+    else:
+        out.append(Result(name, PASS if host_gpus else SKIP, {"host": host_gpus, "ranks": gpus},
+                          "" if host_gpus else "no GPU on this host"))
+    return out

@@ -1,0 +1,203 @@
+"""Probes of the training stack, run where the ranks run (inside the lab image, or
+locally): torch and its CUDA, cuDNN and NCCL; Horovod's build; the MPI, its CUDA
+awareness in three steps (build flag, run-time query, a GPU buffer really
+all-reduced); an MPI hello over N ranks; nccl-tests' all_reduce_perf over the GPUs;
+and a torch.distributed all-reduce sweep (Gloo on CPU, NCCL on GPU). Each returns a
+Result and never raises; torch and Horovod are imported inside the probes."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+
+from envcheck.probes import (FAIL, PASS, SKIP, WARN, ProbeError, Result, parse_check_build,
+                             parse_mpirun_version, parse_nccl_tests, parse_ompi_info_cuda,
+                             probe, run_command)
+
+
+@probe("torch")
+def probe_torch() -> dict:
+    import torch
+    avail = torch.cuda.is_available()
+    return {"version": torch.__version__, "cuda_build": torch.version.cuda,
+            "cuda_available": avail, "device_count": torch.cuda.device_count() if avail else 0}
+
+
+@probe("cudnn")
+def probe_cudnn() -> Result:
+    import torch
+    if not torch.backends.cudnn.is_available():
+        return Result("cudnn", SKIP, None, "this torch has no cuDNN (a CPU build)")
+    return Result("cudnn", PASS, torch.backends.cudnn.version())
+
+
+@probe("horovod")
+def probe_horovod(timeout: float = 60) -> Result:
+    """Horovod's frameworks, controllers and tensor operations (--check-build), and
+    whether horovod.torch imports against this torch."""
+    import importlib.util
+    if importlib.util.find_spec("horovod") is None:
+        return Result("horovod", SKIP, None, "Horovod is not installed: docker/install-horovod.sh builds it")
+    try:
+        import horovod.torch as hvd
+    except Exception as e:
+        line = f"{type(e).__name__}: {e}".splitlines()[0][:200]
+        return Result("horovod", FAIL, None, f"horovod.torch does not import ({line}); torch changed "
+                      f"after Horovod was built: rebuild it with docker/install-horovod.sh")
+    exe = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    text = run_command([exe if os.path.exists(exe) else "horovodrun", "--check-build"], timeout=timeout)
+    try:
+        value = parse_check_build(text)
+    except ValueError as e:
+        raise ProbeError(f"horovodrun --check-build: {e}") from None
+    nccl = hvd.nccl_built()
+    # NCCL GPU operations show in the library; MPI ones do not (CUDA without NCCL is
+    # also what a build without GPU operations looks like): install-horovod.sh's record.
+    import horovod
+    record = os.path.join(os.path.dirname(horovod.__file__), "lab_build.json")
+    built = None
+    if os.path.exists(record):
+        with open(record) as f:
+            built = json.load(f).get("gpu_operations")
+    value["gpu_operations"] = "NCCL" if nccl else built
+    value["cuda"] = bool(hvd.cuda_built())
+    value["nccl"] = (f"{nccl // 10000}.{nccl // 100 % 100}.{nccl % 100}" if nccl else None)
+    return value
+
+
+@probe("nccl")
+def probe_nccl(torch_r: Result, hvd: Result) -> Result:
+    """The NCCL torch loads, and the one Horovod was built with: one and the same."""
+    import torch
+    if not torch.version.cuda:
+        return Result("nccl", SKIP, None, "a CPU build of torch has no NCCL")
+    v = torch.cuda.nccl.version()
+    t = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+    h = (hvd.value or {}).get("nccl") if hvd.status == PASS else None
+    value = {"torch": t, "horovod": h}
+    if h and h != t:
+        return Result("nccl", FAIL, value, f"Horovod was built with NCCL {h} and torch loads {t}: "
+                      f"two NCCLs in one process; rebuild Horovod with docker/install-horovod.sh")
+    return Result("nccl", PASS, value)
+
+
+@probe("mpi")
+def probe_mpi(timeout: float = 10) -> dict:
+    return parse_mpirun_version(run_command(["mpirun", "--version"], timeout=timeout))
+
+
+@probe("mpi_cuda_build")
+def probe_mpi_cuda_build(mpi: Result, timeout: float = 30) -> Result:
+    """Step 1 of 3: Open MPI's build flag (ompi_info)."""
+    if mpi.status == PASS and mpi.value.get("implementation") != "Open MPI":
+        return Result("mpi_cuda_build", SKIP, None, f"{mpi.value['implementation']} has no ompi_info")
+    text = run_command(["ompi_info", "--parsable", "--all"], timeout=timeout)
+    try:
+        aware = parse_ompi_info_cuda(text)
+    except ValueError as e:
+        raise ProbeError(f"ompi_info: {e}") from None
+    return Result("mpi_cuda_build", PASS, aware)
+
+
+def _mpirun(np: int) -> list[str]:
+    cmd = ["mpirun", "-np", str(np), "--oversubscribe"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    return cmd
+
+
+def _hello_lines(text: str) -> list[dict]:
+    out = []
+    for line in text.replace("}{", "}\n{").splitlines():
+        line = line.strip()
+        if line.startswith("{") and '"rank"' in line:
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+    return out
+
+
+@probe("mpi_hello")
+def probe_mpi_hello(np: int = 2, timeout: float = 60) -> Result:
+    """N ranks start under mpirun; each answers with its rank and host, and a small
+    host-memory all-reduce through MPI gives the right sum. Also asks Open MPI for its
+    run-time CUDA support (step 2 of 3)."""
+    text = run_command(_mpirun(np) + [sys.executable, "-m", "envcheck.mpi_hello"], timeout=timeout)
+    answers = _hello_lines(text)
+    ranks = sorted(a["rank"] for a in answers)
+    value = {"np": np, "ranks": ranks, "hosts": sorted({a["host"] for a in answers}),
+             "allreduce_ok": bool(answers) and all(a["allreduce"]["ok"] for a in answers),
+             "cuda_support_runtime": answers[0].get("cuda_support_runtime") if answers else None}
+    if ranks != list(range(np)):
+        return Result("mpi_hello", FAIL, value, f"{len(answers)} of {np} ranks answered: "
+                      f"check the MPI installation (mpirun -np {np} hostname)")
+    if not value["allreduce_ok"]:
+        return Result("mpi_hello", FAIL, value, "an all-reduce through MPI gave a wrong sum")
+    return Result("mpi_hello", PASS, value)
+
+
+@probe("mpi_gpu_allreduce")
+def probe_mpi_gpu_allreduce(torch_r: Result, np: int = 2, timeout: float = 120) -> Result:
+    """Step 3 of 3: a GPU buffer all-reduced through MPI (only a CUDA-aware MPI can)."""
+    gpus = (torch_r.value or {}).get("device_count", 0) if torch_r.status == PASS else 0
+    if gpus < 1:
+        return Result("mpi_gpu_allreduce", SKIP, None, "no GPU visible: nothing to all-reduce on a GPU")
+    n = min(np, gpus)
+    text = run_command(_mpirun(n) + [sys.executable, "-m", "envcheck.mpi_hello", "--gpu"], timeout=timeout)
+    answers = _hello_lines(text)
+    ok = len(answers) == n and all(a["allreduce"]["ok"] for a in answers)
+    if not ok:
+        return Result("mpi_gpu_allreduce", FAIL, {"np": n, "answers": len(answers)},
+                      "MPI could not all-reduce GPU memory: it is not CUDA-aware (use NCCL GPU operations)")
+    return Result("mpi_gpu_allreduce", PASS, {"np": n})
+
+
+@probe("nccl_all_reduce_perf")
+def probe_nccl_tests(torch_r: Result, np: int = 2, timeout: float = 120) -> Result:
+    gpus = (torch_r.value or {}).get("device_count", 0) if torch_r.status == PASS else 0
+    if gpus < 1:
+        return Result("nccl_all_reduce_perf", SKIP, None, "no GPU visible: nccl-tests needs GPUs")
+    if shutil.which("all_reduce_perf") is None:
+        return Result("nccl_all_reduce_perf", SKIP, None, "all_reduce_perf is not installed "
+                      "(docker/install-nccl-tests.sh; the GPU image has it)")
+    n = min(np, gpus)
+    text = run_command(["all_reduce_perf", "-b", "8", "-e", "128M", "-f", "4", "-g", str(n)], timeout=timeout)
+    try:
+        parsed = parse_nccl_tests(text)
+    except ValueError as e:
+        raise ProbeError(f"all_reduce_perf: {e}") from None
+    parsed["gpus"] = n
+    if n == 1:
+        # One GPU: nothing crosses a bus, busbw is 0 by definition; time and algbw remain.
+        for r in parsed["rows"]:
+            r["busbw_gbs"] = r["inplace_busbw_gbs"] = 0.0
+    wrong = sum((r["wrong"] or 0) + (r["inplace_wrong"] or 0) for r in parsed["rows"])
+    if wrong:
+        return Result("nccl_all_reduce_perf", FAIL, parsed, f"{wrong} wrong values: NCCL corrupts data here")
+    return Result("nccl_all_reduce_perf", PASS, parsed)
+
+
+@probe("allreduce_sweep")
+def probe_allreduce_sweep(torch_r: Result, np: int = 2, timeout: float = 180) -> Result:
+    gpus = (torch_r.value or {}).get("device_count", 0) if torch_r.status == PASS else 0
+    backend = "nccl" if gpus >= np else "gloo"
+    text = run_command([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        f"--nproc-per-node={np}", "-m", "envcheck.allreduce", "--backend", backend],
+                       timeout=timeout, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    for line in reversed(text.splitlines()):
+        if line.startswith("{") and '"rows"' in line:
+            return Result("allreduce_sweep", PASS, json.loads(line))
+    raise ProbeError("the all-reduce sweep printed no result")
+
+
+def collect(np: int = 2) -> list[Result]:
+    torch_r = probe_torch()
+    hvd = probe_horovod()
+    mpi = probe_mpi()
+    from envcheck.host import probe_memlock, probe_nccl_socket_ifname, probe_shm
+    return [torch_r, probe_cudnn(), hvd, probe_nccl(torch_r, hvd), mpi, probe_mpi_cuda_build(mpi),
+            probe_shm(), probe_memlock(), probe_nccl_socket_ifname(),
+            probe_mpi_hello(np), probe_mpi_gpu_allreduce(torch_r, np), probe_nccl_tests(torch_r, np),
+            probe_allreduce_sweep(torch_r, np)]
