@@ -61,9 +61,10 @@ def run_command(argv: list[str], timeout: float = 10, env: dict | None = None) -
     exe = shutil.which(argv[0])
     if exe is None:
         raise ProbeError(f"{argv[0]} not found on the PATH")
-    cap = os.environ.get("ENVCHECK_TIMEOUT_S")    # a lower limit for every command
-    if cap:
-        timeout = min(timeout, float(cap))
+    # ENVCHECK_TIMEOUT_<COMMAND> (e.g. ENVCHECK_TIMEOUT_NVIDIA_SMI=5) sets one command's limit.
+    key = "ENVCHECK_TIMEOUT_" + re.sub(r"[^A-Za-z0-9]", "_", os.path.basename(argv[0])).upper()
+    if os.environ.get(key):
+        timeout = float(os.environ[key])
     # Own process group, so a timeout ends the command's children too (they would
     # otherwise hold its output pipe open past the timeout).
     proc = subprocess.Popen([exe, *argv[1:]], stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -274,3 +274,44 @@ def test_gpu_image_runs_the_lab_on_a_cpu(gpu_image, tmp_path):
     assert r["status"] == "ok" and r["manifest"]["image"]["id"] == img.id
     assert r["manifest"]["cuda"].startswith("13.0")      # torch's CUDA build, on a CPU
     assert bench_containers(client) == []
+
+
+def doctor_json(tag, np=2):
+    cp = subprocess.run([sys.executable, "-m", "invoke", "doctor", "--image", tag, "--np", str(np),
+                         "--json"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert cp.returncode in (0, 1), cp.stdout[-2000:] + cp.stderr[-2000:]
+    doc = json.loads(cp.stdout)
+    return cp.returncode, {(c["where"], c["name"]): c for c in doc["checks"]}
+
+
+def test_doctor_checks_the_stack_inside_the_cpu_image(image):
+    client, _ = image
+    rc, checks = doctor_json(IMAGE)
+    assert rc == 0, [c for c in checks.values() if c["status"] == "FAIL"]
+    hello = checks[("image", "mpi_hello")]
+    assert hello["status"] == "PASS" and hello["value"]["ranks"] == [0, 1]
+    hvd = checks[("image", "horovod")]
+    assert hvd["status"] == "PASS" and hvd["value"]["controllers"] == ["MPI", "Gloo"]
+    assert "PyTorch" in hvd["value"]["frameworks"]
+    sweep = checks[("image", "allreduce_sweep")]
+    assert sweep["status"] == "PASS" and sweep["value"]["backend"] == "gloo"
+    assert all(r["algbw_gbs"] > 0 for r in sweep["value"]["rows"])
+    assert checks[("image", "shm")]["value"]["bytes"] >= 2**30       # bench's 2 GB, not 64 MB
+    assert checks[("image", "mpi_cuda_build")]["value"] is False     # Debian's Open MPI
+    assert bench_containers(client) == []
+
+
+def test_doctor_sees_the_gpu_images_cuda_aware_mpi_and_one_nccl(gpu_image):
+    ops, client, img = gpu_image
+    rc, checks = doctor_json(GPU_IMAGES[ops])
+    assert checks[("image", "mpi_cuda_build")]["value"] is True
+    assert checks[("image", "mpi_hello")]["status"] == "PASS"
+    hvd = checks[("image", "horovod")]["value"]
+    assert hvd["gpu_operations"] == ops
+    nccl = checks[("image", "nccl")]
+    assert nccl["status"] == "PASS" and nccl["value"]["torch"] == img.labels[LABEL_PREFIX + "nccl_version"]
+    if ops == "NCCL":
+        assert nccl["value"]["horovod"] == nccl["value"]["torch"]
+    # No GPU here: a CUDA torch that sees none is said to run on the CPU.
+    assert checks[("both", "finding: a CUDA torch sees the GPUs")]["status"] == "WARN"
+    assert bench_containers(client) == []

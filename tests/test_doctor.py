@@ -1,0 +1,188 @@
+"""envcheck and `invoke doctor`: parsers on real captured outputs, probes made to fail
+on purpose (a missing binary, a non-zero exit, garbage output, a timeout, a crash)
+with the report still complete, and the doctor's run on this machine (no GPU)."""
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from envcheck import findings, host, probes, report, stack
+from envcheck.probes import FAIL, PASS, SKIP, WARN, Result
+
+FIX = Path(__file__).parent / "fixtures"
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_nccl_tests_two_ranks_busbw_equals_algbw():
+    out = probes.parse_nccl_tests((FIX / "nccl-tests-all-reduce-2x-gh200.txt").read_text())
+    assert len(out["rows"]) == 8 and out["avg_busbw_gbs"] == pytest.approx(14.9966)
+    first, last = out["rows"][0], out["rows"][-1]
+    assert first["size_bytes"] == 1048576 and first["time_us"] == pytest.approx(339.61)
+    assert last["algbw_gbs"] == pytest.approx(22.86) and last["inplace_wrong"] == 0
+    assert [r["host"] for r in out["ranks"]] == ["nid007106", "nid007109"]
+    for r in out["rows"]:     # n=2: 2(n-1)/n = 1
+        assert probes.allreduce_busbw(r["algbw_gbs"], 2) == pytest.approx(r["busbw_gbs"], abs=0.01)
+        assert r["size_bytes"] / r["time_us"] / 1e3 == pytest.approx(r["algbw_gbs"], abs=0.01)
+
+
+def test_nccl_tests_sixteen_ranks_busbw_formula():
+    out = probes.parse_nccl_tests((FIX / "nccl-tests-all-reduce-16x-a100.txt").read_text())
+    [row] = out["rows"]
+    assert len(out["ranks"]) == 16 and len({r["host"] for r in out["ranks"]}) == 2
+    assert probes.allreduce_busbw(row["algbw_gbs"], 16) == pytest.approx(row["busbw_gbs"], abs=0.01)
+    assert probes.allreduce_busbw(5.0, 1) == 0.0       # one rank: nothing crosses a bus
+
+
+def test_nccl_tests_rows_among_nccl_debug_lines_and_garbage():
+    text = (FIX / "nccl-tests-all-reduce-2x-gh200.txt").read_text()
+    noisy = text.replace("# Out of bounds", "host:1:1 [0] NCCL INFO comm 0x1 rank 0 nranks 2 - Destroy COMPLETE\n# Out of bounds")
+    assert len(probes.parse_nccl_tests(noisy)["rows"]) == 8
+    with pytest.raises(ValueError):
+        probes.parse_nccl_tests("NCCL WARN something went wrong\n")
+
+
+def test_nvidia_smi_table():
+    out = probes.parse_nvidia_smi((FIX / "nvidia-smi-4x-a100.txt").read_text())
+    assert out["driver"] == "555.42.02" and out["driver_cuda"] == "12.5" and out["count"] == 4
+    assert {d["name"] for d in out["devices"]} == {"NVIDIA A100-SXM4-80GB"}
+    assert out["devices"][3]["bus_id"] == "00000000:D4:00.0"
+    assert out["devices"][0]["memory_bytes"] == 81920 * 2**20
+    with pytest.raises(ValueError):
+        probes.parse_nvidia_smi("NVIDIA-SMI has failed because it couldn't communicate with the driver")
+
+
+def test_ompi_info_cuda_flag():
+    debian = gzip.open(FIX / "ompi_info-parsable-all-debian-4.1.4.txt.gz", "rt").read()
+    assert probes.parse_ompi_info_cuda(debian) is False
+    flipped = debian.replace("opal_built_with_cuda_support:value:false", "opal_built_with_cuda_support:value:true")
+    assert probes.parse_ompi_info_cuda(flipped) is True
+    with pytest.raises(ValueError):
+        probes.parse_ompi_info_cuda("ompi_info: command garbled")
+
+
+def test_horovod_check_build():
+    out = probes.parse_check_build((FIX / "horovodrun-check-build-0.28.1.txt").read_text())
+    assert out["version"] == "0.28.1" and out["frameworks"] == ["PyTorch"]
+    assert out["controllers"] == ["MPI", "Gloo"] and "NCCL" not in out["tensor_operations"]
+
+
+@pytest.mark.parametrize("driver,cuda,status", [
+    ("580.95.05", "13.0", PASS), ("580.65.06", "13.0", PASS), ("575.57.08", "13.0", FAIL),
+    ("555.42.02", "12.6", WARN), ("560.35.05", "12.6", PASS), ("470.82.01", "12.6", FAIL),
+])
+def test_driver_against_the_images_cuda(driver, cuda, status):
+    assert probes.driver_supports(driver, cuda)[0] == status
+
+
+def _r(name, status, value=None):
+    return Result(name, status, value, "")
+
+
+def test_findings_name_each_contradiction():
+    host_r = {"gpus": _r("gpus", PASS, {"count": 2})}
+    ranks = {"horovod": _r("horovod", PASS, {"gpu_operations": "MPI"}),
+             "mpi_cuda_build": _r("mpi_cuda_build", PASS, False),
+             "torch": _r("torch", PASS, {"cuda_build": "13.0", "cuda_available": True, "device_count": 1})}
+    got = {f.name: f for f in findings.find(host_r, ranks, np=4, in_image=True)}
+    assert got["finding: MPI GPU operations need a CUDA-aware MPI"].status == FAIL
+    assert "--np 1" in got["finding: one GPU per rank with NCCL"].fix
+    assert got["finding: the ranks see every GPU of the host"].status == FAIL   # 2 on host, 1 seen
+    ranks["torch"] = _r("torch", PASS, {"cuda_build": "13.0", "cuda_available": False, "device_count": 0})
+    got = {f.name: f for f in findings.find(host_r, ranks, np=1, in_image=True)}
+    assert got["finding: a CUDA torch sees the GPUs"].status == FAIL and "--gpus" in got[
+        "finding: a CUDA torch sees the GPUs"].fix
+    got = {f.name: f for f in findings.find({"gpus": _r("gpus", SKIP)}, ranks, np=1, in_image=False)}
+    assert got["finding: a CUDA torch sees the GPUs"].status == WARN   # no GPU anywhere: CPU runs
+
+
+def test_small_shm_and_a_missing_nccl_interface(monkeypatch, tmp_path):
+    class St:
+        f_frsize, f_blocks = 4096, 16384          # 64 MiB: Docker's default
+    monkeypatch.setattr(os, "statvfs", lambda p: St)
+    r = host.probe_shm()
+    assert r.status == WARN and "--shm-size" in r.fix
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "ib9")
+    r = host.probe_nccl_socket_ifname()
+    assert r.status == FAIL and "ib9" in r.fix
+
+
+def test_a_probe_that_crashes_is_a_fail_with_the_reason(monkeypatch):
+    def boom(path):
+        raise RuntimeError("disk on fire")
+    monkeypatch.setattr(os, "statvfs", boom)
+    r = host.probe_shm()
+    assert r.status == FAIL and "probe crashed: RuntimeError: disk on fire" in r.fix
+
+
+def test_a_missing_binary_is_a_fail(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    r = stack.probe_mpi()
+    assert r.status == FAIL and "mpirun not found" in r.fix
+
+
+def _fake(path: Path, body: str):
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(0o755)
+
+
+def test_report_completes_when_probes_fail_on_purpose(tmp_path):
+    """mpirun exits non-zero, ompi_info prints garbage, nvidia-smi hangs past the
+    timeout (NVML made unimportable so the probe falls back to it): those checks FAIL
+    with the reason, everything else is still measured, and the JSON is whole."""
+    fakes = tmp_path / "bin"
+    fakes.mkdir()
+    _fake(fakes / "mpirun", 'echo "mpirun: simulated failure" >&2; exit 3')
+    _fake(fakes / "ompi_info", 'echo "%%% not ompi_info output %%%"')
+    _fake(fakes / "nvidia-smi", "sleep 30")
+    nonvml = tmp_path / "nonvml"
+    nonvml.mkdir()
+    (nonvml / "pynvml.py").write_text("raise ImportError('made unimportable by the test')\n")
+    env = dict(os.environ, PATH=f"{fakes}:{os.environ['PATH']}", ENVCHECK_TIMEOUT_NVIDIA_SMI="3",
+               PYTHONPATH=f"{nonvml}:{REPO}")
+    cp = subprocess.run([sys.executable, "-m", "envcheck", "--np", "2", "--json"], env=env,
+                        capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert cp.returncode == 1, cp.stderr[-2000:]
+    checks = {(c["where"], c["name"]): c for c in json.loads(cp.stdout)["checks"]}
+    assert checks[("local", "mpi")]["status"] == FAIL
+    assert "exited with 3: mpirun: simulated failure" in checks[("local", "mpi")]["fix"]
+    assert checks[("local", "mpi_cuda_build")]["status"] == FAIL
+    assert "no built_with_cuda_support" in checks[("local", "mpi_cuda_build")]["fix"]
+    assert checks[("host", "gpus")]["status"] == FAIL
+    assert "did not finish within 3 s" in checks[("host", "gpus")]["fix"]
+    assert checks[("local", "mpi_hello")]["status"] == FAIL
+    # ... and the rest was measured.
+    assert checks[("local", "torch")]["status"] == PASS
+    assert checks[("local", "allreduce_sweep")]["status"] == PASS
+    assert checks[("host", "os")]["status"] == PASS
+
+
+def test_doctor_on_this_machine_without_a_gpu(tmp_path):
+    cp = subprocess.run([sys.executable, "-m", "invoke", "doctor", "--local", "--np", "2", "--json"],
+                        cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert cp.returncode == 0, cp.stdout[-2000:] + cp.stderr[-2000:]
+    doc = json.loads(cp.stdout)
+    checks = {(c["where"], c["name"]): c for c in doc["checks"]}
+    for name in ("gpus", "gpu_topology", "gpu_container_runtime", "driver_for_image_cuda"):
+        assert checks[("host", name)]["status"] == SKIP and checks[("host", name)]["fix"], name
+    for name in ("mpi_gpu_allreduce", "nccl_all_reduce_perf"):
+        assert checks[("local", name)]["status"] == SKIP
+    hello = checks[("local", "mpi_hello")]
+    assert hello["status"] == PASS and hello["value"]["ranks"] == [0, 1]
+    sweep = checks[("local", "allreduce_sweep")]["value"]
+    assert sweep["backend"] == "gloo" and sweep["ranks"] == 2 and len(sweep["rows"]) >= 5
+    assert all(r["busbw_gbs"] == pytest.approx(r["algbw_gbs"]) for r in sweep["rows"])   # n=2
+    assert doc["counts"]["FAIL"] == 0 and doc["seconds"] > 0
+
+
+def test_table_and_summary_render_every_check():
+    checks = [dict(where="host", name="shm", status=WARN, value={"path": "/dev/shm", "bytes": 2**26},
+                   fix="give containers --shm-size=1g"),
+              dict(where="image", name="mpi", status=FAIL, value=None, fix="mpirun not found")]
+    text = report.table(checks)
+    assert "0.06 GiB" in text and "mpirun not found" in text
+    assert report.summary(checks, 1.25) == ("doctor: 2 checks in 1.2 s: 0 PASS, 1 WARN, 1 FAIL, "
+                                             "0 SKIP; problems found")
