@@ -25,6 +25,8 @@ BENCH_HELP = {
     "image": "the lab image to run in (default: the built one that fits --device)",
     "frozen": "in the image, run its own copy of the kit instead of the checkout's",
     "fault": "RANK:STEP: that rank fails at that step (to see how a failed job is handled)",
+    "nodes": "run on this many nodes of the simulated cluster (invoke up), --np spread evenly",
+    "link": "with --nodes: limit each node's link, RATE[/DELAY] such as 1gbit or 100mbit/1ms",
 }
 
 
@@ -36,7 +38,8 @@ def _setting(c, name, value):
 def bench(c, np=None, framework=None, backend=None, model=None, data=None, data_dir=None,
           device=None, epochs=None, batch_size=None, compression=None, warmup_steps=None,
           max_steps=None, threads=None, results_dir=None, run_id=None, timeout_s=None,
-          ceiling=False, local=False, image=None, frozen=False, fault=None):
+          ceiling=False, local=False, image=None, frozen=False, fault=None, nodes=None,
+          link=None):
     """Run data-parallel training with N processes, record it and print the table."""
     from lab.bench import BenchError, BenchSettings, parse_np, render, run
 
@@ -55,7 +58,8 @@ def bench(c, np=None, framework=None, backend=None, model=None, data=None, data_
             values["timeout_s"] = float(values["timeout_s"])
         where = "local" if local else ("image" if image else _setting(c, "where", None) or "auto")
         settings = BenchSettings(**values, run_id=run_id or "", ceiling=ceiling, where=where,
-                                 image=image or "", frozen=frozen, fault=fault or "")
+                                 image=image or "", frozen=frozen, fault=fault or "",
+                                 nodes=_int("nodes", nodes or 1), link=link or "")
         outcome = run(settings)
     except BenchError as e:
         raise Exit(f"error: {e}", code=2)
@@ -156,3 +160,29 @@ def doctor(c, np=2, json=False, local=False, image=None, frozen=False):
         print(report.summary(checks, seconds))
     if any(ch["status"] == "FAIL" for ch in checks):
         raise Exit(code=1)
+
+
+@task(help={"nodes": "how many nodes (node1..nodeN)", "image": "the lab image the nodes run "
+            "(default dl-lab-kit:cpu)"})
+def up(c, nodes=2, image=None):
+    """Bring up the simulated cluster (compose.yaml) and wait until its nodes answer on SSH."""
+    from lab import cluster
+    try:
+        cluster.up(int(nodes), image=image)
+    except cluster.ClusterError as e:
+        raise Exit(f"error: {e}", code=2)
+    print(f"next: invoke bench --nodes {nodes} --np {nodes} --framework horovod --backend gloo")
+
+
+@task
+def down(c):
+    """Remove the simulated cluster: every container, network and volume it made."""
+    from lab import cluster
+    try:
+        removed = cluster.down()
+    except cluster.ClusterError as e:
+        raise Exit(f"error: {e}", code=2)
+    left = cluster.leftovers(cluster._client())
+    if any(left.values()):
+        raise Exit(f"error: still there after down: {left}", code=1)
+    print("cluster removed" + (f" (also removed: {', '.join(removed)})" if removed else ""))

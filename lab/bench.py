@@ -53,6 +53,8 @@ class BenchSettings:
     where: str = "local"             # local | image | auto (the image when one is built)
     image: str = ""                  # a tag; empty: the lab image that fits the device
     frozen: bool = False             # in the image: its own copy of the kit, not the checkout
+    nodes: int = 1                   # >1: on the simulated cluster's nodes (compose.yaml)
+    link: str = ""                   # with nodes: shape each node's link, RATE[/DELAY]
 
 
 @dataclass
@@ -295,6 +297,18 @@ def choose_runner(s: BenchSettings):
     line why not otherwise; `image` insists on it; `local` never looks."""
     if s.where not in WHERE:
         raise BenchError(f"where the job runs must be one of {', '.join(WHERE)}, not {s.where!r}")
+    if s.link and s.nodes < 2:
+        raise BenchError("--link shapes the links between the cluster's nodes: add --nodes 2 or more")
+    if s.nodes > 1:
+        from lab import cluster
+        try:
+            if s.link:
+                cluster.parse_link(s.link)
+            runner = cluster.ClusterRunner(s.nodes, frozen=s.frozen)
+        except cluster.ClusterError as e:
+            raise BenchError(str(e)) from None
+        return runner, (f"running on the cluster's {s.nodes} nodes ({runner.tag}); results in "
+                        f"{runner.results_root}")
     if s.where == "local":
         return None, None
     from lab import container
@@ -326,6 +340,11 @@ def run(s: BenchSettings, echo=print, stack: dict | None = None) -> Outcome:
     runner, where_note = choose_runner(s)
     if where_note:
         echo(where_note)
+    on_cluster = s.nodes > 1
+    if on_cluster:
+        # The nodes see the cluster's own results and data folders.
+        s = dataclasses.replace(s, results_dir=runner.results_root,
+                                data_dir=runner.data_root or s.data_dir)
     stack = stack if stack is not None else probe_stack(runner=runner)
     framework, notes = check_request(s, stack)
     for n in notes:
@@ -346,12 +365,29 @@ def run(s: BenchSettings, echo=print, stack: dict | None = None) -> Outcome:
     if runner is not None:
         from lab.container import DATA_IN, RESULTS_IN
         runner.hand_over(str(rdir))
+    if on_cluster and s.link:
+        from lab import cluster
+        try:
+            cluster.shape(runner.found, s.link, echo)
+        except cluster.ClusterError as e:
+            raise BenchError(str(e)) from None
+    try:
+        return _run_all(s, nps, runner, framework, notes, run_id, rdir, rfile, echo, on_cluster)
+    finally:
+        if on_cluster and s.link:
+            from lab import cluster
+            cluster.unshape(runner.found)
+
+
+def _run_all(s, nps, runner, framework, notes, run_id, rdir, rfile, echo, on_cluster) -> Outcome:
+    if runner is not None:
+        from lab.container import DATA_IN, RESULTS_IN
 
     failed = 0
     ceilings: dict[int, dict] = {}
     for i, np in enumerate(nps):
         cfg = dataclasses.replace(base_config(s, framework), run_id=run_id, expected_np=np,
-                                  attempt=f"{i:03d}-np{np}")
+                                  attempt=f"{i:03d}-np{np}", link=s.link)
         extra = {"OMP_NUM_THREADS": str(s.threads), "PYTHONUNBUFFERED": "1"}
         if s.device == "cpu":
             # Open MPI busy-polls while it waits; with Horovod's background thread beside
@@ -365,6 +401,14 @@ def run(s: BenchSettings, echo=print, stack: dict | None = None) -> Outcome:
             if framework == "horovod":
                 cmd[0] = _horovodrun()
             env = dict(os.environ, **extra)
+        elif on_cluster:
+            inside = dataclasses.replace(cfg, results_dir=RESULTS_IN, data_dir=DATA_IN)
+            from lab.cluster import ClusterError
+            try:
+                per_node = runner.commands(framework, s.backend, np, inside.to_args())
+            except ClusterError as e:
+                raise BenchError(str(e)) from None
+            cmd = per_node["node1"]
         else:
             inside = dataclasses.replace(cfg, results_dir=RESULTS_IN, data_dir=DATA_IN)
             cmd = launch.command(framework, s.backend, np, inside.to_args(), python="python")
@@ -376,6 +420,8 @@ def run(s: BenchSettings, echo=print, stack: dict | None = None) -> Outcome:
         try:
             if runner is None:
                 rc, tail, why = run_job(cmd, env, s.timeout_s, echo)
+            elif on_cluster:
+                rc, tail, why = runner.run(per_node, extra, s.timeout_s, echo)
             else:
                 rc, tail, why = runner.run(cmd, extra, s.timeout_s, echo,
                                            name=f"lab-bench-{run_id}-{cfg.attempt}")
@@ -395,7 +441,12 @@ def run(s: BenchSettings, echo=print, stack: dict | None = None) -> Outcome:
             continue
         failed += 1
         info = first_failure(os.path.join(rdir, "failures", cfg.attempt))
-        if rc == 0:
+        dead = runner.dead() if on_cluster else {}
+        if dead:
+            host, state = next(iter(dead.items()))
+            reason = f"node {host} stopped during the run ({state})"
+            info = {"rank": None, "host": host}
+        elif rc == 0:
             reason = "the job exited normally but wrote no record"
         elif rc is None:
             reason = f"the job {why}"

@@ -47,6 +47,7 @@ class RunConfig:
     expected_np: int = 0          # what the launcher started; 0 = unknown
     fault: str = ""               # "RANK:STEP" makes that rank raise at that step (tests)
     attempt: str = ""             # names this launch's failures/ folder (set by bench)
+    link: str = ""                # the cluster's link shaping, RATE[/DELAY] (bench --link)
 
     def check(self) -> None:
         """Raise ConfigError for values no run could use (needs nothing installed)."""

@@ -26,7 +26,8 @@ SCHEMA = {
     "finished_at": ("str", "UTC end time, ISO 8601"),
     "config": ("object", "the run's configuration: model, framework, backend, device, data, "
                "epochs, batch_size (per rank), test_batch_size, lr (before scaling), momentum, "
-               "compression, seed, warmup_steps, max_steps, synthetic_size, threads"),
+               "compression, seed, warmup_steps, max_steps, synthetic_size, threads, link (the "
+               "simulated cluster's link shaping, RATE[/DELAY], empty when none)"),
     "world.np": ("int", "number of processes (ranks)"),
     "world.nodes": ("int", "number of distinct hosts the ranks ran on"),
     "world.hosts": ("list[str]", "host name of each rank, by rank"),
