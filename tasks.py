@@ -163,12 +163,13 @@ def doctor(c, np=2, json=False, local=False, image=None, frozen=False):
 
 
 @task(help={"nodes": "how many nodes (node1..nodeN)", "image": "the lab image the nodes run "
-            "(default dl-lab-kit:cpu)"})
-def up(c, nodes=2, image=None):
+            "(default dl-lab-kit:cpu, with --gpu dl-lab-kit:gpu-nccl)",
+            "gpu": "give each node its own GPU (compose.gpu.yaml; untested here)"})
+def up(c, nodes=2, image=None, gpu=False):
     """Bring up the simulated cluster (compose.yaml) and wait until its nodes answer on SSH."""
     from lab import cluster
     try:
-        cluster.up(int(nodes), image=image)
+        cluster.up(int(nodes), image=image, gpu=gpu)
     except cluster.ClusterError as e:
         raise Exit(f"error: {e}", code=2)
     print(f"next: invoke bench --nodes {nodes} --np {nodes} --framework horovod --backend gloo")

@@ -18,6 +18,8 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = REPO_ROOT / "compose.yaml"
 OVERRIDE_FILE = REPO_ROOT / ".cluster" / "compose.nodes.yaml"
+GPU_FILE = REPO_ROOT / "compose.gpu.yaml"
+STATE_FILE = REPO_ROOT / ".cluster" / "state"        # "nodes gpu" of the last `up`
 PROJECT = "dl-lab-cluster"
 LABEL = "org.dl-lab-kit.cluster"
 SSH_WAIT_S = 60
@@ -99,8 +101,10 @@ def compose_program() -> list[str]:
 # ---------------------------------------------------------------- edge
 
 def _compose(args: list[str], nodes: int, image: str | None = None, check=True,
-             capture=False) -> subprocess.CompletedProcess:
+             capture=False, gpu: bool = False) -> subprocess.CompletedProcess:
     files = ["-f", str(COMPOSE_FILE)]
+    if gpu:
+        files += ["-f", str(GPU_FILE)]
     if nodes > 2:
         files += ["-f", str(OVERRIDE_FILE)]
     env = dict(os.environ, COMPOSE_PROJECT_NAME=PROJECT)
@@ -131,12 +135,14 @@ def nodes(client) -> dict[str, object]:
     return dict(sorted(found.items(), key=lambda kv: int(kv[0][4:]) if kv[0][4:].isdigit() else 0))
 
 
-def up(n: int = 2, image: str | None = None, echo=print) -> dict:
+def up(n: int = 2, image: str | None = None, gpu: bool = False, echo=print) -> dict:
     if n < 1:
         raise ClusterError("--nodes must be at least 1")
+    if gpu and n > 2:
+        raise ClusterError("compose.gpu.yaml gives GPUs to node1 and node2: add nodes to it for --gpu with more")
     client = _client()
     if image is None:
-        image = os.environ.get("LAB_IMAGE", "dl-lab-kit:cpu")
+        image = os.environ.get("LAB_IMAGE", "dl-lab-kit:gpu-nccl" if gpu else "dl-lab-kit:cpu")
     import docker
     try:
         client.images.get(image)
@@ -150,15 +156,20 @@ def up(n: int = 2, image: str | None = None, echo=print) -> dict:
         (REPO_ROOT / d).mkdir(exist_ok=True)
     services = ["keygen", *node_names(n)]
     echo(f"bringing up {n} node(s) from {image} ({' '.join(compose_program())})")
-    _compose(["up", "-d", *services], n, image, capture=True)
+    STATE_FILE.parent.mkdir(exist_ok=True)
+    STATE_FILE.write_text(f"{n} {int(gpu)}\n")
+    _compose(["up", "-d", *services], n, image, capture=True, gpu=gpu)
     found = wait_ssh(client, n, echo=echo)
     return found
 
 
 def down(echo=print) -> list[str]:
     """Remove the cluster; returns what had to be removed after compose (should be none)."""
-    n = max(2, len(nodes(_client())))
-    _compose(["down", "-v", "--remove-orphans"], n, capture=True, check=False)
+    n, gpu = max(2, len(nodes(_client()))), False
+    if STATE_FILE.exists():
+        parts = STATE_FILE.read_text().split()
+        n, gpu = max(n, int(parts[0])), parts[1:] == ["1"]
+    _compose(["down", "-v", "--remove-orphans"], n, capture=True, check=False, gpu=gpu)
     return remove_leftovers(_client())
 
 
