@@ -13,7 +13,7 @@ BENCH_HELP = {
     "device": "cpu or cuda (one GPU per rank)",
     "epochs": "epochs per run",
     "batch-size": "images per rank per step",
-    "compression": "gradient compression: none or fp16",
+    "compression": "gradient compression: none, fp16, int8 (scaled, error feedback) or int8-naive (a plain cast, the baseline that fails)",
     "warmup-steps": "steps left out of the timing",
     "max-steps": "cap on steps per epoch (0: the whole shard)",
     "threads": "CPU threads per rank",

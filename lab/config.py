@@ -14,7 +14,7 @@ FRAMEWORKS = ("none", "horovod", "ddp")
 BACKENDS = ("gloo", "mpi", "nccl")
 DEVICES = ("cpu", "cuda")
 DATASETS = ("mnist", "synthetic", "digits")
-COMPRESSIONS = ("none", "fp16")
+COMPRESSIONS = ("none", "fp16", "int8", "int8-naive")   # lab.compression has the 8-bit ones
 
 
 class ConfigError(ValueError):

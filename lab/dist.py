@@ -64,10 +64,15 @@ class Horovod:
             self.controller = "nccl"
 
     def wrap(self, model, optimizer, compression):
+        from lab import compression as codecs
         hvd = self.hvd
-        comp = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}[compression]
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        if compression in codecs.CODECS:
+            # 8-bit payloads are all-gathered, not all-reduced (int8 sums overflow).
+            self.codec = codecs.CODECS[compression]()
+            return model, codecs.AllgatherOptimizer(optimizer, model.parameters(), self.codec, hvd)
+        comp = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}[compression]
         optimizer = hvd.DistributedOptimizer(
             optimizer, named_parameters=model.named_parameters(), compression=comp)
         return model, optimizer
@@ -113,6 +118,10 @@ class DDP:
         if compression == "fp16":
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
             model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        elif compression != "none":
+            from lab import compression as codecs
+            self.codec = codecs.CODECS[compression]()
+            model.register_comm_hook(None, codecs.ddp_hook(self.codec))
         return model, optimizer
 
     def allgather_object(self, obj):

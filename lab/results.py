@@ -36,6 +36,14 @@ SCHEMA = {
                          "controller; DDP: the process group's back end; none: local)"),
     "figures.throughput_img_s": ("float", "global images per second over the timed steps, "
                                  "bounded by the slowest rank"),
+    "figures.gradient_values": ("int", "number of gradient values synchronised per step (the model's parameters)"),
+    "figures.payload_bytes_per_step": ("int", "gradient bytes one rank hands to the collective per step: 4 per value "
+                                       "uncompressed, 2 with fp16, 1 plus a float32 scale per 512 values with int8"),
+    "figures.wire_bytes_per_step_estimate": ("int", "estimate of the bytes one rank sends per step: ring all-reduce "
+                                             "2(n-1)/n of the payload, ring all-gather (8-bit codecs) n-1 times it"),
+    "figures.codec_zeroed_fraction": ("float", "8-bit codecs only: share of rank 0's nonzero gradient values "
+                                      "that the codec sent as 0, over all steps"),
+    "figures.collective": ("str", "allreduce, or allgather for the 8-bit codecs (int8 sums would overflow)"),
     "figures.step_time_mean_s": ("float", "mean time of a timed training step (rank 0)"),
     "figures.step_time_p50_s": ("float", "median step time (rank 0)"),
     "figures.step_time_p95_s": ("float", "95th-percentile step time (rank 0)"),

@@ -165,12 +165,28 @@ def train(cfg, d, log=print) -> dict | None:
             "final_loss": epochs[-1]["train_loss"],
             "peak_memory_bytes": [p["peak_memory"] for p in summary],
             "lr_used": lr,
+            **_communication(cfg.compression, model, d.size, getattr(d, "codec", None)),
         },
         "epochs": epochs,
         "step_times_s": [round(t, 7) for t in step_times],
         "manifest": manifest.collect(hosts),
     }
     return record
+
+
+def _communication(compression: str, model, size: int, codec=None) -> dict:
+    """Gradient bytes per step: what a rank hands to the collective, and an estimate of
+    what it sends (lab.compression.bytes_per_step)."""
+    from lab import dist
+    from lab.compression import bytes_per_step
+    n = sum(p.numel() for p in dist.unwrap(model).parameters())
+    b = bytes_per_step(compression, n, size)
+    out = {"gradient_values": n, "payload_bytes_per_step": b["payload_bytes"],
+           "wire_bytes_per_step_estimate": b["wire_bytes_estimate"], "collective": b["collective"]}
+    if codec is not None and codec.stats["values"]:
+        # rank 0's share of nonzero gradient values its codec sent as 0 (all steps)
+        out["codec_zeroed_fraction"] = codec.stats["zeroed"] / codec.stats["values"]
+    return out
 
 
 def failure_path(cfg, rank) -> str:
