@@ -1,12 +1,14 @@
 """The kit's tasks. Thin: each one turns flags into settings and calls into `lab`.
 Defaults come from invoke.yaml; flags win."""
+import os
+
 from invoke import task
 from invoke.exceptions import Exit
 
 BENCH_HELP = {
     "np": "process counts, one or a comma list: 2 or 1,2,4 (a sweep)",
-    "framework": "auto (Horovod if installed, else DDP), horovod, ddp or none",
-    "backend": "gloo, mpi or nccl",
+    "framework": "auto (Horovod if installed, else DDP), horovod, ddp or none; a comma list sweeps",
+    "backend": "gloo, mpi or nccl; a comma list sweeps (what cannot run here is skipped and recorded)",
     "model": "mnist (Horovod's MNIST CNN) or resnet50",
     "data": "synthetic, mnist (downloaded once into --data-dir) or digits (offline)",
     "data-dir": "where MNIST is cached",
@@ -25,7 +27,9 @@ BENCH_HELP = {
     "image": "the lab image to run in (default: the built one that fits --device)",
     "frozen": "in the image, run its own copy of the kit instead of the checkout's",
     "fault": "RANK:STEP: that rank fails at that step (to see how a failed job is handled)",
-    "nodes": "run on this many nodes of the simulated cluster (invoke up), --np spread evenly",
+    "nodes": "run on this many nodes of the simulated cluster (invoke up), --np spread evenly; "
+             "1,2 sweeps",
+    "resume": "with --run-id: run only the sweep's combinations that have no ok record yet",
     "link": "with --nodes: limit each node's link, RATE[/DELAY] such as 1gbit or 100mbit/1ms",
 }
 
@@ -39,9 +43,13 @@ def bench(c, np=None, framework=None, backend=None, model=None, data=None, data_
           device=None, epochs=None, batch_size=None, compression=None, warmup_steps=None,
           max_steps=None, threads=None, results_dir=None, run_id=None, timeout_s=None,
           ceiling=False, local=False, image=None, frozen=False, fault=None, nodes=None,
-          link=None):
-    """Run data-parallel training with N processes, record it and print the table."""
-    from lab.bench import BenchError, BenchSettings, parse_np, render, run
+          link=None, resume=False):
+    """Run data-parallel training (one run, or a sweep over lists), record it and print the table."""
+    from lab import results as res
+    from lab import summary
+    from lab.bench import (BenchError, BenchSettings, Outcome, parse_list, parse_np, render, run,
+                           run_sweep)
+    from lab.config import BACKENDS, COMPRESSIONS, FRAMEWORKS
 
     try:
         given = dict(np=np, framework=framework, backend=backend, model=model, data=data,
@@ -56,11 +64,27 @@ def bench(c, np=None, framework=None, backend=None, model=None, data=None, data_
                 values[k] = _int(k, values[k])
         if "timeout_s" in values:
             values["timeout_s"] = float(values["timeout_s"])
+        lists = {
+            "framework": parse_list("framework", values.pop("framework", "auto"), ("auto", *FRAMEWORKS)),
+            "backend": parse_list("backend", values.pop("backend", "gloo"), BACKENDS),
+            "compression": parse_list("compression", values.pop("compression", "none"), COMPRESSIONS),
+            "nodes": parse_list("nodes", nodes or 1),
+        }
         where = "local" if local else ("image" if image else _setting(c, "where", None) or "auto")
         settings = BenchSettings(**values, run_id=run_id or "", ceiling=ceiling, where=where,
                                  image=image or "", frozen=frozen, fault=fault or "",
-                                 nodes=_int("nodes", nodes or 1), link=link or "")
-        outcome = run(settings)
+                                 link=link or "", **{k: v[0] for k, v in lists.items()})
+        if all(len(v) == 1 for v in lists.values()) and not resume:
+            outcome = run(settings)
+        else:
+            outcomes = run_sweep(settings, lists, resume=resume)
+            rdir = res.run_dir(settings.results_dir, settings.run_id) if settings.run_id else None
+            rdir = outcomes[0].run_dir if outcomes else rdir
+            if rdir is None:
+                raise BenchError("no combination of the sweep could run here; see the reasons above")
+            recs = res.read_records(os.path.join(rdir, res.RESULTS_FILE))[0]
+            outcome = Outcome(str(rdir), recs, sum(o.failed for o in outcomes), [],
+                              {k: v for o in outcomes for k, v in o.ceilings.items()})
     except BenchError as e:
         raise Exit(f"error: {e}", code=2)
     except KeyboardInterrupt:

@@ -543,3 +543,100 @@ def benchmark_plans(stack: dict, results_dir: str = "results") -> tuple[list[Ben
     plans = [BenchSettings(framework=f, backend=b, **mnist) for f, b in combos]
     plans.append(BenchSettings(framework="ddp", backend="gloo", **resnet))
     return plans, notes
+
+
+# ---------------------------------------------------------------- sweeps
+
+SWEEP_FIELDS = ("framework", "backend", "compression", "nodes")
+
+
+def parse_list(name: str, spec, allowed=None) -> list:
+    """'a,b' (or a list) -> ['a', 'b']; checked against the allowed values."""
+    items = spec if isinstance(spec, (list, tuple)) else [x.strip() for x in str(spec).split(",")]
+    items = [x for x in items if x != ""]
+    if not items:
+        raise BenchError(f"--{name} needs at least one value")
+    if name == "nodes":
+        try:
+            items = [int(x) for x in items]
+        except ValueError:
+            raise BenchError(f"--nodes takes whole numbers separated by commas (1,2), not {spec!r}") from None
+        if min(items) < 1:
+            raise BenchError("--nodes must be at least 1")
+    elif allowed is not None:
+        bad = [x for x in items if x not in allowed]
+        if bad:
+            raise BenchError(f"unknown --{name} {bad[0]!r}: choose from {', '.join(allowed)}")
+    return list(dict.fromkeys(items))
+
+
+def sweep_plan(base: BenchSettings, lists: dict) -> list[BenchSettings]:
+    """The cross product of the lists (framework, backend, compression, nodes), each
+    with all of base.np."""
+    import itertools
+    keys = [k for k in SWEEP_FIELDS if k in lists]
+    plans = []
+    for values in itertools.product(*(lists[k] for k in keys)):
+        plans.append(dataclasses.replace(base, **dict(zip(keys, values))))
+    return plans
+
+
+def done_key(framework, backend, compression, nodes, np, link="") -> tuple:
+    return (framework, backend, compression, int(nodes), int(np), link or "")
+
+
+def finished(rfile) -> set:
+    """Combinations that already have an ok record in a results file (for --resume)."""
+    out = set()
+    for r in results.read_records(rfile)[0]:
+        if r.get("status") == "ok":
+            c = r["config"]
+            out.add(done_key(c["framework"], c["backend"], c["compression"], r["world"]["nodes"],
+                             r["world"]["np"], c.get("link", "")))
+    return out
+
+
+def run_sweep(base: BenchSettings, lists: dict, resume: bool = False, echo=print) -> list[Outcome]:
+    """Every combination into one results directory. A combination that cannot run here
+    is skipped with the reason printed and recorded; with resume, combinations that
+    already have an ok record in that directory are not run again."""
+    if resume and not base.run_id:
+        raise BenchError("--resume continues a sweep: give its --run-id (the results folder's name)")
+    run_id = base.run_id or results.new_run_id()
+    base = dataclasses.replace(base, run_id=run_id)
+    rfile = results.run_dir(base.results_dir, run_id) / results.RESULTS_FILE
+    outcomes = []
+    stacks: dict = {}
+    for s in sweep_plan(base, lists):
+        label = f"{s.framework} over {s.backend}, compression {s.compression}, {s.nodes} node(s)"
+        nps = parse_np(s.np)
+        if resume:
+            have = finished(rfile)
+            nps = [n for n in nps if done_key(s.framework, s.backend, s.compression, s.nodes, n,
+                                              s.link) not in have]
+            if not nps:
+                echo(f"-- {label}: already recorded, not run again (--resume)")
+                continue
+        s = dataclasses.replace(s, np=nps)
+        reason = None
+        try:
+            stack = None
+            if s.nodes == 1 and s.where == "local":
+                if "local" not in stacks:
+                    stacks["local"] = probe_stack()
+                stack = stacks["local"]
+            outcomes.append(run(s, echo=echo, stack=stack))
+            continue
+        except BenchError as e:
+            reason = str(e)
+        echo(f"-- skipped {label}: {reason}")
+        os.makedirs(rfile.parent, exist_ok=True)
+        for n in nps:
+            cfg = dataclasses.replace(base_config(s, s.framework if s.framework != "auto" else "ddp"),
+                                      run_id=run_id, expected_np=n, link=s.link)
+            results.append_record(rfile, {
+                "run_id": run_id, "record_id": results.new_record_id(), "status": "skipped",
+                "started_at": results.now_iso(), "finished_at": results.now_iso(),
+                "config": cfg.as_record(), "np": n, "nodes": s.nodes,
+                "error": {"rank": None, "host": None, "reason": reason, "log_tail": ""}})
+    return outcomes

@@ -21,7 +21,8 @@ SCHEMA = {
     "schema_version": ("int", f"version of this schema (now {SCHEMA_VERSION})"),
     "run_id": ("str", "the results directory's name: one `invoke bench` invocation"),
     "record_id": ("str", "unique id of this record"),
-    "status": ("str", "`ok`, or `failed` (then `error` is set and figures may be absent)"),
+    "status": ("str", "`ok`; `failed` (then `error` is set and figures may be absent); or "
+               "`skipped`, a sweep's combination that cannot run here (`error.reason` says why)"),
     "started_at": ("str", "UTC start time, ISO 8601"),
     "finished_at": ("str", "UTC end time, ISO 8601"),
     "config": ("object", "the run's configuration: model, framework, backend, device, data, "
@@ -147,7 +148,7 @@ def missing_fields(record: dict) -> list[str]:
     for name in SCHEMA:
         if record.get("status") == "ok" and name.startswith("error."):
             continue
-        if record.get("status") == "failed" and name.split(".")[0] in (
+        if record.get("status") in ("failed", "skipped") and name.split(".")[0] in (
                 "figures", "epochs", "step_times_s", "manifest", "world"):
             continue
         try:

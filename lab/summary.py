@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from lab import metrics
 
-COLUMNS = ("model", "framework", "back end", "servers", "devices per server", "np",
+COLUMNS = ("model", "framework", "back end", "compression", "servers", "devices per server", "np",
            "time per step (ms)", "throughput (img/s)", "speedup", "efficiency", "accuracy")
 
 # Fields that make two runs "the same configuration" apart from the number of processes.
@@ -29,10 +29,12 @@ def rows(records: list[dict]) -> list[dict]:
     for r in records:
         c = r.get("config", {})
         row = {"model": c.get("model"), "framework": c.get("framework"),
-               "back end": c.get("backend"), "np": r.get("world", {}).get("np", r.get("np"))}
+               "back end": c.get("backend"), "compression": c.get("compression"),
+               "np": r.get("world", {}).get("np", r.get("np"))}
         if r.get("status") != "ok":
-            row.update({"servers": None, "devices per server": None,
-                        "failed": r.get("error", {}).get("reason", "failed")})
+            row.update({"servers": r.get("nodes"), "devices per server": None,
+                        "failed": r.get("error", {}).get("reason", "failed"),
+                        "status": r.get("status", "failed")})
             out.append(row)
             continue
         w, f = r["world"], r["figures"]
@@ -53,11 +55,15 @@ def render(table_rows: list[dict]) -> str:
     from tabulate import tabulate
 
     def cell(row, col):
-        if "failed" in row and col not in ("model", "framework", "back end", "np"):
+        if "failed" in row and col not in ("model", "framework", "back end", "compression", "np",
+                                           "servers"):
             if col != "time per step (ms)":
                 return ""
             reason = row["failed"]
-            return "FAILED: " + (reason if len(reason) <= 70 else reason[:67] + "...")
+            return (row.get("status", "failed").upper() + ": "
+                    + (reason if len(reason) <= 70 else reason[:67] + "..."))
+        if "failed" in row and col == "servers":
+            return "" if row.get("servers") is None else str(row["servers"])
         v = row.get(col)
         if v is None:
             return "n/a" if col in ("speedup", "efficiency") else ""
