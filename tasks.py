@@ -211,3 +211,14 @@ def down(c):
     if any(left.values()):
         raise Exit(f"error: still there after down: {left}", code=1)
     print("cluster removed" + (f" (also removed: {', '.join(removed)})" if removed else ""))
+
+
+@task(positional=["path"], help={"path": "a run's folder (results/<run-id>) or a folder of runs (results)"})
+def report(c, path):
+    """Write report.md and its curves (PNG) from the records in a results folder."""
+    from lab.report import ReportError, write
+    try:
+        out = write(path)
+    except ReportError as e:
+        raise Exit(f"error: {e}", code=2)
+    print(f"wrote {out} and its curves beside it")

@@ -288,6 +288,30 @@ def probe_nvml_gpus() -> Result:
         pynvml.nvmlShutdown()
 
 
+@probe("nics")
+def probe_nics(root: str = "/sys/class/net") -> list:
+    """Network interfaces other than loopback: driver, speed (Mb/s, when the driver
+    reports it) and state."""
+    out = []
+    for name in sorted(os.listdir(root)):
+        if name == "lo":
+            continue
+        base = os.path.join(root, name)
+
+        def read(f):
+            try:
+                with open(os.path.join(base, f)) as fh:
+                    return fh.read().strip()
+            except OSError:
+                return None
+        driver = os.path.basename(os.path.realpath(os.path.join(base, "device", "driver"))) \
+            if os.path.exists(os.path.join(base, "device", "driver")) else "virtual"
+        speed = read("speed")
+        out.append({"name": name, "driver": driver, "state": read("operstate"),
+                    "speed_mbps": int(speed) if speed and speed.lstrip("-").isdigit() and int(speed) > 0 else None})
+    return out
+
+
 @probe("python_packages")
 def probe_package_versions(names=("torch", "torchvision", "horovod", "numpy")) -> dict:
     from importlib import metadata

@@ -387,7 +387,8 @@ def _run_all(s, nps, runner, framework, notes, run_id, rdir, rfile, echo, on_clu
     ceilings: dict[int, dict] = {}
     for i, np in enumerate(nps):
         cfg = dataclasses.replace(base_config(s, framework), run_id=run_id, expected_np=np,
-                                  attempt=f"{i:03d}-np{np}", link=s.link)
+                                  attempt=f"{i:03d}-{framework}-{s.backend}-{s.compression}"
+                                          f"-n{s.nodes}-np{np}", link=s.link)
         extra = {"OMP_NUM_THREADS": str(s.threads), "PYTHONUNBUFFERED": "1"}
         if s.device == "cpu":
             # Open MPI busy-polls while it waits; with Horovod's background thread beside

@@ -11,6 +11,12 @@ def _value(result):
     return {"status": result.status, "reason": result.fix}
 
 
+def _topology(gpus):
+    from envcheck.host import probe_gpu_topology
+    r = probe_gpu_topology(gpus)
+    return r.value.get("summary") if r.status == probes.PASS else None
+
+
 def _kit_path() -> str:
     import os
     return os.path.dirname(os.path.abspath(__file__))
@@ -29,6 +35,8 @@ def collect(hosts: list[str]) -> dict:
         "gpus": _value(gpus),
         "driver": gpus.value.get("driver") if gpus.status == probes.PASS else None,
         "mpi": _value(probes.probe_mpi_version()),
+        "nics": _value(probes.probe_nics()),
+        "gpu_topology": _topology(gpus),
         "image": probes.image_info(),
         # Which copy of the kit ran: the checkout's (mounted into the image unless
         # --frozen) or the image's own.

@@ -59,7 +59,8 @@ SCHEMA = {
                "rank: 0 when shards are disjoint)"),
     "step_times_s": ("list[float]", "every timed step's time on rank 0, in order"),
     "manifest": ("object", "the environment: hosts, cpu_model, gpus (NVML), driver, cuda, "
-                 "cudnn, nccl, mpi, torch, torchvision, horovod, python, os, image (id and "
+                 "cudnn, nccl, mpi, nics (name, driver, speed), gpu_topology (NVLink/PCIe summary), "
+                 "torch, torchvision, horovod, python, os, image (id and "
                  "labels, or null outside the image), kit_path (which copy of lab ran)"),
     "error.rank": ("int or null", "on failure: the rank that failed first, when known"),
     "error.host": ("str or null", "on failure: that rank's host"),

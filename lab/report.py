@@ -1,0 +1,356 @@
+"""`invoke report RESULTS_DIR`: the lab report from the records alone — report.md with
+the template's environment table, the within-server and across-server tables, the
+compression table, the failures, the scalability curves (PNG files beside it) and an
+analysis whose every sentence is computed from the figures.
+
+Pure functions build each table from records; `write` is the edge that reads the
+records and writes the files."""
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+from lab import results, summary
+
+
+class ReportError(Exception):
+    """Nothing to report on, or a folder that is not there: one sentence."""
+
+
+# ---------------------------------------------------------------- reading
+
+def load(path: str) -> list[dict]:
+    """Every record under path: one run folder, or a results folder holding several."""
+    p = Path(path)
+    if not p.exists():
+        raise ReportError(f"{path} does not exist: give a results folder (results/ or results/<run-id>)")
+    files = [p / results.RESULTS_FILE] if (p / results.RESULTS_FILE).exists() else \
+        sorted(p.glob(f"*/{results.RESULTS_FILE}"))
+    records = []
+    for f in files:
+        records += results.read_records(f)[0]
+    if not records:
+        raise ReportError(f"no records in {path}: run `invoke bench` first (its records go to "
+                          f"results/<run-id>/results.jsonl)")
+    return records
+
+
+def ok(records):
+    return [r for r in records if r.get("status") == "ok"]
+
+
+# ---------------------------------------------------------------- tables
+
+def _md(headers, rows) -> str:
+    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    out += ["| " + " | ".join("" if c is None else str(c) for c in row) + " |" for row in rows]
+    return "\n".join(out)
+
+
+def environment(records: list[dict]) -> list[tuple[str, str]]:
+    """The template's environment table, from the manifests of the ok records."""
+    good = ok(records)
+    if not good:
+        return [("records", "no successful run: no environment to describe")]
+    m = good[-1]["manifest"]
+    hosts = sorted({h for r in good for h in r["world"]["hosts"]})
+    gpus = m.get("gpus")
+    if isinstance(gpus, dict) and gpus.get("devices"):
+        names = sorted({d["name"] for d in gpus["devices"]})
+        gpu_text = f"{gpus['count']} x {', '.join(names)} per server"
+    else:
+        gpu_text = "none (CPU ranks)"
+    nics = m.get("nics") if isinstance(m.get("nics"), list) else []
+    physical = [n for n in nics if n.get("driver") != "virtual"]
+    nic_text = ", ".join(f"{n['name']} ({n['driver']}"
+                         + (f", {n['speed_mbps']} Mb/s" if n.get("speed_mbps") else "") + ")"
+                         for n in physical) or "none reported"
+    image = m.get("image") or {}
+    labels = image.get("labels") or {}
+    label_text = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in sorted(labels.items())
+                           if k.endswith(("_version", "flavor", "gpu_operations")))
+    mpi = m.get("mpi")
+    mpi_text = f"{mpi['implementation']} {mpi['version']}" if isinstance(mpi, dict) and "version" in mpi else "n/a"
+    rows = [
+        ("servers", f"{len(hosts)}: {', '.join(hosts)}"),
+        ("CPU", str(m.get("cpu_model"))),
+        ("NIC model and count", f"{len(physical)}: {nic_text}"),
+        ("GPU model and count", gpu_text),
+        ("GPU interconnect", m.get("gpu_topology") or "n/a (fewer than two GPUs)"),
+        ("OS", str(m.get("os"))),
+        ("GPU driver", m.get("driver") or "n/a"),
+        ("framework packages", f"torch {m.get('torch')}, torchvision {m.get('torchvision')}, "
+                               f"horovod {m.get('horovod')}, python {m.get('python')}"),
+        ("CUDA", m.get("cuda") or "n/a (CPU build of torch)"),
+        ("cuDNN", str(m.get("cudnn") or "n/a")),
+        ("NCCL", str(m.get("nccl") or "n/a")),
+        ("MPI", mpi_text),
+        ("image", f"{image.get('id', 'none: local processes')[:19]}" + (f" ({label_text})" if label_text else "")),
+    ]
+    return rows
+
+
+def result_rows(records: list[dict], across: bool) -> list[list]:
+    """The template's results table (back end, servers, devices per server, time per
+    step, throughput, speedup) plus efficiency and accuracy; failed and skipped runs are
+    rows that say so."""
+    rows = []
+    table = summary.rows(records)
+    for rec, row in zip(records, table):
+        nodes = rec.get("world", {}).get("nodes") or rec.get("nodes") or 1
+        if (nodes > 1) != across:
+            continue
+        label = f"{row['framework']} / {row['back end']}" + (
+            f" / {row['compression']}" if row.get("compression") not in (None, "none") else "")
+        if "failed" in row:
+            rows.append([label, nodes, "", row["np"], f"{row.get('status', 'failed').upper()}: "
+                         f"{row['failed'][:120]}", "", "", "", ""])
+            continue
+        rows.append([label, row["servers"], row["devices per server"], row["np"],
+                     f"{row['time per step (ms)']:.2f}", f"{row['throughput (img/s)']:,.0f}",
+                     "n/a" if row.get("speedup") is None else f"{row['speedup']:.2f}",
+                     "n/a" if row.get("efficiency") is None else f"{row['efficiency']:.0%}",
+                     f"{row['accuracy']:.2%}"])
+    return rows
+
+
+RESULT_HEADERS = ["framework / back end", "servers", "devices per server", "workers",
+                  "time per step (ms)", "throughput (img/s)", "speedup", "efficiency", "accuracy"]
+
+
+def compression_rows(records: list[dict]) -> list[list]:
+    """Per framework, back end and worker count: each compression's time, throughput,
+    accuracy and bytes per step, with the saving against uncompressed."""
+    groups = defaultdict(dict)
+    for r in ok(records):
+        c = r["config"]
+        groups[(c["framework"], c["backend"], r["world"]["np"], r["world"]["nodes"])][c["compression"]] = r
+    rows = []
+    for key in sorted(groups, key=str):
+        comps = groups[key]
+        if len(comps) < 2:
+            continue
+        base = comps.get("none")
+        for name in sorted(comps, key=lambda x: ("none", "fp16", "int8", "int8-naive").index(x)
+                           if x in ("none", "fp16", "int8", "int8-naive") else 9):
+            f = comps[name]["figures"]
+            payload = f.get("payload_bytes_per_step")
+            saving = (f"{1 - payload / base['figures']['payload_bytes_per_step']:.0%}"
+                      if base and payload else "n/a")
+            rows.append([f"{key[0]} / {key[1]}", key[2], name, f"{f['step_time_mean_s'] * 1000:.2f}",
+                         f"{f['throughput_img_s']:,.0f}", f"{f['test_accuracy']:.2%}",
+                         "n/a" if payload is None else f"{payload:,}",
+                         "n/a" if f.get("wire_bytes_per_step_estimate") is None
+                         else f"{f['wire_bytes_per_step_estimate']:,}", saving])
+    return rows
+
+
+COMPRESSION_HEADERS = ["framework / back end", "workers", "compression", "time per step (ms)",
+                       "throughput (img/s)", "accuracy", "payload bytes/step", "wire bytes/step (est.)",
+                       "payload saved"]
+
+
+def failure_rows(records: list[dict]) -> list[list]:
+    return [[r["config"].get("framework"), r["config"].get("backend"), r["config"].get("compression"),
+             r.get("np"), r.get("status"), (r.get("error") or {}).get("host") or "",
+             (r.get("error") or {}).get("reason", "")]
+            for r in records if r.get("status") != "ok"]
+
+
+# ---------------------------------------------------------------- curves
+
+def series(records: list[dict]) -> dict:
+    """(framework, backend, compression, nodes>1) -> sorted [(workers, throughput)],
+    the best ok run per worker count."""
+    best = defaultdict(dict)
+    for r in ok(records):
+        c = r["config"]
+        key = (c["framework"], c["backend"], c["compression"], r["world"]["nodes"] > 1)
+        n, t = r["world"]["np"], r["figures"]["throughput_img_s"]
+        best[key][n] = max(best[key].get(n, 0.0), t)
+    return {k: sorted(v.items()) for k, v in best.items()}
+
+
+def plot(records: list[dict], out_dir: Path) -> list[str]:
+    """throughput.png and speedup.png; returns the file names written."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = {k: v for k, v in series(records).items() if len(v) >= 2 or any(n == 1 for n, _ in v)}
+    if not data:
+        return []
+    written = []
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    xmax = max(n for v in data.values() for n, _ in v)
+    for (fw, be, comp, multi), pts in sorted(data.items()):
+        label = f"{fw}/{be}" + (f"/{comp}" if comp != "none" else "") + (" (nodes)" if multi else "")
+        line, = ax.plot([n for n, _ in pts], [t for _, t in pts], marker="o", label=label)
+        one = dict(pts).get(1)
+        if one:
+            ax.plot([1, xmax], [one, one * xmax], linestyle=":", color=line.get_color(), alpha=0.6)
+    ticks = sorted({n for v in data.values() for n, _ in v})
+    ax.set_xticks(ticks)
+    ax.set_xlabel("workers (processes)")
+    ax.set_ylabel("throughput (images/s)")
+    ax.set_title("Throughput against workers (dotted: ideal, linear from 1 worker)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_dir / "throughput.png", dpi=120)
+    plt.close(fig)
+    written.append("throughput.png")
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot([1, xmax], [1, xmax], linestyle=":", color="grey", label="ideal")
+    drawn = False
+    for (fw, be, comp, multi), pts in sorted(data.items()):
+        one = dict(pts).get(1)
+        if not one:
+            continue
+        label = f"{fw}/{be}" + (f"/{comp}" if comp != "none" else "") + (" (nodes)" if multi else "")
+        ax.plot([n for n, _ in pts], [t / one for _, t in pts], marker="o", label=label)
+        drawn = True
+    ax.set_xticks(ticks)
+    ax.set_xlabel("workers (processes)")
+    ax.set_ylabel("speedup (x, against 1 worker)")
+    ax.set_title("Speedup against workers")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    if drawn:
+        fig.savefig(out_dir / "speedup.png", dpi=120)
+        written.append("speedup.png")
+    plt.close(fig)
+    return written
+
+
+# ---------------------------------------------------------------- analysis
+
+def analysis(records: list[dict]) -> list[str]:
+    """Sentences computed from the figures; none is written without its numbers."""
+    out = []
+    good = ok(records)
+    eff = []
+    for r, row in zip(records, summary.rows(records)):
+        if r.get("status") == "ok" and row.get("efficiency") is not None and r["world"]["np"] > 1:
+            eff.append((row["efficiency"], r, row))
+    if eff:
+        top_np = max(r["world"]["np"] for _, r, _ in eff)
+        at_top = [(e, r) for e, r, _ in eff if r["world"]["np"] == top_np]
+        e, r = max(at_top, key=lambda x: x[0])
+        c = r["config"]
+        out.append(f"At {top_np} workers, {c['framework']} over {c['backend']}"
+                   f"{' with ' + c['compression'] if c['compression'] != 'none' else ''} scaled best: "
+                   f"{e:.0%} efficiency ({r['figures']['throughput_img_s']:,.0f} images/s).")
+        low = sorted(((e2, r2) for e2, r2, _ in eff if e2 < 0.8 and r2 is not r),
+                     key=lambda x: x[1]["world"]["np"])
+        for e, r in low[:3]:
+            c = r["config"]
+            out.append(f"Efficiency fell to {e:.0%} for {c['framework']} over {c['backend']}"
+                       f"{' (' + c['compression'] + ')' if c['compression'] != 'none' else ''} at "
+                       f"{r['world']['np']} workers on {r['world']['nodes']} server(s).")
+    # compute-to-communication: a worker's step at np=1 is compute; what the step gains
+    # with more workers is communication and waiting.
+    base = {}
+    for r in good:
+        if r["world"]["np"] == 1:
+            base[summary.config_key(r)] = r["figures"]["step_time_mean_s"]
+    ratios = []
+    for r in good:
+        b = base.get(summary.config_key(r))
+        if b and r["world"]["np"] > 1:
+            comm = r["figures"]["step_time_mean_s"] - b
+            if comm > 0:
+                ratios.append((b / comm, r, b, comm))
+    for ratio, r, b, comm in sorted(ratios, key=lambda x: (x[1]["config"]["framework"],
+                                                          x[1]["config"]["backend"],
+                                                          x[1]["world"]["np"]))[:6]:
+        c = r["config"]
+        out.append(f"{c['framework']} over {c['backend']}"
+                   f"{' (' + c['compression'] + ')' if c['compression'] != 'none' else ''}, "
+                   f"{r['world']['np']} workers: {b * 1000:.1f} ms of compute (the 1-worker step) "
+                   f"against {comm * 1000:.1f} ms more per step for communication and waiting, "
+                   f"a compute-to-communication ratio of {ratio:.2f}.")
+    # compression
+    groups = defaultdict(dict)
+    for r in good:
+        c = r["config"]
+        groups[(c["framework"], c["backend"], r["world"]["np"])][c["compression"]] = r
+    for (fw, be, n), comps in sorted(groups.items(), key=str):
+        plain = comps.get("none")
+        if not plain or n < 2:
+            continue
+        pa = plain["figures"]["test_accuracy"]
+        for name in ("fp16", "int8"):
+            if name in comps:
+                f = comps[name]["figures"]
+                saved = 1 - f["payload_bytes_per_step"] / plain["figures"]["payload_bytes_per_step"] \
+                    if f.get("payload_bytes_per_step") and plain["figures"].get("payload_bytes_per_step") else None
+                out.append(f"{fw} over {be}, {n} workers: {name} reached {f['test_accuracy']:.2%} "
+                           f"against {pa:.2%} uncompressed ({(f['test_accuracy'] - pa) * 100:+.2f} points)"
+                           + (f" and handed {saved:.0%} fewer gradient bytes to the collective" if saved is not None else "")
+                           + f"; its step took {f['step_time_mean_s'] * 1000:.1f} ms against "
+                             f"{plain['figures']['step_time_mean_s'] * 1000:.1f} ms.")
+        if "int8-naive" in comps:
+            f = comps["int8-naive"]["figures"]
+            z = f.get("codec_zeroed_fraction")
+            out.append(f"{fw} over {be}, {n} workers: the naive 8-bit cast ended at {f['test_accuracy']:.2%} "
+                       f"(chance is 10%) against {pa:.2%} uncompressed: "
+                       + (f"{z:.1%} of the nonzero gradient values were sent as 0, because a cast to "
+                          f"int8 truncates every value below 1, so the weights barely moved; scaling "
+                          f"each chunk into the 8-bit range (int8) keeps them."
+                          if z is not None else "its zeroed share was not recorded."))
+    bad = [r for r in records if r.get("status") == "failed"]
+    if bad:
+        out.append(f"{len(bad)} run(s) failed; they are listed under Failures with the rank, "
+                   f"host and reason recorded.")
+    skipped = [r for r in records if r.get("status") == "skipped"]
+    if skipped:
+        out.append(f"{len(skipped)} combination(s) could not run on this machine and were skipped "
+                   f"(reasons under Failures).")
+    return out
+
+
+# ---------------------------------------------------------------- writing
+
+def render(records: list[dict], images: list[str], source: str) -> str:
+    n_ok = len(ok(records))
+    times = sorted(r.get("started_at", "") for r in records)
+    parts = [f"# Distributed training lab report\n",
+             f"Generated by `invoke report` from {len(records)} record(s) in `{source}` "
+             f"({n_ok} ok, {len(records) - n_ok} failed or skipped), runs from "
+             f"{times[0][:19]} to {times[-1][:19]} UTC. Every figure below comes from those records.\n",
+             "## Environment\n", _md(["item", "value"], environment(records)), ""]
+    within = result_rows(records, across=False)
+    across = result_rows(records, across=True)
+    parts += ["## Results within one server\n",
+              _md(RESULT_HEADERS, within) if within else "No single-server run.", ""]
+    parts += ["## Results across servers\n",
+              _md(RESULT_HEADERS, across) if across else
+              "No multi-server run (`invoke up` and `invoke bench --nodes 2` make one).", ""]
+    comp = compression_rows(records)
+    parts += ["## Gradient compression\n",
+              _md(COMPRESSION_HEADERS, comp) if comp else
+              "No configuration was run with more than one compression.", ""]
+    if images:
+        parts += ["## Scalability\n"] + [f"![{i.split('.')[0]}]({i})\n" for i in images]
+    parts += ["## Analysis\n"] + [f"- {s}" for s in analysis(records)] + [""]
+    fails = failure_rows(records)
+    if fails:
+        parts += ["## Failures\n", _md(["framework", "back end", "compression", "workers", "status",
+                                         "host", "reason"], fails), ""]
+    parts += ["Speedup and efficiency are against the same configuration with 1 worker; the "
+              "compute-to-communication ratio takes the 1-worker step as compute and the extra "
+              "step time with more workers as communication and waiting. Wire bytes are an "
+              "estimate for ring algorithms (see the results schema).", ""]
+    return "\n".join(parts)
+
+
+def write(path: str) -> Path:
+    records = load(path)
+    out_dir = Path(path)
+    images = plot(records, out_dir)
+    report = out_dir / "report.md"
+    report.write_text(render(records, images, str(path)))
+    return report
