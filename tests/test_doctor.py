@@ -58,8 +58,8 @@ def test_nvidia_smi_table():
 def test_ompi_info_cuda_flag():
     debian = gzip.open(FIX / "ompi_info-parsable-all-debian-4.1.4.txt.gz", "rt").read()
     assert probes.parse_ompi_info_cuda(debian) is False
-    flipped = debian.replace("opal_built_with_cuda_support:value:false", "opal_built_with_cuda_support:value:true")
-    assert probes.parse_ompi_info_cuda(flipped) is True
+    built = gzip.open(FIX / "ompi_info-parsable-all-4.1.4-cuda.txt.gz", "rt").read()
+    assert probes.parse_ompi_info_cuda(built) is True       # the GPU image's, --with-cuda
     with pytest.raises(ValueError):
         probes.parse_ompi_info_cuda("ompi_info: command garbled")
 

@@ -1,0 +1,152 @@
+"""`invoke report` from a fixed set of records, checked table by table, the curves
+written as PNG files, the analysis computed from the figures, failures shown."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lab import report, results
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def rec(framework, backend, np, step_s, tput, acc, compression="none", nodes=1, payload=None,
+        zeroed=None, status="ok", reason=""):
+    cfg = {"model": "mnist", "framework": framework, "backend": backend, "device": "cpu",
+           "data": "digits", "epochs": 3, "batch_size": 32, "test_batch_size": 1000, "lr": 0.01,
+           "momentum": 0.5, "compression": compression, "seed": 42, "warmup_steps": 5,
+           "max_steps": 0, "synthetic_size": 0, "threads": 1, "link": ""}
+    r = {"run_id": "fixed", "record_id": f"{framework}{backend}{np}{compression}{nodes}",
+         "status": status, "started_at": "2026-11-21T01:00:00Z", "finished_at": "2026-11-21T01:01:00Z",
+         "config": cfg}
+    if status != "ok":
+        r.update({"np": np, "nodes": nodes, "error": {"rank": 1 if status == "failed" else None,
+                                                      "host": "node2" if status == "failed" else None,
+                                                      "reason": reason, "log_tail": ""}})
+        return r
+    hosts = [f"node{1 + i * nodes // np}" if nodes > 1 else "vm" for i in range(np)]
+    f = {"throughput_img_s": tput, "step_time_mean_s": step_s, "step_time_p50_s": step_s,
+         "step_time_p95_s": step_s, "timed_steps": 10, "test_accuracy": acc, "final_loss": 0.3,
+         "peak_memory_bytes": [1] * np, "lr_used": 0.01 * np, "gradient_values": 1000,
+         "payload_bytes_per_step": payload or 4000, "wire_bytes_per_step_estimate": payload or 4000,
+         "collective": "allreduce"}
+    if zeroed is not None:
+        f["codec_zeroed_fraction"] = zeroed
+    r.update({"world": {"np": np, "nodes": nodes, "hosts": hosts, "devices_per_node": np // nodes,
+                        "controller": backend},
+              "figures": f, "epochs": [], "step_times_s": [step_s],
+              "manifest": {"hosts": hosts, "cpu_model": "AMD EPYC", "os": "Debian 12", "gpus": None,
+                           "driver": None, "mpi": {"implementation": "Open MPI", "version": "4.1.4"},
+                           "nics": [{"name": "eth0", "driver": "virtio_net", "state": "up", "speed_mbps": None}],
+                           "gpu_topology": None, "torch": "2.13.0", "torchvision": None, "horovod": "0.28.1",
+                           "python": "3.11", "cuda": None, "cudnn": None, "nccl": None,
+                           "image": {"id": "sha256:abcdef0123456789abcdef",
+                                     "labels": {"org.dl-lab-kit.flavor": "cpu",
+                                                "org.dl-lab-kit.torch_version": "2.13.0"}},
+                           "kit_path": "/opt/lab-src/lab"}})
+    return r
+
+
+RECORDS = [
+    rec("horovod", "gloo", 1, 0.020, 3200.0, 0.930),
+    rec("horovod", "gloo", 2, 0.025, 5120.0, 0.929),          # speedup 1.60, efficiency 80%
+    rec("ddp", "gloo", 1, 0.020, 3000.0, 0.931),
+    rec("ddp", "gloo", 2, 0.030, 4200.0, 0.927),              # 1.40, 70%
+    rec("ddp", "gloo", 2, 0.032, 4000.0, 0.930, compression="int8", payload=1032),
+    rec("ddp", "gloo", 2, 0.031, 4100.0, 0.097, compression="int8-naive", payload=1000, zeroed=0.998),
+    rec("horovod", "gloo", 2, 0.040, 3000.0, 0.928, nodes=2),  # across servers: 0.94, 47%
+    rec("horovod", "mpi", 2, 0, 0, 0, status="failed", reason="node node2 stopped during the run"),
+    rec("ddp", "nccl", 2, 0, 0, 0, status="skipped", reason="the nccl back end runs on GPUs only"),
+]
+
+
+@pytest.fixture()
+def written(tmp_path):
+    run = tmp_path / "fixed"
+    for r in RECORDS:
+        results.append_record(run / results.RESULTS_FILE, r)
+    path = report.write(str(run))
+    return path.read_text(), run
+
+
+def section(text, title):
+    part = text.split(f"## {title}\n", 1)[1]
+    return part.split("\n## ", 1)[0]
+
+
+def table(text, title):
+    lines = [l for l in section(text, title).splitlines() if l.startswith("| ") and not l.startswith("|---")]
+    return [[c.strip() for c in l.strip("|").split("|")] for l in lines[1:]]
+
+
+def test_environment_table(written):
+    text, _ = written
+    env = dict(table(text, "Environment"))
+    assert env["servers"] == "3: node1, node2, vm"           # every host any ok run used
+    assert env["NIC model and count"] == "1: eth0 (virtio_net)"
+    assert env["MPI"] == "Open MPI 4.1.4" and env["GPU model and count"] == "none (CPU ranks)"
+    assert env["image"].startswith("sha256:abcdef012345") and "torch_version=2.13.0" in env["image"]
+
+
+def test_within_server_table(written):
+    text, _ = written
+    rows = table(text, "Results within one server")
+    by = {(r[0], r[3]): r for r in rows}
+    assert by[("horovod / gloo", "2")][4:9] == ["25.00", "5,120", "1.60", "80%", "92.90%"]
+    assert by[("ddp / gloo", "2")][6:8] == ["1.40", "70%"]
+    assert by[("ddp / gloo / int8", "2")][6] == "n/a"        # no 1-worker int8 run to compare with
+    assert by[("horovod / mpi", "2")][4].startswith("FAILED: node node2 stopped")
+    assert by[("ddp / nccl", "2")][4].startswith("SKIPPED: the nccl back end")
+    assert all(r[1] == "1" or r[4].startswith(("FAILED", "SKIPPED")) for r in rows)
+
+
+def test_across_server_table(written):
+    text, _ = written
+    [row] = table(text, "Results across servers")
+    assert row[:4] == ["horovod / gloo", "2", "1", "2"]
+    assert row[6:8] == ["0.94", "47%"]                       # against the 1-worker run: 3000/3200
+
+
+def test_compression_table(written):
+    text, _ = written
+    rows = {r[2]: r for r in table(text, "Gradient compression")}
+    assert set(rows) == {"none", "int8", "int8-naive"}
+    assert rows["none"][6:] == ["4,000", "4,000", "0%"]
+    assert rows["int8"][5:] == ["93.00%", "1,032", "1,032", "74%"]
+    assert rows["int8-naive"][5] == "9.70%"
+
+
+def test_failures_are_shown_not_holes(written):
+    text, _ = written
+    rows = table(text, "Failures")
+    assert ["horovod", "mpi", "none", "2", "failed", "node2", "node node2 stopped during the run"] in rows
+    assert any(r[4] == "skipped" and "GPUs only" in r[6] for r in rows)
+
+
+def test_analysis_is_computed_from_the_figures(written):
+    text, _ = written
+    a = section(text, "Analysis")
+    assert "At 2 workers, horovod over gloo scaled best: 80% efficiency (5,120 images/s)." in a
+    assert "Efficiency fell to 70% for ddp over gloo at 2 workers on 1 server(s)." in a
+    # 20 ms at 1 worker, 25 ms at 2: 5 ms of communication, ratio 4.00
+    assert "20.0 ms of compute (the 1-worker step) against 5.0 ms more" in a and "ratio of 4.00" in a
+    assert "int8 reached 93.00% against 92.70% uncompressed (+0.30 points)" in a
+    assert "handed 74% fewer gradient bytes" in a
+    assert "naive 8-bit cast ended at 9.70%" in a and "99.8% of the nonzero gradient values" in a
+
+
+def test_curves_are_png_files(written):
+    text, run = written
+    for name in ("throughput.png", "speedup.png"):
+        data = (run / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+        assert f"]({name})" in text
+
+
+def test_report_of_nothing_is_one_sentence(tmp_path):
+    for path, words in ((tmp_path / "nope", "does not exist"), (tmp_path, "no records")):
+        cp = subprocess.run([sys.executable, "-m", "invoke", "report", str(path)], cwd=REPO,
+                            capture_output=True, text=True)
+        assert cp.returncode == 2 and words in cp.stderr and "Traceback" not in cp.stderr
