@@ -70,8 +70,9 @@ def test_envcheck_module_prints_json():
     import json
     import subprocess
     import sys
-    cp = subprocess.run([sys.executable, "-m", "envcheck"], capture_output=True, text=True,
-                        timeout=120, cwd=os.path.dirname(os.path.dirname(__file__)))
+    cp = subprocess.run([sys.executable, "-m", "envcheck", "--part", "host", "--json"],
+                        capture_output=True, text=True, timeout=120,
+                        cwd=os.path.dirname(os.path.dirname(__file__)))
     assert cp.returncode == 0, cp.stderr
-    names = {r["name"] for r in json.loads(cp.stdout)}
-    assert {"os", "cpu", "mpi", "gpus", "python_packages", "torch_cuda"} <= names
+    names = {c["name"] for c in json.loads(cp.stdout)["checks"]}
+    assert {"os", "cpu", "gpus", "shm", "memlock", "docker_engine", "lab_images"} <= names
