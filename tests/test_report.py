@@ -150,3 +150,15 @@ def test_report_of_nothing_is_one_sentence(tmp_path):
         cp = subprocess.run([sys.executable, "-m", "invoke", "report", str(path)], cwd=REPO,
                             capture_output=True, text=True)
         assert cp.returncode == 2 and words in cp.stderr and "Traceback" not in cp.stderr
+
+
+def test_the_example_report_is_what_its_records_give(tmp_path):
+    """The README's example (tests/fixtures/example-report) regenerates from its records."""
+    import shutil
+    src = Path(__file__).parent / "fixtures" / "example-report"
+    run = tmp_path / "cpu-sweep"
+    run.mkdir()
+    shutil.copy(src / results.RESULTS_FILE, run / results.RESULTS_FILE)
+    text = report.write(str(run)).read_text()
+    expected = (src / "report.md").read_text().replace("`results/cpu-sweep`", f"`{run}`")
+    assert text == expected
