@@ -46,7 +46,6 @@ def bench(c, np=None, framework=None, backend=None, model=None, data=None, data_
           link=None, resume=False):
     """Run data-parallel training (one run, or a sweep over lists), record it and print the table."""
     from lab import results as res
-    from lab import summary
     from lab.bench import (BenchError, BenchSettings, Outcome, parse_list, parse_np, render, run,
                            run_sweep)
     from lab.config import BACKENDS, COMPRESSIONS, FRAMEWORKS

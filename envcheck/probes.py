@@ -261,33 +261,6 @@ def probe_os() -> str:
     return f"{name}, kernel {platform.release()}"
 
 
-@probe("gpus")
-def probe_nvml_gpus() -> Result:
-    """GPUs and driver through NVML (nvidia-ml-py)."""
-    try:
-        import pynvml
-    except ImportError:
-        return Result("gpus", SKIP, None, "nvidia-ml-py is not installed: pip install nvidia-ml-py")
-    try:
-        pynvml.nvmlInit()
-    except Exception as e:
-        return Result("gpus", SKIP, None, f"no NVIDIA driver reachable through NVML ({e})")
-    try:
-        def s(v):
-            return v.decode() if isinstance(v, bytes) else v
-        gpus = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
-            gpus.append({"index": i, "name": s(pynvml.nvmlDeviceGetName(h)),
-                         "memory_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
-                         "compute_capability": f"{major}.{minor}"})
-        return {"driver": s(pynvml.nvmlSystemGetDriverVersion()), "count": len(gpus),
-                "devices": gpus}
-    finally:
-        pynvml.nvmlShutdown()
-
-
 @probe("nics")
 def probe_nics(root: str = "/sys/class/net") -> list:
     """Network interfaces other than loopback: driver, speed (Mb/s, when the driver

@@ -11,9 +11,9 @@ import os
 import shutil
 import sys
 
-from envcheck.probes import (FAIL, PASS, SKIP, WARN, ProbeError, Result, parse_check_build,
-                             parse_mpirun_version, parse_nccl_tests, parse_ompi_info_cuda,
-                             probe, run_command)
+from envcheck.probes import (FAIL, PASS, SKIP, ProbeError, Result, parse_check_build,
+                             parse_nccl_tests, parse_ompi_info_cuda, probe, probe_mpi_version,
+                             run_command)
 
 
 @probe("torch")
@@ -82,9 +82,7 @@ def probe_nccl(torch_r: Result, hvd: Result) -> Result:
     return Result("nccl", PASS, value)
 
 
-@probe("mpi")
-def probe_mpi(timeout: float = 10) -> dict:
-    return parse_mpirun_version(run_command(["mpirun", "--version"], timeout=timeout))
+probe_mpi = probe_mpi_version     # the same probe as the manifest's
 
 
 @probe("mpi_cuda_build")

@@ -363,7 +363,6 @@ def run(s: BenchSettings, echo=print, stack: dict | None = None) -> Outcome:
     rfile = rdir / results.RESULTS_FILE
     os.makedirs(rdir, exist_ok=True)
     if runner is not None:
-        from lab.container import DATA_IN, RESULTS_IN
         runner.hand_over(str(rdir))
     if on_cluster and s.link:
         from lab import cluster

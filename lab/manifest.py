@@ -27,7 +27,8 @@ def collect(hosts: list[str]) -> dict:
     `hosts` is every rank's host name, by rank."""
     packages = _value(probes.probe_package_versions())
     torch_cuda = _value(probes.probe_torch_cuda())
-    gpus = probes.probe_nvml_gpus()
+    from envcheck.host import probe_gpus
+    gpus = probe_gpus()
     manifest = {
         "hosts": hosts,
         "cpu_model": _value(probes.probe_cpu_model()),

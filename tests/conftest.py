@@ -1,6 +1,5 @@
 """Shared fixtures. Every multi-process test starts real launchers and real ranks."""
 import importlib.util
-import os
 import shutil
 import subprocess
 import sys

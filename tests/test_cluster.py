@@ -3,9 +3,7 @@ containers from the CPU image with Debian's docker-compose (or the Compose plugi
 `invoke bench --nodes 2` runs Horovod over Gloo and MPI and DDP across them, a link is
 shaped, a node is killed mid-job, and `invoke down` leaves nothing behind. The pure
 parts (host slots, link specs, tc commands, the override file) are tested first."""
-import os
 import re
-import shutil
 import subprocess
 import sys
 import threading

@@ -1,5 +1,4 @@
 """IDX reader, MNIST fetching and its errors, the digits set, sharding."""
-import gzip
 import hashlib
 import http.server
 import threading

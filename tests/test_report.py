@@ -1,6 +1,5 @@
 """`invoke report` from a fixed set of records, checked table by table, the curves
 written as PNG files, the analysis computed from the figures, failures shown."""
-import json
 import subprocess
 import sys
 from pathlib import Path
