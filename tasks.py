@@ -76,11 +76,12 @@ def bench(c, np=None, framework=None, backend=None, model=None, data=None, data_
         if all(len(v) == 1 for v in lists.values()) and not resume:
             outcome = run(settings)
         else:
+            if not settings.run_id and not resume:   # known here, so the table can be read back
+                settings.run_id = res.new_run_id()
             outcomes = run_sweep(settings, lists, resume=resume)
-            rdir = res.run_dir(settings.results_dir, settings.run_id) if settings.run_id else None
-            rdir = outcomes[0].run_dir if outcomes else rdir
-            if rdir is None:
-                raise BenchError("no combination of the sweep could run here; see the reasons above")
+            rdir = res.run_dir(settings.results_dir, settings.run_id)
+            if not os.path.exists(os.path.join(rdir, res.RESULTS_FILE)):
+                raise BenchError("the sweep recorded nothing; see the reasons above")
             recs = res.read_records(os.path.join(rdir, res.RESULTS_FILE))[0]
             outcome = Outcome(str(rdir), recs, sum(o.failed for o in outcomes), [],
                               {k: v for o in outcomes for k, v in o.ceilings.items()})

@@ -67,7 +67,7 @@ def probe_horovod(timeout: float = 60) -> Result:
 
 
 @probe("nccl")
-def probe_nccl(torch_r: Result, hvd: Result) -> Result:
+def probe_nccl(hvd: Result) -> Result:
     """The NCCL torch loads, and the one Horovod was built with: one and the same."""
     import torch
     if not torch.version.cuda:
@@ -195,7 +195,7 @@ def collect(np: int = 2) -> list[Result]:
     hvd = probe_horovod()
     mpi = probe_mpi()
     from envcheck.host import probe_memlock, probe_nccl_socket_ifname, probe_shm
-    return [torch_r, probe_cudnn(), hvd, probe_nccl(torch_r, hvd), mpi, probe_mpi_cuda_build(mpi),
+    return [torch_r, probe_cudnn(), hvd, probe_nccl(hvd), mpi, probe_mpi_cuda_build(mpi),
             probe_shm(), probe_memlock(), probe_nccl_socket_ifname(),
             probe_mpi_hello(np), probe_mpi_gpu_allreduce(torch_r, np), probe_nccl_tests(torch_r, np),
             probe_allreduce_sweep(torch_r, np)]

@@ -197,8 +197,10 @@ def remove_leftovers(client) -> list[str]:
 
 def exec_out(container, cmd: list[str], user: str = "lab", env: dict | None = None,
              timeout: float = 30) -> tuple[int, str]:
-    """Run a short command in a node and return (exit code, output)."""
-    res = container.exec_run(cmd, user=user, environment=env or {}, workdir="/tmp")
+    """Run a short command in a node and return (exit code, output); coreutils'
+    `timeout` ends it after `timeout` seconds (exit code 124)."""
+    res = container.exec_run(["timeout", "-s", "KILL", str(int(timeout)), *cmd], user=user,
+                             environment=env or {}, workdir="/tmp")
     return res.exit_code, res.output.decode(errors="replace")
 
 
@@ -373,15 +375,9 @@ class ClusterRunner:
         return exec_out(self.found["node1"], command, env=self.env({}), timeout=timeout_s)
 
     def hand_over(self, path: str) -> None:
-        """The ranks write as the image's user: give it the run's folder."""
-        from lab.container import IMAGE_UID
-        for root, _dirs, files in os.walk(path):
-            if os.getuid() == 0:
-                os.chown(root, IMAGE_UID, IMAGE_UID)
-            else:
-                os.chmod(root, 0o777)
-        if os.getuid() == 0:
-            os.chmod(self.results_root, os.stat(self.results_root).st_mode | 0o001)
+        """The ranks write as the image's user over ssh: give it the run's folder."""
+        from lab.container import hand_over
+        hand_over(path, self.results_root, everyone=True)
 
     def commands(self, framework: str, backend: str, np: int, args: list[str]) -> dict[str, list[str]]:
         from lab import launch

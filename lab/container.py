@@ -128,6 +128,25 @@ def leftovers(client) -> list:
     return client.containers.list(all=True, filters={"label": f"{LABEL_KEY}={LABEL_VALUE}"})
 
 
+def hand_over(path: str, results_root: str, everyone: bool = False) -> None:
+    """Let the image's user (uid IMAGE_UID) write the run's folder `path`. As root on
+    the host: give it the folder and let it pass through the results folder above (x,
+    not r/w). Otherwise, when the ranks cannot run as the host's user (everyone=True,
+    the cluster's ssh sessions), open the run's folder to all."""
+    if os.getuid() == 0:
+        top = os.path.abspath(results_root)
+        os.chmod(top, os.stat(top).st_mode | 0o001)
+    elif not everyone:
+        return
+    for root, _dirs, files in os.walk(path):
+        if os.getuid() == 0:
+            os.chown(root, IMAGE_UID, IMAGE_UID)
+            for f in files:
+                os.chown(os.path.join(root, f), IMAGE_UID, IMAGE_UID)
+        else:
+            os.chmod(root, 0o777)
+
+
 class ImageRunner:
     """Runs commands in containers of one image; each container is removed at the end."""
 
@@ -145,16 +164,7 @@ class ImageRunner:
                         image_labels=self.image.labels, environment=environment, name=name)
 
     def hand_over(self, path: str) -> None:
-        """As root on the host, give the run's folder the ranks write into to the image's
-        user, and let that user pass through the results folder above it (x, not r/w)."""
-        if os.getuid() != 0:
-            return
-        top = os.path.abspath(self.results_dir)
-        os.chmod(top, os.stat(top).st_mode | 0o001)
-        for root, dirs, files in os.walk(path):
-            os.chown(root, IMAGE_UID, IMAGE_UID)
-            for f in files:
-                os.chown(os.path.join(root, f), IMAGE_UID, IMAGE_UID)
+        hand_over(path, self.results_dir)
 
     def run(self, command: list[str], environment: dict | None, timeout_s: float, echo,
             name=None) -> tuple[int | None, list[str], str]:
