@@ -1,6 +1,5 @@
 """The kit's tasks. Thin: each one turns flags into settings and calls into `lab`.
 Defaults come from invoke.yaml; flags win."""
-import os
 
 from invoke import task
 from invoke.exceptions import Exit
@@ -34,57 +33,21 @@ BENCH_HELP = {
 }
 
 
-def _setting(c, name, value):
-    return value if value is not None else c.config.get("bench", {}).get(name)
-
-
 @task(help=BENCH_HELP)
 def bench(c, np=None, framework=None, backend=None, model=None, data=None, data_dir=None,
           device=None, epochs=None, batch_size=None, compression=None, warmup_steps=None,
           max_steps=None, threads=None, results_dir=None, run_id=None, timeout_s=None,
-          ceiling=False, local=False, image=None, frozen=False, fault=None, nodes=None,
+          ceiling=None, local=False, image=None, frozen=None, fault=None, nodes=None,
           link=None, resume=False):
     """Run data-parallel training (one run, or a sweep over lists), record it and print the table."""
-    from lab import results as res
-    from lab.bench import (BenchError, BenchSettings, Outcome, parse_list, parse_np, render, run,
-                           run_sweep)
-    from lab.config import BACKENDS, COMPRESSIONS, FRAMEWORKS
+    flags = {k: v for k, v in locals().items() if k not in ("c", "resume")}
+    from lab.host.bench import render
+    from lab.host.request import BenchError, settings_from_flags
+    from lab.host.sweep import run_request
 
     try:
-        given = dict(np=np, framework=framework, backend=backend, model=model, data=data,
-                     data_dir=data_dir, device=device, epochs=epochs, batch_size=batch_size,
-                     compression=compression, warmup_steps=warmup_steps, max_steps=max_steps,
-                     threads=threads, results_dir=results_dir, timeout_s=timeout_s)
-        values = {k: _setting(c, k, v) for k, v in given.items()}
-        values = {k: v for k, v in values.items() if v is not None}
-        values["np"] = parse_np(values.get("np", "1"))
-        for k in ("epochs", "batch_size", "warmup_steps", "max_steps", "threads"):
-            if k in values:
-                values[k] = _int(k, values[k])
-        if "timeout_s" in values:
-            values["timeout_s"] = float(values["timeout_s"])
-        lists = {
-            "framework": parse_list("framework", values.pop("framework", "auto"), ("auto", *FRAMEWORKS)),
-            "backend": parse_list("backend", values.pop("backend", "gloo"), BACKENDS),
-            "compression": parse_list("compression", values.pop("compression", "none"), COMPRESSIONS),
-            "nodes": parse_list("nodes", nodes or 1),
-        }
-        where = "local" if local else ("image" if image else _setting(c, "where", None) or "auto")
-        settings = BenchSettings(**values, run_id=run_id or "", ceiling=ceiling, where=where,
-                                 image=image or "", frozen=frozen, fault=fault or "",
-                                 link=link or "", **{k: v[0] for k, v in lists.items()})
-        if all(len(v) == 1 for v in lists.values()) and not resume:
-            outcome = run(settings)
-        else:
-            if not settings.run_id and not resume:   # known here, so the table can be read back
-                settings.run_id = res.new_run_id()
-            outcomes = run_sweep(settings, lists, resume=resume)
-            rdir = res.run_dir(settings.results_dir, settings.run_id)
-            if not os.path.exists(os.path.join(rdir, res.RESULTS_FILE)):
-                raise BenchError("the sweep recorded nothing; see the reasons above")
-            recs = res.read_records(os.path.join(rdir, res.RESULTS_FILE))[0]
-            outcome = Outcome(str(rdir), recs, sum(o.failed for o in outcomes), [],
-                              {k: v for o in outcomes for k, v in o.ceilings.items()})
+        settings, lists = settings_from_flags(flags, dict(c.config.get("bench", {})))
+        outcome = run_request(settings, lists, resume=resume)
     except BenchError as e:
         raise Exit(f"error: {e}", code=2)
     except KeyboardInterrupt:
@@ -95,18 +58,12 @@ def bench(c, np=None, framework=None, backend=None, model=None, data=None, data_
                    f"{outcome.run_dir}", code=1)
 
 
-def _int(name, value):
-    from lab.bench import BenchError
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise BenchError(f"--{name.replace('_', '-')} takes a whole number, not {value!r}") from None
-
-
 @task(help={"results-dir": "where the benchmark's records go"})
 def benchmark(c, results_dir="results"):
     """Measure MNIST and ResNet-50 throughput at np 1 and 2 beside the compute ceiling."""
-    from lab.bench import BenchError, benchmark_plans, probe_stack, render, run
+    from lab.host.bench import probe_stack, render, run
+    from lab.host.request import BenchError
+    from lab.host.sweep import benchmark_plans
 
     try:
         stack = probe_stack()
@@ -137,16 +94,14 @@ BUILD_HELP = {
 def build(c, flavor=None, gpu_ops=None, cuda=None, base_image=None, extra_ca=None,
           wheelhouse=None, torch_index=None, torchvision=True, nccl_tests=True):
     """Build the lab image (pinned CUDA, Open MPI, NCCL, torch, Horovod) and smoke-test it."""
-    from lab.images import BuildError, BuildSettings
-    from lab.images import build as build_image
+    from lab.host.images import BuildError, BuildSettings
+    from lab.host.images import build as build_image
 
-    cfg = c.config.get("build", {})
-    settings = BuildSettings(
-        flavor=flavor or cfg.get("flavor", "gpu"), gpu_ops=gpu_ops or cfg.get("gpu_ops", ""),
-        cuda=cuda or cfg.get("cuda", ""), base_image=base_image or cfg.get("base_image", ""),
-        extra_ca=extra_ca or "", wheelhouse=wheelhouse or "",
-        torch_index=torch_index or cfg.get("torch_index", ""), with_torchvision=torchvision,
-        nccl_tests=nccl_tests)
+    given = dict(flavor=flavor, gpu_ops=gpu_ops, cuda=cuda, base_image=base_image,
+                 extra_ca=extra_ca, wheelhouse=wheelhouse, torch_index=torch_index)
+    values = dict(c.config.get("build", {}))
+    values.update({k: v for k, v in given.items() if v is not None})
+    settings = BuildSettings(**values, with_torchvision=torchvision, nccl_tests=nccl_tests)
     try:
         build_image(settings)
     except BuildError as e:
@@ -163,20 +118,23 @@ DOCTOR_HELP = {
 
 
 @task(help=DOCTOR_HELP)
-def doctor(c, np=2, json=False, local=False, image=None, frozen=False):
+def doctor(c, np=None, json=False, local=False, image=None, frozen=False):
     """Diagnose the host and the lab image: what is wrong and how to fix it."""
-    from envcheck import doctor as doc
     from envcheck import report
-    from lab.container import ContainerError
+    from envcheck.stack import DEFAULT_NP
+    from lab.host import doctor as doc
+    from lab.host.request import BenchError, whole
+    from lab.host.runners import RunnerError
 
-    if int(np) < 1:
-        raise Exit("error: --np must be at least 1", code=2)
     where = "local" if local else ("image" if image else "auto")
     try:
-        checks, seconds, notes = doc.run(int(np), where=where, image=image or "", frozen=frozen,
+        ranks = whole("np", np) if np is not None else DEFAULT_NP
+        if ranks < 1:
+            raise BenchError("--np must be at least 1")
+        checks, seconds, notes = doc.run(ranks, where=where, image=image or "", frozen=frozen,
                                          echo=(lambda line: None) if json else print)
-    except ContainerError as e:
-        raise Exit(f"error: {e}; run with --local to check local processes", code=2)
+    except (BenchError, RunnerError) as e:
+        raise Exit(f"error: {e}", code=2)
     if json:
         print(report.as_json(checks, seconds, notes))
     else:
@@ -191,32 +149,44 @@ def doctor(c, np=2, json=False, local=False, image=None, frozen=False):
             "gpu": "give each node its own GPU (compose.gpu.yaml; untested here)"})
 def up(c, nodes=2, image=None, gpu=False):
     """Bring up the simulated cluster (compose.yaml) and wait until its nodes answer on SSH."""
-    from lab import cluster
+    from lab.host import cluster
+    from lab.host.request import BenchError, whole
     try:
-        cluster.up(int(nodes), image=image, gpu=gpu)
-    except cluster.ClusterError as e:
+        n = whole("nodes", nodes)
+        cluster.up(n, image=image, gpu=gpu)
+    except (cluster.ClusterError, BenchError) as e:
         raise Exit(f"error: {e}", code=2)
-    print(f"next: invoke bench --nodes {nodes} --np {nodes} --framework horovod --backend gloo")
+    print(f"next: invoke bench --nodes {n} --np {n} --framework horovod --backend gloo")
 
 
 @task
 def down(c):
     """Remove the simulated cluster: every container, network and volume it made."""
-    from lab import cluster
+    from lab.host import cluster
     try:
-        removed = cluster.down()
+        removed, left = cluster.down()
     except cluster.ClusterError as e:
         raise Exit(f"error: {e}", code=2)
-    left = cluster.leftovers(cluster._client())
     if any(left.values()):
         raise Exit(f"error: still there after down: {left}", code=1)
     print("cluster removed" + (f" (also removed: {', '.join(removed)})" if removed else ""))
 
 
+@task
+def clean(c):
+    """Remove every container, network and volume the kit labelled (what a killed run left)."""
+    from lab.host import docker_api
+    try:
+        removed = docker_api.remove_labelled(docker_api.client())
+    except docker_api.DockerUnavailable as e:
+        raise Exit(f"error: {e}: {docker_api.START_HINT}", code=2)
+    print(f"removed {len(removed)}: {', '.join(removed)}" if removed else "nothing to remove")
+
+
 @task(positional=["path"], help={"path": "a run's folder (results/<run-id>) or a folder of runs (results)"})
 def report(c, path):
     """Write report.md and its curves (PNG) from the records in a results folder."""
-    from lab.report import ReportError, write
+    from lab.report.lab_report import ReportError, write
     try:
         out = write(path)
     except ReportError as e:

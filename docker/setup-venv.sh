@@ -2,8 +2,12 @@
 # Make a Python virtual environment holding the whole training stack: torch and
 # torchvision at the versions of docker/versions.env, this kit (editable, with its
 # train and test extras), and Horovod built from source by install-horovod.sh.
+# First the system packages that needs (Open MPI, a compiler, CMake, Python's venv and
+# headers) on Debian or Ubuntu: installed when it runs as root, else it names the
+# `sudo apt-get install` line to run and stops.
 #
 #   bash docker/setup-venv.sh [DIR]        # DIR defaults to .venv
+#   bash docker/setup-venv.sh --system     # only the system packages
 #
 # Environment (all optional):
 #   TORCH_INDEX_URL  where torch and torchvision come from. Default: the package
@@ -18,13 +22,40 @@ set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(dirname "$here")"
+say() { printf 'setup-venv: %s\n' "$*" >&2; }
+
+# ---- system packages (Debian/Ubuntu)
+system_packages() {
+    local want=(openmpi-bin libopenmpi-dev g++ make cmake ca-certificates) missing=() p
+    # venv needs ensurepip (Debian ships it as python3-venv); Horovod's build needs Python.h.
+    python3 -c 'import ensurepip' >/dev/null 2>&1 || want+=(python3-venv)
+    python3 -c 'import os, sysconfig; assert os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))' \
+        >/dev/null 2>&1 || want+=(python3-dev)
+    for p in "${want[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
+    done
+    ((${#missing[@]})) || return 0
+    if [[ "$(id -u)" != 0 ]]; then
+        say "missing system packages; run this, then this script again:"
+        say "  sudo apt-get update && sudo apt-get install -y --no-install-recommends ${missing[*]}"
+        exit 1
+    fi
+    say "installing system packages: ${missing[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+if command -v dpkg-query >/dev/null; then
+    system_packages
+else
+    say "not a Debian or Ubuntu system: install Open MPI (with headers), a C++ compiler, CMake and Python's venv yourself"
+fi
+[[ "${1:-}" == --system ]] && exit 0
+
 # shellcheck source=versions.env
 source "$here/versions.env"
 dest="${1:-$repo/.venv}"
 ca="${PIP_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}"
 index="${TORCH_INDEX_URL:-}"
-say() { printf 'setup-venv: %s\n' "$*" >&2; }
-
 # The key covers what the slow part (torch, Horovod's compile) depends on; the kit and
 # its other dependencies are brought up to date on every run below.
 key="$( { grep -E '^(TORCH|TORCHVISION|HOROVOD|SETUPTOOLS|WHEEL)_' "$here/versions.env"
@@ -48,7 +79,7 @@ else
     py="$env/bin/python"
     PYTHON="$py" PIP_ISOLATED=1 PIP_CA_BUNDLE="$ca" WITH_TORCHVISION=1 \
         bash "$here/install-torch.sh"
-    "$py" -m pip install --quiet -e "$repo[train,test]"
+    "$py" -m pip install --quiet -e "${repo}[train,test]"
     PYTHON="$py" bash "$here/install-horovod.sh"
     "$py" -c "import torch, torchvision, horovod.torch, lab, envcheck"
     touch "$env/.complete"
@@ -56,7 +87,7 @@ fi
 
 # The kit itself, editable from this checkout, every time: seconds when nothing changed,
 # and a dependency added to pyproject.toml is installed here.
-"$env/bin/python" -m pip install --quiet --no-build-isolation -e "$repo[train,test]"
+"$env/bin/python" -m pip install --quiet --no-build-isolation -e "${repo}[train,test]"
 if [[ "$env" != "$dest" ]]; then
     rm -rf "$dest"
     ln -s "$env" "$dest"

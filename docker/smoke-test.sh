@@ -36,8 +36,8 @@ import torch, horovod.torch as hvd
 assert torch.version.cuda, "torch is not a CUDA build"
 t = ".".join(map(str, torch.cuda.nccl.version()))
 if hvd.nccl_built():
-    v = hvd.nccl_built()
-    h = f"{v // 10000}.{v // 100 % 100}.{v % 100}"
+    from lab.common.kit import horovod_nccl_version
+    h = horovod_nccl_version(hvd.nccl_built())
     assert h == t, f"Horovod was built with NCCL {h}, torch loads {t}"
 print(f"smoke-test: torch {torch.__version__} (CUDA {torch.version.cuda}) loads NCCL {t}")
 PY
@@ -52,7 +52,7 @@ python - <<'PY'
 import horovod.torch as hvd
 hvd.init()
 assert hvd.size() == 1 and hvd.rank() == 0
-import lab.train, envcheck.probes  # the kit is installed
+import lab.worker.train, envcheck.probes  # the kit is installed
 print("smoke-test: horovod.torch imports and hvd.init() works; size", hvd.size())
 PY
 # Two ranks really all-reduce, over each controller.

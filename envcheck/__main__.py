@@ -14,7 +14,7 @@ from envcheck.probes import FAIL
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m envcheck", description=__doc__.split("\n\n")[0])
     p.add_argument("--part", choices=("host", "stack", "all"), default="all")
-    p.add_argument("--np", type=int, default=2, help="ranks of the MPI and all-reduce probes")
+    p.add_argument("--np", type=int, default=stack.DEFAULT_NP, help="ranks of the MPI and all-reduce probes")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     a = p.parse_args(argv)
     if a.np < 1:

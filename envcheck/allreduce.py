@@ -22,6 +22,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     import torch
     import torch.distributed as dist
+
     from envcheck.probes import allreduce_busbw
 
     torch.set_num_threads(1)

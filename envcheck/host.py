@@ -8,25 +8,32 @@ import os
 import re
 import resource
 
-from envcheck.probes import (FAIL, PASS, SKIP, WARN, ProbeError, Result, driver_supports,
-                             parse_nvidia_smi, probe, run_command)
+from envcheck.probes import (
+    FAIL,
+    PASS,
+    SKIP,
+    WARN,
+    ProbeError,
+    Result,
+    driver_supports,
+    parse_nvidia_smi,
+    probe,
+    run_command,
+)
 
 GIB = 2**30
-IMAGE_REPO = "dl-lab-kit"
-LABEL_PREFIX = "org.dl-lab-kit."
+# The labels of an image that doctor shows (lab.host.images writes them).
+IMAGE_FACTS = ("flavor", "torch_version", "horovod_version", "horovod_gpu_operations",
+               "cuda_version", "nccl_version", "kit_version")
 
 
 def _docker():
+    """(client, None) or (None, why): the kit's one Docker connection (lab.host.docker_api)."""
+    from lab.host import docker_api
     try:
-        import docker
-    except ImportError:
-        return None, "the Docker SDK is not installed"
-    try:
-        c = docker.from_env(timeout=10)
-        c.ping()
-        return c, None
-    except Exception as e:
-        return None, f"no Docker engine is reachable ({type(e).__name__})"
+        return docker_api.client(timeout=10), None
+    except docker_api.DockerUnavailable as e:
+        return None, str(e)
 
 
 @probe("docker_engine")
@@ -182,15 +189,10 @@ def probe_lab_images() -> Result:
     c, why = _docker()
     if c is None:
         return Result("lab_images", SKIP, None, why)
-    found = {}
-    for img in c.images.list(name=IMAGE_REPO):
-        for tag in img.tags:
-            if not re.search(r"-\d+\.\d+\.\d+$", tag):     # not the -<kit version> twin
-                labels = img.labels or {}
-                found[tag] = {"id": img.short_id, **{k[len(LABEL_PREFIX):]: v for k, v in labels.items()
-                              if k.startswith(LABEL_PREFIX) and k[len(LABEL_PREFIX):] in
-                              ("flavor", "torch_version", "horovod_version", "horovod_gpu_operations",
-                               "cuda_version", "nccl_version", "kit_version")}}
+    from lab.host.docker_api import kit_images
+    found = {tag: {k: v for k, v in labels.items() if k == "id" or k in IMAGE_FACTS}
+             for tag, labels in kit_images(c).items()
+             if not re.search(r"-\d+\.\d+\.\d+$", tag)}     # not the -<kit version> twin
     if not found:
         return Result("lab_images", WARN, None, "no lab image is built: `invoke build` "
                       "(or --flavor cpu); bench and doctor then use local processes")

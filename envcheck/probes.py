@@ -14,9 +14,9 @@ import os
 import platform
 import re
 import shutil
-import signal
-import subprocess
 from dataclasses import asdict, dataclass
+
+from lab.common import proc
 
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
 
@@ -56,8 +56,8 @@ def probe(name: str):
 
 
 def run_command(argv: list[str], timeout: float = 10, env: dict | None = None) -> str:
-    """Run a command and return its standard output; ProbeError when it is missing,
-    fails, or outlives the timeout."""
+    """Run a command (through the kit's process helper) and return its output;
+    ProbeError when it is missing, fails, or outlives the timeout."""
     exe = shutil.which(argv[0])
     if exe is None:
         raise ProbeError(f"{argv[0]} not found on the PATH")
@@ -65,24 +65,16 @@ def run_command(argv: list[str], timeout: float = 10, env: dict | None = None) -
     key = "ENVCHECK_TIMEOUT_" + re.sub(r"[^A-Za-z0-9]", "_", os.path.basename(argv[0])).upper()
     if os.environ.get(key):
         timeout = float(os.environ[key])
-    # Own process group, so a timeout ends the command's children too (they would
-    # otherwise hold its output pipe open past the timeout).
-    proc = subprocess.Popen([exe, *argv[1:]], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, stdin=subprocess.DEVNULL,
-                            start_new_session=True, errors="replace")
     try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.communicate()
-        raise ProbeError(f"{' '.join(argv)} did not finish within {timeout:g} s") from None
-    if proc.returncode != 0:
-        tail = (err or out).strip().splitlines()[-1:] or [""]
-        raise ProbeError(f"{' '.join(argv)} exited with {proc.returncode}: {tail[0]}")
-    return out + err
+        res = proc.run([exe, *argv[1:]], timeout=timeout, env=env, merge=False, grace=1.0)
+    except proc.NotFound as e:
+        raise ProbeError(str(e)) from None
+    if res.timed_out:
+        raise ProbeError(f"{' '.join(argv)} did not finish within {timeout:g} s")
+    if res.returncode != 0:
+        tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or [""]
+        raise ProbeError(f"{' '.join(argv)} exited with {res.returncode}: {tail[0]}")
+    return res.stdout + "\n" + res.stderr if res.stderr else res.stdout
 
 
 # ---------------------------------------------------------------- parsers
@@ -209,21 +201,23 @@ def parse_check_build(text: str) -> dict:
     return out
 
 
-# Minimum Linux driver for a CUDA toolkit (NVIDIA CUDA Toolkit release notes, table
-# "CUDA Toolkit and Corresponding Driver Versions"), and the floor below which even
-# minor-version compatibility does not hold (CUDA Compatibility guide).
-CUDA_MIN_DRIVER = {"13.0": "580.65.06", "12.6": "560.28.03"}
-CUDA_MINOR_COMPAT_DRIVER = {"13": "580.65.06", "12": "525.60.13"}
-
-
 def _vtuple(v: str) -> tuple:
     return tuple(int(x) for x in re.findall(r"\d+", v))
 
 
-def driver_supports(driver: str, cuda: str) -> tuple[str, str]:
-    """(PASS|WARN|FAIL, sentence): whether a driver runs a CUDA toolkit's binaries."""
-    full = CUDA_MIN_DRIVER.get(cuda)
-    floor = CUDA_MINOR_COMPAT_DRIVER.get(cuda.split(".")[0])
+def driver_supports(driver: str, cuda: str, matrix: dict | None = None) -> tuple[str, str]:
+    """(PASS|WARN|FAIL, sentence): whether a driver runs a CUDA toolkit's binaries. The
+    minimum driver and the minor-version compatibility floor of each CUDA entry are the
+    version matrix's (CUDA_X_Y_MIN_DRIVER, CUDA_X_Y_COMPAT_DRIVER)."""
+    if matrix is None:
+        from lab.common import versions
+        try:
+            matrix = versions.read()
+        except OSError:
+            matrix = {}
+    prefix = "CUDA_" + cuda.replace(".", "_") + "_"
+    full = matrix.get(prefix + "MIN_DRIVER")
+    floor = matrix.get(prefix + "COMPAT_DRIVER")
     if full is None and floor is None:
         return WARN, f"no driver table entry for CUDA {cuda}"
     if full and _vtuple(driver) >= _vtuple(full):

@@ -55,12 +55,10 @@ def rows(checks: list[dict]) -> list[list[str]]:
 
 
 def table(checks: list[dict]) -> str:
-    head = ["where", "check", "status", "value", "fix"]
-    body = rows(checks)
-    widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(head)]
-    widths[-1] = len(head[-1])   # the fix column is left ragged
-    line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
-    return "\n".join([line(head), line(["-" * w for w in widths]), *map(line, body)])
+    """A plain-text table for the terminal (tabulate's "simple" format)."""
+    from tabulate import tabulate
+    return tabulate(rows(checks), headers=["where", "check", "status", "value", "fix"],
+                    tablefmt="simple", disable_numparse=True)
 
 
 def counts(checks: list[dict]) -> dict:

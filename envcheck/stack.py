@@ -11,10 +11,22 @@ import os
 import shutil
 import sys
 
-from envcheck.probes import (FAIL, PASS, SKIP, ProbeError, Result, parse_check_build,
-                             parse_nccl_tests, parse_ompi_info_cuda, probe, probe_mpi_version,
-                             run_command)
+from envcheck.probes import (
+    FAIL,
+    PASS,
+    SKIP,
+    ProbeError,
+    Result,
+    parse_check_build,
+    parse_nccl_tests,
+    parse_ompi_info_cuda,
+    probe,
+    probe_mpi_version,
+    run_command,
+)
+from lab.common import kit
 
+DEFAULT_NP = 2   # ranks of the MPI hello and the all-reduce probes (doctor's --np)
 
 @probe("torch")
 def probe_torch() -> dict:
@@ -45,8 +57,7 @@ def probe_horovod(timeout: float = 60) -> Result:
         line = f"{type(e).__name__}: {e}".splitlines()[0][:200]
         return Result("horovod", FAIL, None, f"horovod.torch does not import ({line}); torch changed "
                       f"after Horovod was built: rebuild it with docker/install-horovod.sh")
-    exe = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-    text = run_command([exe if os.path.exists(exe) else "horovodrun", "--check-build"], timeout=timeout)
+    text = run_command([kit.horovodrun(), "--check-build"], timeout=timeout)
     try:
         value = parse_check_build(text)
     except ValueError as e:
@@ -62,7 +73,7 @@ def probe_horovod(timeout: float = 60) -> Result:
             built = json.load(f).get("gpu_operations")
     value["gpu_operations"] = "NCCL" if nccl else built
     value["cuda"] = bool(hvd.cuda_built())
-    value["nccl"] = (f"{nccl // 10000}.{nccl // 100 % 100}.{nccl % 100}" if nccl else None)
+    value["nccl"] = kit.horovod_nccl_version(nccl)
     return value
 
 

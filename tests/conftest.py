@@ -36,7 +36,8 @@ def make_mnist_like(root: Path, train: int = 1536, test: int = 512, seed: int = 
     """Write the four MNIST IDX files with a learnable problem: each class is a fixed
     random stroke pattern plus noise."""
     import numpy as np
-    from lab.data import write_idx
+
+    from lab.worker.data import write_idx
 
     rng = np.random.default_rng(seed)
     templates = (rng.random((10, 28, 28)) > 0.8).astype(np.float32)

@@ -1,12 +1,12 @@
 """What bench refuses before launching anything, and why. The `stack` dicts are what
-lab.bench.probe_stack reports; the GPU ones stand in for a GPU machine, which this
+lab.worker.capabilities reports; the GPU ones stand in for a GPU machine, which this
 machine is not."""
 import subprocess
 import sys
 
 import pytest
 
-from lab.bench import BenchError, BenchSettings, check_request, parse_np, resolve_framework
+from lab.host.request import BenchError, BenchSettings, check_request, parse_np, resolve_framework
 
 CPU_STACK = {"torch": "2.13.0", "cuda_available": False, "gpus": 0,
              "ddp_backends": {"gloo": True, "mpi": False, "nccl": True},
@@ -48,7 +48,7 @@ def test_refusals_name_the_fix(settings, stack_change, message):
     stack = dict(CPU_STACK, **stack_change)
     stack = {k: v for k, v in stack.items() if v is not None}
     with pytest.raises(BenchError, match=message):
-        check_request(BenchSettings(**settings), stack)
+        check_request(BenchSettings(**{"np": [1], **settings}), stack)
 
 
 def test_cli_bad_input_is_one_line_without_traceback(tmp_path):

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from lab import cluster, results
+from lab.common import results
+from lab.host import cluster
 
 REPO = Path(__file__).resolve().parent.parent
 IMAGE = "dl-lab-kit:cpu"
@@ -188,7 +189,7 @@ def test_a_node_that_dies_mid_job_ends_it_naming_the_node(up):
 
     def kill_when_training():
         for _ in range(240):
-            rc, out = cluster.exec_out(node2, ["pgrep", "-f", "lab.train"], user="root")
+            rc, out = cluster.exec_out(node2, ["pgrep", "-f", "lab.worker.train"], user="root")
             if rc == 0:
                 time.sleep(3)
                 node2.kill()

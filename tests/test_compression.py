@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lab import compression as c
+from lab.worker import compression as c
 from tests.conftest import requires_horovod
 
 REPO = Path(__file__).resolve().parent.parent

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from lab import results
-from lab.config import ConfigError, RunConfig, parse_args
+from lab.common import results
+from lab.common.config import ConfigError, RunConfig, parse_args
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -68,4 +68,4 @@ def test_missing_fields():
 
 def test_readme_documents_the_current_schema():
     assert results.schema_markdown() in README.read_text(), \
-        "README's schema table is stale: paste the output of python -m lab.results --schema"
+        "README's schema table is stale: paste the output of python -m lab.common.results --schema"

@@ -3,14 +3,16 @@ import json
 
 import pytest
 
-from lab import bench, container
+from lab.common.kit import REPO_ROOT
+from lab.host import container, runners
+from lab.host.docker_api import MANAGED_BY
 
 
 def spec(**kw):
     args = dict(results_dir="results", data_dir=None, frozen=False, gpus=False,
                 host_uid=1234, host_gid=5678, image_id="sha256:ab", image_labels={"a": "1"})
     args.update(kw)
-    return container.job_spec("dl-lab-kit:cpu", ["python", "-m", "lab.train"], **args)
+    return container.job_spec("dl-lab-kit:cpu", ["python", "-m", "lab.worker.train"], **args)
 
 
 def test_results_mounted_read_write_data_read_only_and_the_checkout_on_the_path(tmp_path):
@@ -19,11 +21,11 @@ def test_results_mounted_read_write_data_read_only_and_the_checkout_on_the_path(
     s = spec(results_dir=str(tmp_path / "res"), data_dir=str(data))
     assert s.mounts[str(tmp_path / "res")] == ("/results", "rw")
     assert s.mounts[str(data)] == ("/data", "ro")
-    assert s.mounts[str(container.REPO_ROOT / "lab")] == ("/opt/lab-src/lab", "ro")
+    assert s.mounts[str(REPO_ROOT / "lab")] == ("/opt/lab-src/lab", "ro")
     assert s.environment["PYTHONPATH"] == "/opt/lab-src"
     assert s.environment["LAB_IMAGE_ID"] == "sha256:ab"
     assert json.loads(s.environment["LAB_IMAGE_LABELS"]) == {"a": "1"}
-    assert s.labels == {container.LABEL_KEY: container.LABEL_VALUE}
+    assert s.labels == {MANAGED_BY: container.LABEL_VALUE}
 
 
 def test_frozen_leaves_the_checkout_out():
@@ -52,21 +54,22 @@ def test_gpus_bring_device_requests_and_unlimited_memlock():
 
 
 def test_which_image_fits_the_run():
-    assert container.candidate_images("cpu", "ddp", "gloo")[0] == "dl-lab-kit:cpu"
-    assert container.candidate_images("cuda", "horovod", "nccl") == [
+    assert runners.candidate_images("cpu", "ddp", "gloo")[0] == "dl-lab-kit:cpu"
+    assert runners.candidate_images("cuda", "horovod", "nccl") == [
         "dl-lab-kit:gpu-nccl", "dl-lab-kit:gpu-mpi"]
-    assert container.candidate_images("cuda", "horovod", "mpi")[0] == "dl-lab-kit:gpu-mpi"
+    assert runners.candidate_images("cuda", "horovod", "mpi")[0] == "dl-lab-kit:gpu-mpi"
 
 
 def test_where_must_be_known():
-    with pytest.raises(bench.BenchError, match="local, image, auto"):
-        bench.choose_runner(bench.BenchSettings(where="cloud"))
-    assert bench.choose_runner(bench.BenchSettings(where="local")) == (None, None)
+    with pytest.raises(runners.RunnerError, match="local, image, auto"):
+        runners.choose_runner(where="cloud")
+    runner, note = runners.choose_runner(where="local")
+    assert runner.kind == "local" and note is None
 
 
 def test_an_image_demanded_without_an_engine_is_one_sentence(monkeypatch):
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
-    with pytest.raises(bench.BenchError, match="no Docker engine is reachable.*--local"):
-        bench.choose_runner(bench.BenchSettings(where="image"))
-    runner, note = bench.choose_runner(bench.BenchSettings(where="auto"))
-    assert runner is None and note.startswith("running as local processes: no Docker engine")
+    with pytest.raises(runners.RunnerError, match="no Docker engine is reachable.*--local"):
+        runners.choose_runner(where="image")
+    runner, note = runners.choose_runner(where="auto")
+    assert runner.kind == "local" and note.startswith("running as local processes: no Docker engine")

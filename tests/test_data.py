@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from lab import data
+from lab.worker import data
 from tests.conftest import make_mnist_like
 
 

@@ -8,8 +8,8 @@ import uuid
 
 import pytest
 
-from lab import results
-from lab.images import IMAGE_REPO, LABEL_PREFIX
+from lab.common import results
+from lab.host.images import IMAGE_REPO, LABEL_PREFIX
 from tests.conftest import make_mnist_like
 
 IMAGE = f"{IMAGE_REPO}:cpu"
@@ -65,7 +65,7 @@ def run_in_image(image, command, tmp_path, timeout=300):
     return status["StatusCode"], logs, res
 
 
-WORKER = ("python -m lab.train --data mnist --data-dir /data --epochs 2 --batch-size 32 "
+WORKER = ("python -m lab.worker.train --data mnist --data-dir /data --epochs 2 --batch-size 32 "
           "--warmup-steps 2 --results-dir /results --run-id img --expected-np 2")
 
 
@@ -106,7 +106,8 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
-from lab.container import LABEL_KEY, LABEL_VALUE  # noqa: E402
+from lab.host.container import LABEL_VALUE  # noqa: E402
+from lab.host.docker_api import MANAGED_BY as LABEL_KEY  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -183,6 +184,53 @@ def test_ctrl_c_removes_the_jobs_container(image, tmp_path):
     assert proc.returncode == 130, out[-2000:]
     recs = results.read_records(next(tmp_path.glob("*/results.jsonl")))[0]
     assert [r["error"]["reason"] for r in recs] == ["interrupted by the user"]
+    assert bench_containers(client) == []
+
+
+def test_the_checkout_alone_is_lab_in_the_image_not_merged_with_the_images_copy(image, tmp_path):
+    """lab is a regular package: with the checkout on the PYTHONPATH its one folder is
+    the checkout's (a namespace package would merge the image's installed copy into
+    lab.__path__, and a module deleted in the checkout would still import from there);
+    frozen, it is the image's own."""
+    from lab.host.container import ImageRunner
+    client, img = image
+    probe = ["python", "-c", "import json, lab; print(json.dumps(list(lab.__path__)))"]
+    for frozen, expected in ((False, ["/opt/lab-src/lab"]), (True, None)):
+        runner = ImageRunner(client, img, frozen=frozen, gpus=False, results_dir=str(tmp_path),
+                             data_dir=None)
+        rc, out = runner.output(probe, timeout_s=120)
+        assert rc == 0, out
+        paths = json.loads(out.strip().splitlines()[-1])
+        if expected:
+            assert paths == expected
+        else:
+            assert len(paths) == 1 and paths[0].startswith("/opt/lab/lib/")
+    assert bench_containers(client) == []
+
+
+def test_clean_removes_what_a_killed_bench_left(image, tmp_path):
+    """SIGKILL gives bench no chance to remove its job's container; `invoke clean` finds
+    it by the kit's label and removes it."""
+    client, _ = image
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "invoke", "bench", "--image", IMAGE, "--np", "1", "--framework",
+         "ddp", "--max-steps", "100000", "--epochs", "50", "--results-dir", str(tmp_path)],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        for _ in range(240):
+            if any(c.status == "running" for c in bench_containers(client)):
+                break
+            time.sleep(0.5)
+        left = bench_containers(client)
+        assert left, "bench started no container"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert bench_containers(client), "the container outlives the killed bench"
+    cp = subprocess.run([sys.executable, "-m", "invoke", "clean"], cwd=REPO, capture_output=True,
+                        text=True, timeout=120)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert left[0].name in cp.stdout
     assert bench_containers(client) == []
 
 

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from lab import images, versions
+from lab.common import versions
+from lab.host import images
 
 DOCKERFILE = Path(__file__).resolve().parent.parent / "docker" / "Dockerfile"
 
@@ -139,4 +140,4 @@ def test_dockerfile_passes_hadolint():
 def test_readme_carries_the_version_table():
     readme = (DOCKERFILE.parent.parent / "README.md").read_text()
     assert versions.markdown() in readme, \
-        "README's version table is stale: paste the output of python -m lab.versions --markdown"
+        "README's version table is stale: paste the output of python -m lab.common.versions --markdown"

@@ -1,8 +1,8 @@
 """Launch command construction: pure functions, no processes."""
 import pytest
 
-from lab import launch
-from lab.launch import Host
+from lab.host import launch
+from lab.host.launch import Host
 
 
 def test_parse_hosts():
@@ -24,7 +24,7 @@ def test_horovod_command():
     cmd = launch.horovod_command(4, launch.parse_hosts("n1:2,n2:2"), "mpi", ["--epochs", "1"],
                                  python="py")
     assert cmd == ["horovodrun", "-np", "4", "-H", "n1:2,n2:2", "--mpi",
-                   "py", "-m", "lab.train", "--epochs", "1"]
+                   "py", "-m", "lab.worker.train", "--epochs", "1"]
 
 
 def test_horovod_command_needs_slots_and_a_controller():
@@ -42,7 +42,7 @@ def test_nccl_runs_over_the_gloo_controller():
 def test_ddp_commands():
     assert launch.ddp_command(2, ["--x", "1"], python="py") == [
         "py", "-m", "torch.distributed.run", "--nproc-per-node=2", "--standalone",
-        "-m", "lab.train", "--x", "1"]
+        "-m", "lab.worker.train", "--x", "1"]
     multi = launch.ddp_command(2, [], nnodes=2, node_rank=1, rdzv_endpoint="node1:29400", python="py")
     assert "--nnodes=2" in multi and "--node-rank=1" in multi
     assert "--rdzv-endpoint=node1:29400" in multi and "--standalone" not in multi
@@ -51,6 +51,6 @@ def test_ddp_commands():
 
 
 def test_serial_run_is_one_process():
-    assert launch.command("none", "gloo", 1, ["--a"], python="py") == ["py", "-m", "lab.train", "--a"]
+    assert launch.command("none", "gloo", 1, ["--a"], python="py") == ["py", "-m", "lab.worker.train", "--a"]
     with pytest.raises(launch.HostsError, match="--np 1"):
         launch.command("none", "gloo", 2, [])

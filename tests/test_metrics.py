@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from lab import metrics
+from lab.common import metrics
 
 
 @pytest.mark.parametrize("q", [0, 5, 50, 95, 100])

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from lab import report, results
+from lab.common import results
+from lab.report import lab_report as report
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -76,8 +77,8 @@ def section(text, title):
 
 
 def table(text, title):
-    lines = [l for l in section(text, title).splitlines() if l.startswith("| ") and not l.startswith("|---")]
-    return [[c.strip() for c in l.strip("|").split("|")] for l in lines[1:]]
+    lines = [ln for ln in section(text, title).splitlines() if ln.startswith("| ") and not ln.startswith("|---")]
+    return [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[1:]]
 
 
 def test_environment_table(written):

@@ -7,8 +7,9 @@ import time
 
 import pytest
 
-from lab import bench, results
-from lab.bench import BenchSettings
+from lab.common import results
+from lab.host import bench
+from lab.host.request import BenchSettings
 from tests.conftest import TORCHVISION_MISSING, requires_horovod, requires_mpirun
 
 

@@ -7,21 +7,23 @@ from pathlib import Path
 
 import pytest
 
-from lab import bench, results
+from lab.common import results
+from lab.host import request
+from lab.host import sweep as sweeps
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def test_lists_are_checked_before_anything_runs():
-    assert bench.parse_list("backend", "gloo, mpi,gloo", ("gloo", "mpi", "nccl")) == ["gloo", "mpi"]
-    with pytest.raises(bench.BenchError, match="unknown --compression 'zip'"):
-        bench.parse_list("compression", "none,zip", ("none", "fp16"))
-    with pytest.raises(bench.BenchError, match="--nodes takes whole numbers"):
-        bench.parse_list("nodes", "1,two")
+    assert request.parse_list("backend", "gloo, mpi,gloo", ("gloo", "mpi", "nccl")) == ["gloo", "mpi"]
+    with pytest.raises(request.BenchError, match="unknown --compression 'zip'"):
+        request.parse_list("compression", "none,zip", ("none", "fp16"))
+    with pytest.raises(request.BenchError, match="--nodes takes whole numbers"):
+        request.parse_list("nodes", "1,two")
 
 
 def test_the_plan_is_the_cross_product():
-    plans = bench.sweep_plan(bench.BenchSettings(np=[1, 2]), {
+    plans = sweeps.sweep_plan(request.BenchSettings(np=[1, 2]), {
         "framework": ["horovod", "ddp"], "backend": ["gloo", "mpi", "nccl"], "compression": ["none", "int8"]})
     assert len(plans) == 12 and all(p.np == [1, 2] for p in plans)
     assert {(p.framework, p.backend, p.compression) for p in plans} == {

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lab.fetch import DataUnavailable, ensure_mnist  # noqa: F401 (part of this module's API)
+from lab.common.fetch import DataUnavailable, ensure_mnist  # noqa: F401 (part of this module's API)
 
 # MNIST's mean and standard deviation, the normalisation of Horovod's example.
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081

@@ -1,20 +1,19 @@
 """The arithmetic of the figures: step-time statistics, throughput, speedup, efficiency."""
 from __future__ import annotations
 
-import math
+import statistics
 
 
-def percentile(values, q: float) -> float:
-    """The q-th percentile (0..100) with linear interpolation between closest ranks
-    (the same definition as numpy's default)."""
+def percentile(values, q: int) -> float:
+    """The q-th percentile (a whole number 0..100) with linear interpolation between
+    closest ranks: statistics.quantiles' "inclusive" method, numpy's default."""
     if not values:
         raise ValueError("percentile of no values")
-    if not 0 <= q <= 100:
-        raise ValueError("q must lie in 0..100")
-    s = sorted(values)
-    pos = (len(s) - 1) * q / 100
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+    if q not in range(101):
+        raise ValueError("q is a whole number in 0..100")
+    if q in (0, 100) or len(values) == 1:
+        return max(values) if q == 100 else min(values) if q == 0 else values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
 def step_stats(step_times: list[float]) -> dict:

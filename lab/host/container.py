@@ -5,21 +5,21 @@ NCCL, memlock unlimited, the results directory (read-write) and the data directo
 (read-only) mounted, and the checkout's `lab` and `envcheck` on the PYTHONPATH unless
 `frozen` (then the image's own copy runs). The edge (`ImageRunner`) starts it through
 the Docker SDK, streams its output and removes it when the job ends, fails, times out or
-is interrupted. Every container carries the label LABEL_KEY so that whatever is left
-behind can be found (`leftovers`)."""
+is interrupted. Every container carries the kit's label (lab.host.docker_api) so that
+whatever is left behind can be found and removed (`invoke clean`)."""
 from __future__ import annotations
 
-import collections
 import json
 import os
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-LABEL_KEY = "org.dl-lab-kit.managed-by"
+from lab.common import kit, proc
+from lab.host import launch
+from lab.host.docker_api import MANAGED_BY
+from lab.host.runners import JobResult, Runner, RunnerError
+
 LABEL_VALUE = "bench"
-IMAGE_REPO = "dl-lab-kit"
 SHM_SIZE = "2g"              # NCCL's shared-memory transport; Docker's default is 64 MB
 RESULTS_IN = "/results"
 DATA_IN = "/data"
@@ -27,8 +27,6 @@ SOURCE_IN = "/opt/lab-src"
 IMAGE_UID = 1000             # the image's user `lab` (docker/Dockerfile)
 
 
-class ContainerError(Exception):
-    """No engine, no image, or a container that could not start: one sentence."""
 
 
 @dataclass
@@ -44,15 +42,6 @@ class JobSpec:
     name: str | None = None
 
 
-def candidate_images(device: str, framework: str, backend: str) -> list[str]:
-    """The tags `bench` looks for, best first: the CPU image for CPU runs (a GPU image
-    runs on a CPU too), for GPU runs the image whose GPU operations fit."""
-    gpu = [f"{IMAGE_REPO}:gpu-nccl", f"{IMAGE_REPO}:gpu-mpi"]
-    if framework == "horovod" and backend == "mpi":
-        gpu.reverse()
-    return [f"{IMAGE_REPO}:cpu", *gpu] if device == "cpu" else gpu
-
-
 def job_spec(image: str, command: list[str], *, results_dir: str, data_dir: str | None,
              frozen: bool, gpus: bool, host_uid: int, host_gid: int,
              image_id: str = "", image_labels: dict | None = None,
@@ -65,15 +54,15 @@ def job_spec(image: str, command: list[str], *, results_dir: str, data_dir: str 
     if data_dir and os.path.isdir(data_dir):
         mounts[os.path.abspath(data_dir)] = (DATA_IN, "ro")
     if not frozen:
-        for pkg in ("lab", "envcheck"):
-            mounts[str(REPO_ROOT / pkg)] = (f"{SOURCE_IN}/{pkg}", "ro")
+        for pkg in kit.PACKAGES:
+            mounts[str(kit.REPO_ROOT / pkg)] = (f"{SOURCE_IN}/{pkg}", "ro")
         env["PYTHONPATH"] = SOURCE_IN
     # Files the ranks write belong to the user who runs bench; root on the host runs
     # the job as the image's unprivileged user instead (bench hands it the run folder).
     user = None if host_uid == 0 else f"{host_uid}:{host_gid}"
     if user:
         env.setdefault("HOME", "/tmp")
-    labels = {LABEL_KEY: LABEL_VALUE}
+    labels = {MANAGED_BY: LABEL_VALUE}
     # NCCL pins host memory: memlock unlimited with GPUs. Not asked for otherwise, since
     # an engine whose own limit is lower refuses it (seen here: 8 MiB, no CAP_SYS_RESOURCE).
     return JobSpec(image=image, command=list(command), environment=env, mounts=mounts,
@@ -97,37 +86,6 @@ def run_kwargs(spec: JobSpec) -> dict:
     return kw
 
 
-def connect():
-    """A Docker client, or ContainerError saying why there is none."""
-    try:
-        import docker
-    except ImportError:
-        raise ContainerError("the Docker SDK is not installed") from None
-    try:
-        docker.from_env(timeout=10).ping()
-        # No read timeout on the client that follows a job's output: a rank may print
-        # nothing for minutes (ResNet-50 steps on a CPU); bench keeps the job's own limit.
-        return docker.from_env(timeout=None)
-    except Exception as e:
-        raise ContainerError(f"no Docker engine is reachable ({type(e).__name__})") from None
-
-
-def find_image(client, tags: list[str]):
-    """The first of `tags` the engine has, or None."""
-    import docker
-    for tag in tags:
-        try:
-            return client.images.get(tag)
-        except docker.errors.ImageNotFound:
-            continue
-    return None
-
-
-def leftovers(client) -> list:
-    """Containers `bench` started that still exist."""
-    return client.containers.list(all=True, filters={"label": f"{LABEL_KEY}={LABEL_VALUE}"})
-
-
 def hand_over(path: str, results_root: str, everyone: bool = False) -> None:
     """Let the image's user (uid IMAGE_UID) write the run's folder `path`. As root on
     the host: give it the folder and let it pass through the results folder above (x,
@@ -147,15 +105,26 @@ def hand_over(path: str, results_root: str, everyone: bool = False) -> None:
             os.chmod(root, 0o777)
 
 
-class ImageRunner:
+class ImageRunner(Runner):
     """Runs commands in containers of one image; each container is removed at the end."""
+
+    kind = "image"
 
     def __init__(self, client, image, *, frozen: bool, gpus: bool, results_dir: str,
                  data_dir: str | None):
+        super().__init__(results_dir, data_dir)
+        self.results_in, self.data_in = RESULTS_IN, DATA_IN
         self.client, self.image = client, image
         self.frozen, self.gpus = frozen, gpus
-        self.results_dir, self.data_dir = results_dir, data_dir
         self.tag = (image.tags or [image.short_id])[0]
+        self._container = None
+
+    def describe(self) -> str:
+        code = "the image's own copy of the kit" if self.frozen else "the checkout's lab code"
+        return f"running in the image {self.tag} ({self.image.short_id}) with {code}"
+
+    def where_text(self) -> str:
+        return f"in the image {self.tag}"
 
     def spec(self, command: list[str], environment: dict | None = None, name=None) -> JobSpec:
         return job_spec(self.tag, command, results_dir=self.results_dir, data_dir=self.data_dir,
@@ -163,57 +132,60 @@ class ImageRunner:
                         host_gid=os.getgid(), image_id=self.image.id,
                         image_labels=self.image.labels, environment=environment, name=name)
 
-    def hand_over(self, path: str) -> None:
-        hand_over(path, self.results_dir)
+    def prepare(self, run_dir: str) -> None:
+        hand_over(run_dir, self.results_dir)
 
-    def run(self, command: list[str], environment: dict | None, timeout_s: float, echo,
-            name=None) -> tuple[int | None, list[str], str]:
-        """Like bench.run_job: (exit code or None on timeout, last lines, why it ended)."""
+    def commands(self, framework, backend, np, worker_args):
+        return {self.tag: launch.command(framework, backend, np, worker_args, python="python")}
+
+    def run(self, commands, env, timeout_s, echo, name=""):
+        """One container for the job: (exit code or None at the time limit, last lines,
+        why it ended). A lost connection to the engine is said as such."""
         import requests
-        tail: collections.deque[str] = collections.deque(maxlen=40)
-        container = None
+        (command,) = commands.values()
+        tail: list[str] = []
         try:
             try:
-                container = self.client.containers.create(
-                    **run_kwargs(self.spec(command, environment, name)))
-                container.start()
+                self._container = self.client.containers.create(
+                    **run_kwargs(self.spec(command, env, name or None)))
+                self._container.start()
             except Exception as e:
                 msg = getattr(e, "explanation", None) or str(e)
-                raise ContainerError(f"the container for {self.tag} did not start: {msg}") from None
+                raise RunnerError(f"the container for {self.tag} did not start: {msg}") from None
+            container = self._container
 
             def pump():
-                buf = b""
-                for chunk in container.logs(stream=True, follow=True):
-                    buf += chunk
-                    *lines, buf = buf.split(b"\n")
-                    for line in lines:
-                        text = line.decode(errors="replace")
-                        tail.append(text)
-                        echo(text)
-                if buf:
-                    tail.append(buf.decode(errors="replace"))
-                    echo(tail[-1])
+                for text in proc.iter_lines(container.logs(stream=True, follow=True)):
+                    tail.append(text)
+                    del tail[:-proc.TAIL_LINES]
+                    echo(text)
 
             reader = threading.Thread(target=pump, daemon=True)
             reader.start()
             try:
                 status = container.wait(timeout=timeout_s if timeout_s > 0 else None)
                 rc, why = status.get("StatusCode"), "exited"
-            except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+            except requests.exceptions.ReadTimeout:
                 container.kill()
                 rc, why = None, f"did not finish within {timeout_s:g} s and was stopped"
+            except requests.exceptions.ConnectionError as e:
+                rc, why = 1, f"the connection to the Docker engine was lost ({type(e).__name__})"
             reader.join(timeout=5)
-            return rc, list(tail), why
+            return JobResult(rc, list(tail), why)
         finally:
             # Also on Ctrl-C and on any error: the container and every rank in it go.
-            if container is not None:
-                try:
-                    container.remove(force=True)
-                except Exception:
-                    pass
+            self.stop()
 
-    def output(self, command: list[str], timeout_s: float = 300) -> tuple[int | None, str]:
+    def stop(self) -> None:
+        if self._container is not None:
+            try:
+                self._container.remove(force=True)
+            except Exception:
+                pass
+            self._container = None
+
+    def output(self, argv: list[str], timeout_s: float = 300) -> tuple[int | None, str]:
         """Run a short command (a probe) and return its exit code and its output."""
         lines: list[str] = []
-        rc, _, _ = self.run(command, None, timeout_s, lines.append)
-        return rc, "\n".join(lines)
+        res = self.run({self.tag: argv}, {}, timeout_s, lines.append)
+        return res.returncode, "\n".join(lines)

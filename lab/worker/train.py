@@ -1,4 +1,4 @@
-"""`python -m lab.train`: one rank of a data-parallel training run.
+"""`python -m lab.worker.train`: one rank of a data-parallel training run.
 
 Started by a launcher (horovodrun, torch.distributed.run) or alone with
 `--framework none`. Rank 0 appends one record to <results-dir>/<run-id>/results.jsonl;
@@ -14,8 +14,8 @@ import sys
 import time
 import traceback
 
-from lab.config import ConfigError, parse_args
-from lab import results
+from lab.common import results
+from lab.common.config import ConfigError, parse_args
 
 
 class InjectedFault(RuntimeError):
@@ -50,7 +50,9 @@ def _evaluate(model, split, idx, batch, device):
 def train(cfg, d, log=print) -> dict | None:
     """Train and measure; return the record on rank 0 (None elsewhere)."""
     import torch
-    from lab import data, dist, manifest, metrics, models
+
+    from lab.common import metrics
+    from lab.worker import data, dist, manifest, models
 
     started = results.now_iso()
     torch.set_num_threads(cfg.threads)
@@ -176,9 +178,9 @@ def train(cfg, d, log=print) -> dict | None:
 
 def _communication(compression: str, model, size: int, codec=None) -> dict:
     """Gradient bytes per step: what a rank hands to the collective, and an estimate of
-    what it sends (lab.compression.bytes_per_step)."""
-    from lab import dist
-    from lab.compression import bytes_per_step
+    what it sends (lab.worker.compression.bytes_per_step)."""
+    from lab.worker import dist
+    from lab.worker.compression import bytes_per_step
     n = sum(p.numel() for p in dist.unwrap(model).parameters())
     b = bytes_per_step(compression, n, size)
     out = {"gradient_values": n, "payload_bytes_per_step": b["payload_bytes"],
@@ -207,7 +209,7 @@ def main(argv=None) -> int:
     d = None
     try:
         cfg.check()
-        from lab import dist
+        from lab.worker import dist
         d = dist.create(cfg)
         rank = d.rank
         record = train(cfg, d)

@@ -18,8 +18,11 @@ def _topology(gpus):
 
 
 def _kit_path() -> str:
+    """The folder of the `lab` package that runs (one folder: it is a regular package)."""
     import os
-    return os.path.dirname(os.path.abspath(__file__))
+
+    import lab
+    return os.path.dirname(os.path.abspath(lab.__file__))
 
 
 def collect(hosts: list[str]) -> dict:

@@ -1,4 +1,4 @@
-"""`python -m lab.ceiling`: the compute ceiling of one process — the model's training
+"""`python -m lab.worker.ceiling`: the compute ceiling of one process — the model's training
 steps on batches already in memory, with no framework and no data pipeline. A run's
 throughput is judged against it: np=1 should come close, np=N should approach N times it
 when each rank has its own cores or GPU."""
@@ -13,7 +13,8 @@ import time
 def measure(model_name: str = "mnist", batch_size: int = 64, threads: int = 1, steps: int = 200,
             warmup: int = 10, device: str = "cpu", seed: int = 0) -> dict:
     import torch
-    from lab import data, models
+
+    from lab.worker import data, models
 
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
@@ -46,30 +47,37 @@ def measure(model_name: str = "mnist", batch_size: int = 64, threads: int = 1, s
 
 def measure_concurrent(processes: int, model_name: str = "mnist", batch_size: int = 64,
                        threads: int = 1, steps: int = 200, warmup: int = 10,
-                       device: str = "cpu") -> dict:
+                       device: str = "cpu", timeout_s: float = 3600) -> dict:
     """The same measurement in `processes` independent processes at once: what the machine
-    gives N ranks that never communicate (shared cores, memory bandwidth, caches)."""
+    gives N ranks that never communicate (shared cores, memory bandwidth, caches). When
+    one fails or the time runs out, the others are stopped."""
     import os
-    import subprocess
+
+    from lab.common import proc
     # Each process is this module with --processes 1, so torch is set up afresh in each.
-    cmd = [sys.executable, "-m", "lab.ceiling", "--model", model_name, "--batch-size",
+    cmd = [sys.executable, "-m", "lab.worker.ceiling", "--model", model_name, "--batch-size",
            str(batch_size), "--threads", str(threads), "--steps", str(steps), "--warmup",
            str(warmup), "--device", device]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=env, stdin=subprocess.DEVNULL) for _ in range(processes)]
+    procs = [proc.start(cmd, env=env, merge=False) for _ in range(processes)]
+    deadline = time.monotonic() + timeout_s
     outs = []
-    for p in procs:
-        out, err = p.communicate()
-        if p.returncode != 0:
-            raise RuntimeError((err.strip().splitlines() or ["no output"])[-1])
-        outs.append(json.loads(out))
+    try:
+        for p in procs:
+            res = p.wait(max(0.1, deadline - time.monotonic()))
+            if not res.ok:
+                raise RuntimeError(res.describe() if res.timed_out else
+                                   (res.stderr.strip().splitlines() or ["no output"])[-1])
+            outs.append(json.loads(res.stdout))
+    finally:
+        for p in procs:
+            p.stop(grace=1.0)
     return {"processes": processes, "images_per_s": sum(o["images_per_s"] for o in outs),
             "per_process": [o["images_per_s"] for o in outs]}
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lab.ceiling", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m lab.worker.ceiling", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="mnist", choices=("mnist", "resnet50"))
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--threads", type=int, default=1)

@@ -1,5 +1,5 @@
 """Launch commands, built by pure functions: settings in, argv out. Nothing here
-starts a process (lab.bench does that)."""
+starts a process (the runners of lab.host.runners do that)."""
 from __future__ import annotations
 
 import sys
@@ -47,7 +47,7 @@ def local_hosts(np: int) -> list[Host]:
 
 
 def worker_command(worker_args: list[str], python: str = sys.executable) -> list[str]:
-    return [python, "-m", "lab.train", *worker_args]
+    return [python, "-m", "lab.worker.train", *worker_args]
 
 
 def horovod_command(np: int, hosts: list[Host], controller: str, worker_args: list[str],
@@ -76,7 +76,7 @@ def ddp_command(nproc_per_node: int, worker_args: list[str], nnodes: int = 1, no
             raise ValueError("a multi-node DDP job needs a rendezvous endpoint host:port")
         cmd += [f"--nnodes={nnodes}", f"--node-rank={node_rank}", "--rdzv-backend=c10d",
                 f"--rdzv-endpoint={rdzv_endpoint}"]
-    return [*cmd, "-m", "lab.train", *worker_args]
+    return [*cmd, "-m", "lab.worker.train", *worker_args]
 
 
 def framework_for_backend(framework: str, backend: str) -> str:
@@ -87,7 +87,7 @@ def framework_for_backend(framework: str, backend: str) -> str:
 
 
 def command(framework: str, backend: str, np: int, worker_args: list[str],
-            python: str = sys.executable) -> list[str]:
+            python: str = sys.executable, horovodrun: str = "horovodrun") -> list[str]:
     """The command that starts `np` local ranks of a run."""
     if framework == "none":
         if np != 1:
@@ -96,7 +96,7 @@ def command(framework: str, backend: str, np: int, worker_args: list[str],
         return worker_command(worker_args, python)
     if framework == "horovod":
         return horovod_command(np, local_hosts(np), framework_for_backend(framework, backend),
-                               worker_args, python)
+                               worker_args, python, horovodrun)
     if framework == "ddp":
         return ddp_command(np, worker_args, python=python)
     raise ValueError(f"unknown framework {framework!r}")

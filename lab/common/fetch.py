@@ -1,4 +1,4 @@
-"""Fetching MNIST: standard library only, so the host side (lab.bench) can fetch the
+"""Fetching MNIST: standard library only, so the host side (lab.host.bench) can fetch the
 files once before the ranks start, without importing torch."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-from lab.config import ConfigError
+from lab.common.config import ConfigError
 
 # The four MNIST files and their MD5 sums, as listed by torchvision's MNIST data set
 # (torchvision/datasets/mnist.py); the mirrors are the ones it tries, in that order.

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-MATRIX = Path(__file__).resolve().parent.parent / "docker" / "versions.env"
+MATRIX = Path(__file__).resolve().parents[2] / "docker" / "versions.env"   # the checkout's
 
 
 def parse(text: str) -> dict[str, str]:
@@ -40,7 +40,8 @@ def notes(text: str) -> dict[str, str]:
 
 VARIANT_FIELDS = (("BASE_IMAGE", "base image"), ("TORCH_INDEX_URL", "torch index"),
                   ("NCCL_VERSION", "NCCL (torch's wheel)"), ("CUDNN_VERSION", "cuDNN (torch's wheel)"),
-                  ("ARCHS", "compute capabilities"))
+                  ("ARCHS", "compute capabilities"), ("MIN_DRIVER", "minimum driver"),
+                  ("COMPAT_DRIVER", "minor-version compatibility from driver"))
 
 
 def _variants(values: dict[str, str]) -> list[tuple[str, str]]:
@@ -89,4 +90,4 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--markdown"]:
         sys.stdout.write(markdown())
     else:
-        sys.exit("usage: python -m lab.versions --markdown")
+        sys.exit("usage: python -m lab.common.versions --markdown")

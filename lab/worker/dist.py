@@ -9,7 +9,8 @@ import socket
 
 import torch
 
-from lab.config import ConfigError
+from lab.common.config import ConfigError
+from lab.common.kit import NO_MPI_IN_PIP_TORCH
 
 # How long a collective may wait for a peer before the job gives up (seconds). The
 # launchers end a job as soon as one rank dies; this bounds any case they miss.
@@ -64,7 +65,7 @@ class Horovod:
             self.controller = "nccl"
 
     def wrap(self, model, optimizer, compression):
-        from lab import compression as codecs
+        from lab.worker import compression as codecs
         hvd = self.hvd
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
@@ -94,12 +95,11 @@ class DDP:
         if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
             raise ConfigError("--framework ddp expects to be started by torch.distributed.run "
                               "(RANK and WORLD_SIZE are unset): use invoke bench, or "
-                              "python -m torch.distributed.run --nproc-per-node N -m lab.train")
+                              "python -m torch.distributed.run --nproc-per-node N -m lab.worker.train")
         available = {"gloo": dist.is_gloo_available(), "mpi": dist.is_mpi_available(),
                      "nccl": dist.is_nccl_available()}
         if not available[cfg.backend]:
-            hint = {"mpi": "pip's torch builds carry no MPI back end; use --framework horovod "
-                           "--backend mpi, or --backend gloo",
+            hint = {"mpi": NO_MPI_IN_PIP_TORCH + ", or --backend gloo",
                     "nccl": "install a CUDA build of torch, or use --backend gloo",
                     "gloo": "install a torch build with Gloo"}[cfg.backend]
             raise ConfigError(f"this torch has no {cfg.backend} back end for torch.distributed: {hint}")
@@ -119,7 +119,7 @@ class DDP:
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
             model.register_comm_hook(None, default_hooks.fp16_compress_hook)
         elif compression != "none":
-            from lab import compression as codecs
+            from lab.worker import compression as codecs
             self.codec = codecs.CODECS[compression]()
             model.register_comm_hook(None, codecs.ddp_hook(self.codec))
         return model, optimizer

@@ -2,7 +2,8 @@
 step, throughput, speedup), computed from records alone."""
 from __future__ import annotations
 
-from lab import metrics
+from lab.common import metrics
+from lab.report import markdown
 
 COLUMNS = ("model", "framework", "back end", "compression", "servers", "devices per server", "np",
            "time per step (ms)", "throughput (img/s)", "speedup", "efficiency", "accuracy")
@@ -52,8 +53,6 @@ def rows(records: list[dict]) -> list[dict]:
 
 
 def render(table_rows: list[dict]) -> str:
-    from tabulate import tabulate
-
     def cell(row, col):
         if "failed" in row and col not in ("model", "framework", "back end", "compression", "np",
                                            "servers"):
@@ -77,5 +76,4 @@ def render(table_rows: list[dict]) -> str:
             return f"{v:.1%}"
         return str(v)
 
-    return tabulate([[cell(r, c) for c in COLUMNS] for r in table_rows], headers=COLUMNS,
-                    tablefmt="github", disable_numparse=True)
+    return markdown.table(COLUMNS, [[cell(r, c) for c in COLUMNS] for r in table_rows])

@@ -1,6 +1,7 @@
 """`invoke doctor`: the host's probes here, the stack's probes where the ranks run (in
-the lab image, started with the options `bench` uses, or as local processes), then the
-contradictions between the two. Returns plain dicts for rendering."""
+the lab image, chosen and started as `bench` does, or as local processes), then the
+contradictions between the two (envcheck's probes and findings). Returns plain dicts
+for rendering (envcheck.report)."""
 from __future__ import annotations
 
 import json
@@ -9,6 +10,7 @@ import time
 
 from envcheck import findings, host, stack
 from envcheck.probes import FAIL, PASS, Result
+from lab.host.runners import RunnerError, choose_runner
 
 
 def _dicts(results: list[Result], where: str) -> list[dict]:
@@ -20,12 +22,12 @@ def _results(dicts: list[dict]) -> dict:
 
 
 def stack_in_image(runner, np: int) -> list[dict]:
-    """Run `python -m envcheck --part stack` in the image; its checks, or one FAIL."""
-    from lab.container import ContainerError
-    cmd = ["python", "-m", "envcheck", "--part", "stack", "--np", str(np), "--json"]
+    """Run `python -m envcheck --part stack` where the runner's ranks run; its checks,
+    or one FAIL."""
+    cmd = [runner.python, "-m", "envcheck", "--part", "stack", "--np", str(np), "--json"]
     try:
         rc, out = runner.output(cmd, timeout_s=600)
-    except ContainerError as e:
+    except RunnerError as e:
         return [dict(Result("stack in the image", FAIL, None, str(e)).as_dict(), where="image")]
     for line in reversed(out.splitlines()):
         if line.startswith("{") and '"checks"' in line:
@@ -34,28 +36,6 @@ def stack_in_image(runner, np: int) -> list[dict]:
     return [dict(Result("stack in the image", FAIL, None,
                         f"`python -m envcheck` in {runner.tag} ended with {rc}: {tail}").as_dict(),
                  where="image")]
-
-
-def choose_runner(where: str, image: str, frozen: bool, gpus: bool, results_dir: str):
-    """(runner or None, note): the lab image as bench would use it, else local."""
-    if where == "local":
-        return None, None
-    from lab import container
-    try:
-        client = container.connect()
-    except container.ContainerError as e:
-        if where == "image" or image:
-            raise
-        return None, f"the stack is checked as local processes: {e}"
-    tags = [image] if image else container.candidate_images("cuda" if gpus else "cpu", "horovod", "gloo")
-    img = container.find_image(client, tags)
-    if img is None:
-        if where == "image" or image:
-            raise container.ContainerError(f"no image {' or '.join(tags)} is built: run `invoke build`")
-        return None, f"the stack is checked as local processes: no lab image ({', '.join(tags)}) is built"
-    runner = container.ImageRunner(client, img, frozen=frozen, gpus=gpus,
-                                   results_dir=results_dir, data_dir=None)
-    return runner, f"the stack is checked in the image {runner.tag} ({img.short_id})"
 
 
 def run(np: int = 2, where: str = "auto", image: str = "", frozen: bool = False,
@@ -67,15 +47,19 @@ def run(np: int = 2, where: str = "auto", image: str = "", frozen: bool = False,
     host_by_name = {r.name: r for r in host_results}
     gpus = bool((host_by_name["gpus"].value or {}).get("count")) if host_by_name["gpus"].status == PASS else False
     with tempfile.TemporaryDirectory(prefix="lab-doctor-") as scratch:
-        runner, note = choose_runner(where, image, frozen, gpus, scratch)
+        # The same choice as bench's; `note` says where the stack is checked.
+        runner, note = choose_runner(where=where, image=image, frozen=frozen,
+                                     device="cuda" if gpus else "cpu", framework="horovod",
+                                     results_dir=scratch, data_dir=None)
         if note:
+            note = note.replace("running as local processes", "the stack is checked as local processes")
             notes.append(note)
             echo(note)
-        if runner is None:
+        if runner.kind == "local":
             ranks = _dicts(stack.collect(np), "local")
         else:
             ranks = stack_in_image(runner, np)
     checks += ranks
-    found = findings.find(host_by_name, _results(ranks), np, in_image=runner is not None)
+    found = findings.find(host_by_name, _results(ranks), np, in_image=runner.kind != "local")
     checks += _dicts(found, "both")
     return checks, time.monotonic() - t0, notes

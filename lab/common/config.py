@@ -14,7 +14,7 @@ FRAMEWORKS = ("none", "horovod", "ddp")
 BACKENDS = ("gloo", "mpi", "nccl")
 DEVICES = ("cpu", "cuda")
 DATASETS = ("mnist", "synthetic", "digits")
-COMPRESSIONS = ("none", "fp16", "int8", "int8-naive")   # lab.compression has the 8-bit ones
+COMPRESSIONS = ("none", "fp16", "int8", "int8-naive")   # lab.worker.compression has the 8-bit ones
 
 
 class ConfigError(ValueError):
@@ -98,7 +98,7 @@ class RunConfig:
 
 def argument_parser() -> argparse.ArgumentParser:
     """A parser with one option per RunConfig field."""
-    p = argparse.ArgumentParser(prog="python -m lab.train",
+    p = argparse.ArgumentParser(prog="python -m lab.worker.train",
                                 description="One rank of a data-parallel training run.")
     defaults = RunConfig()
     for f in dataclasses.fields(RunConfig):

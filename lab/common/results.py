@@ -1,7 +1,7 @@
 """The results schema and the results.jsonl file: one JSON record per run, appended
 and flushed as each run ends, never rewritten.
 
-`python -m lab.results --schema` prints the schema as the Markdown table the README
+`python -m lab.common.results --schema` prints the schema as the Markdown table the README
 carries (a test keeps the two the same).
 """
 from __future__ import annotations
@@ -172,4 +172,4 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--schema"]:
         sys.stdout.write(schema_markdown())
     else:
-        sys.exit("usage: python -m lab.results --schema")
+        sys.exit("usage: python -m lab.common.results --schema")

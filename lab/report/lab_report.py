@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from lab import results, summary
+from lab.common import results
+from lab.common.config import COMPRESSIONS
+from lab.report import markdown, summary
 
 
 class ReportError(Exception):
@@ -42,9 +44,7 @@ def ok(records):
 # ---------------------------------------------------------------- tables
 
 def _md(headers, rows) -> str:
-    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    out += ["| " + " | ".join("" if c is None else str(c) for c in row) + " |" for row in rows]
-    return "\n".join(out)
+    return markdown.table(headers, rows)
 
 
 def environment(records: list[dict]) -> list[tuple[str, str]]:
@@ -131,8 +131,8 @@ def compression_rows(records: list[dict]) -> list[list]:
         if len(comps) < 2:
             continue
         base = comps.get("none")
-        for name in sorted(comps, key=lambda x: ("none", "fp16", "int8", "int8-naive").index(x)
-                           if x in ("none", "fp16", "int8", "int8-naive") else 9):
+        for name in sorted(comps, key=lambda x: COMPRESSIONS.index(x)
+                           if x in COMPRESSIONS else len(COMPRESSIONS)):
             f = comps[name]["figures"]
             payload = f.get("payload_bytes_per_step")
             saving = (f"{1 - payload / base['figures']['payload_bytes_per_step']:.0%}"

@@ -10,11 +10,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from lab import versions
+from lab.common import versions
+from lab.common.kit import PACKAGES, REPO_ROOT, kit_version
+from lab.host import docker_api
+from lab.host.docker_api import IMAGE_REPO, LABEL_PREFIX
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-IMAGE_REPO = "dl-lab-kit"
-LABEL_PREFIX = "org.dl-lab-kit."
 FLAVORS = ("gpu", "cpu")
 GPU_OPERATIONS = ("NCCL", "MPI")
 
@@ -106,12 +106,6 @@ def build_args(s: BuildSettings, matrix: dict[str, str]) -> dict[str, str]:
     return args
 
 
-def kit_version() -> str:
-    text = (REPO_ROOT / "pyproject.toml").read_text()
-    m = re.search(r'^version\s*=\s*"([^"]+)"', text, re.MULTILINE)
-    return m.group(1) if m else "0"
-
-
 def tags(s: BuildSettings, version: str, matrix: dict[str, str] | None = None) -> list[str]:
     """dl-lab-kit:cpu, dl-lab-kit:gpu-nccl, dl-lab-kit:gpu-mpi-cu126 (a CUDA other than
     the default is named), each also with -<kit version>."""
@@ -143,7 +137,7 @@ def labels(s: BuildSettings, args: dict[str, str], matrix: dict[str, str],
 
 def assemble_context(dest: Path, s: BuildSettings) -> None:
     """Copy what the Dockerfile needs into dest."""
-    for item in ("docker", "lab", "envcheck"):
+    for item in ("docker", *PACKAGES):
         shutil.copytree(REPO_ROOT / item, dest / item,
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     for item in ("pyproject.toml", "README.md"):
@@ -161,18 +155,12 @@ def assemble_context(dest: Path, s: BuildSettings) -> None:
 
 
 def connect():
-    """A Docker client, or BuildError saying how to start an engine."""
+    """A Docker client with a long read timeout (a build step may print nothing for
+    minutes), or BuildError saying how to start an engine."""
     try:
-        import docker
-    except ImportError:
-        raise BuildError("the Docker SDK is missing: pip install -e . installs it") from None
-    try:
-        client = docker.from_env(timeout=600)
-        client.ping()
-        return client
-    except Exception as e:
-        raise BuildError(f"no Docker engine is reachable ({type(e).__name__}): start one "
-                         f"(`sudo systemctl start docker`, or `sudo dockerd &`) and try again") from None
+        return docker_api.client(timeout=600)
+    except docker_api.DockerUnavailable as e:
+        raise BuildError(f"{e}: {docker_api.START_HINT} and try again") from None
 
 
 def build(s: BuildSettings, echo=print) -> str:

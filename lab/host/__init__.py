@@ -1,0 +1,2 @@
+"""Code that runs on the user's machine: requests, runners, launchers, images, Docker.
+Never imports torch."""

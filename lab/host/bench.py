@@ -1,0 +1,254 @@
+"""`invoke bench`: one request's runs — each process count launched by its framework's
+launcher through a runner (local processes, the lab image, the cluster), its output
+streamed, a dying rank ending the job, the failure recorded with the rank that caused
+it, the compute ceiling measured around it when asked — and the table printed. Sweeps
+(lab.host.sweep) call `run` once per combination. Commands come from lab.host.launch,
+the figures from the records the ranks write."""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+import time
+from dataclasses import dataclass, field
+
+from lab.common import results
+from lab.common.config import RunConfig
+from lab.host.launch import HostsError
+from lab.host.request import BenchError, BenchSettings, base_config, check_request, parse_np
+from lab.host.runners import JobResult, Runner, RunnerError, choose_runner
+from lab.report import summary
+
+
+@dataclass
+class Outcome:
+    run_dir: str
+    records: list[dict]
+    failed: int
+    notes: list[str]
+    ceilings: dict = field(default_factory=dict)   # np -> compute ceiling measured around its run
+
+
+def select_runner(s: BenchSettings, echo=print) -> tuple[Runner, str | None]:
+    """Where the ranks of `s` run (lab.host.runners.choose_runner), as a BenchError."""
+    if s.link:
+        if s.nodes < 2:
+            raise BenchError("--link shapes the links between the cluster's nodes: add --nodes 2 or more")
+        from lab.host.cluster import parse_link
+        try:
+            parse_link(s.link)
+        except RunnerError as e:
+            raise BenchError(str(e)) from None
+    try:
+        return choose_runner(where=s.where, nodes=s.nodes, image=s.image, frozen=s.frozen,
+                             device=s.device, framework=s.framework, backend=s.backend,
+                             results_dir=s.results_dir, data_dir=s.data_dir, echo=echo)
+    except RunnerError as e:
+        raise BenchError(str(e)) from None
+
+
+def probe_stack(runner: Runner | None = None) -> dict:
+    """What the ranks' Python can run, where they will run (default: locally)."""
+    from lab.host.runners import LocalRunner
+    try:
+        return (runner or LocalRunner()).probe_stack()
+    except RunnerError as e:
+        raise BenchError(str(e)) from None
+
+
+def job_env(s: BenchSettings) -> dict[str, str]:
+    """What every rank's environment gets on top of the runner's."""
+    env = {"OMP_NUM_THREADS": str(s.threads), "PYTHONUNBUFFERED": "1"}
+    if s.device == "cpu":
+        # Open MPI busy-polls while it waits; with Horovod's background thread beside
+        # each rank's compute thread that steals the cores the ranks compute on
+        # (measured here: 2 ranks of the MNIST CNN, 3,000-3,400 images/s polling,
+        # 4,400-4,700 yielding). A value set by the user wins.
+        env["OMPI_MCA_mpi_yield_when_idle"] = os.environ.get("OMPI_MCA_mpi_yield_when_idle", "1")
+    return env
+
+
+def run(s: BenchSettings, echo=print, stack: dict | None = None,
+        runner: Runner | None = None) -> Outcome:
+    """Check the request, then run one job per process count into one results directory."""
+    nps = parse_np(s.np)
+    s = dataclasses.replace(s, np=nps)
+    if runner is None:
+        runner, where_note = select_runner(s, echo)
+        if where_note:
+            echo(where_note)
+    else:
+        where_note = None
+    if runner.kind == "cluster":
+        # The nodes see the cluster's own results and data folders.
+        s = dataclasses.replace(s, results_dir=runner.results_dir,
+                                data_dir=runner.data_dir or s.data_dir)
+    stack = stack if stack is not None else probe_stack(runner)
+    framework, notes = check_request(s, stack)
+    for n in notes:
+        echo(n)
+    if where_note and runner.kind != "local":
+        notes.insert(0, where_note)
+    if s.data == "mnist":
+        # Once, here, rather than by every rank at the same time.
+        from lab.common.fetch import DataUnavailable, ensure_mnist
+        try:
+            ensure_mnist(s.data_dir)
+        except DataUnavailable as e:
+            raise BenchError(str(e)) from None
+    run_id = s.run_id or results.new_run_id()
+    rdir = results.run_dir(s.results_dir, run_id)
+    rfile = rdir / results.RESULTS_FILE
+    os.makedirs(rdir, exist_ok=True)
+    runner.prepare(str(rdir))
+    shaped = runner.kind == "cluster" and bool(s.link)
+    if shaped:
+        from lab.host import cluster
+        try:
+            cluster.shape(runner.found, s.link, echo)
+        except RunnerError as e:
+            raise BenchError(str(e)) from None
+    failed = 0
+    ceilings: dict[int, dict] = {}
+    try:
+        for i, np in enumerate(nps):
+            cfg = dataclasses.replace(base_config(s, framework), run_id=run_id, expected_np=np,
+                                      attempt=f"{i:03d}-{framework}-{s.backend}-{s.compression}"
+                                              f"-n{s.nodes}-np{np}", link=s.link)
+            failed += run_one(s, cfg, np, runner, rfile, echo, ceilings)
+    finally:
+        if shaped:
+            cluster.unshape(runner.found)
+    records = [r for r in results.read_records(rfile)[0] if r.get("run_id") == run_id]
+    return Outcome(str(rdir), records, failed, notes, ceilings)
+
+
+def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, echo,
+            ceilings: dict) -> int:
+    """One launch of `np` ranks; 0 when it wrote its record, 1 when it failed (recorded)."""
+    inside = dataclasses.replace(cfg, results_dir=runner.results_in,
+                                 data_dir=runner.data_in or cfg.data_dir)
+    try:
+        commands = runner.commands(cfg.framework, s.backend, np, inside.to_args())
+    except (RunnerError, HostsError) as e:
+        raise BenchError(str(e)) from None
+    echo(f"== {cfg.framework} over {s.backend}, {np} process(es): "
+         f"{' '.join(next(iter(commands.values())))}")
+    before = len(results.read_records(rfile)[0])
+    ceiling_before = measure_ceiling(s, np, runner) if s.ceiling else None
+    started = results.now_iso()
+    t0 = time.monotonic()
+    try:
+        res = runner.run(commands, job_env(s), s.timeout_s, echo,
+                         name=f"lab-bench-{cfg.run_id}-{cfg.attempt}")
+    except KeyboardInterrupt:
+        runner.stop()
+        _record_failure(rfile, cfg, np, started, {"rank": None, "host": None,
+                        "reason": "interrupted by the user", "log_tail": ""})
+        raise
+    except RunnerError as e:
+        res = JobResult(1, [str(e)], str(e))
+    wrote = len(results.read_records(rfile)[0]) > before
+    if res.returncode == 0 and wrote:
+        if s.ceiling:
+            ceilings[np] = ceiling_around(s, np, before_s=ceiling_before, runner=runner)
+        return 0
+    info, reason = attribute_failure(res, wrote, rfile.parent / "failures" / cfg.attempt,
+                                     runner.dead())
+    echo(f"!! run failed after {time.monotonic() - t0:.1f} s: {reason}")
+    _record_failure(rfile, cfg, np, started, {
+        "rank": info.get("rank"), "host": info.get("host"),
+        "reason": reason, "log_tail": "\n".join(res.tail[-20:])})
+    return 1
+
+
+def attribute_failure(res: JobResult, wrote: bool, failure_dir, dead: dict) -> tuple[dict, str]:
+    """(the rank and host to blame, when known; the reason) for a job that failed."""
+    info = first_failure(str(failure_dir))
+    if dead:
+        host, state = next(iter(dead.items()))
+        return {"rank": None, "host": host}, f"node {host} stopped during the run ({state})"
+    if res.returncode == 0:
+        return {}, "the job exited normally but wrote no record"
+    if res.returncode is None:
+        return {}, f"the job {res.why}"
+    if info:
+        return info, f"rank {info['rank']} on {info['host']} failed: {info['reason']}"
+    return {}, f"the launcher exited with {res.returncode}: {_failure_reason_from_tail(res.tail)}"
+
+
+def first_failure(failure_dir: str) -> dict | None:
+    """The earliest failure any rank wrote for one launch."""
+    found = []
+    for path in glob.glob(os.path.join(failure_dir, "rank-*.json")):
+        try:
+            with open(path) as f:
+                found.append(json.load(f))
+        except (OSError, json.JSONDecodeError):
+            continue
+    if not found:
+        return None
+    # The first to fail is the cause: a rank writes its file before it exits, and its
+    # peers fail only once it is gone.
+    found.sort(key=lambda x: (x.get("t", float("inf")), x.get("rank", 0)))
+    return found[0]
+
+
+def _failure_reason_from_tail(tail: list[str]) -> str:
+    for line in reversed(tail):
+        if "failed:" in line or "Error" in line:
+            return line.strip()[:300]
+    return (tail[-1].strip()[:300] if tail else "no output")
+
+
+def _record_failure(rfile, cfg: RunConfig, np: int, started: str, error: dict) -> None:
+    results.append_record(rfile, {
+        "run_id": cfg.run_id, "record_id": results.new_record_id(), "status": "failed",
+        "started_at": started, "finished_at": results.now_iso(), "config": cfg.as_record(),
+        "np": np, "error": error})
+
+
+def measure_ceiling(s: BenchSettings, processes: int, runner: Runner) -> dict:
+    """The model's steps with no framework (lab.worker.ceiling) in `processes`
+    independent processes at once, where the ranks run: what the machine gives that
+    many ranks that never communicate."""
+    cmd = [runner.python, "-m", "lab.worker.ceiling", "--processes", str(processes), "--model",
+           s.model, "--batch-size", str(s.batch_size), "--threads", str(s.threads),
+           "--device", s.device]
+    if s.model == "resnet50":
+        cmd += ["--steps", "3", "--warmup", "1"]
+    try:
+        rc, out = runner.output(cmd, timeout_s=s.timeout_s or 3600)
+    except RunnerError as e:
+        raise BenchError(str(e)) from None
+    try:
+        if rc != 0:
+            raise ValueError
+        return json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise BenchError(f"measuring the compute ceiling failed: "
+                         f"{(out.strip().splitlines() or ['no output'])[-1]}") from None
+
+
+def ceiling_around(s: BenchSettings, processes: int, before_s: dict, runner: Runner) -> dict:
+    """The ceiling measured just before and just after a run, averaged: a shared
+    machine's speed drifts, and the run lies between the two."""
+    after = measure_ceiling(s, processes, runner)
+    b, a = before_s["images_per_s"], after["images_per_s"]
+    return {"processes": processes, "images_per_s": (a + b) / 2, "before": b, "after": a}
+
+
+def render(outcome: Outcome) -> str:
+    table = summary.render(summary.rows(outcome.records))
+    lines = [table]
+    for r in outcome.records:
+        c = outcome.ceilings.get(r.get("world", {}).get("np"))
+        if c and r.get("status") == "ok":
+            n, t = r["world"]["np"], r["figures"]["throughput_img_s"]
+            lines.append(f"np={n}: {t:,.4g} images/s = {t / c['images_per_s']:.0%} of the compute "
+                         f"ceiling, {c['images_per_s']:,.4g} images/s (the model's steps with no "
+                         f"framework in {n} independent process(es); {c['before']:,.4g} before "
+                         f"the run, {c['after']:,.4g} after)")
+    lines.append(f"records: {os.path.join(outcome.run_dir, results.RESULTS_FILE)}")
+    return "\n".join(lines)

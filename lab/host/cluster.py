@@ -1,0 +1,247 @@
+"""The simulated cluster of compose.yaml: bringing it up and down through whichever of
+`docker compose` / `docker-compose` is installed, waiting for SSH between its nodes,
+shaping their links with tc, and running a job from node1 across them.
+
+Pure parts (host lists, the override file for more nodes, link specs and tc commands)
+are separate from the edge (compose, the Docker SDK)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import time
+
+from lab.common import proc
+from lab.common.kit import REPO_ROOT
+from lab.host import docker_api
+from lab.host.docker_api import CLUSTER as LABEL
+from lab.host.runners import RunnerError
+
+COMPOSE_FILE = REPO_ROOT / "compose.yaml"
+OVERRIDE_FILE = REPO_ROOT / ".cluster" / "compose.nodes.yaml"
+GPU_FILE = REPO_ROOT / "compose.gpu.yaml"
+STATE_FILE = REPO_ROOT / ".cluster" / "state"        # "nodes gpu" of the last `up`
+PROJECT = "dl-lab-cluster"
+SSH_WAIT_S = 60
+IFACE = "eth0"
+
+
+class ClusterError(RunnerError):
+    """Bad input or a cluster that is not there: one sentence that says what to do."""
+
+
+# ---------------------------------------------------------------- pure
+
+def node_names(n: int) -> list[str]:
+    return [f"node{i}" for i in range(1, n + 1)]
+
+
+def host_slots(np: int, nodes: int) -> str:
+    """horovodrun's -H for np ranks spread evenly over nodes: node1:2,node2:2."""
+    if nodes < 1:
+        raise ClusterError("--nodes must be at least 1")
+    if np % nodes:
+        raise ClusterError(f"--np {np} does not spread evenly over {nodes} nodes: "
+                           f"use a multiple of {nodes}")
+    return ",".join(f"{name}:{np // nodes}" for name in node_names(nodes))
+
+
+def override_yaml(n: int) -> str:
+    """node3..nodeN for `invoke up --nodes N`, each extending node1 (JSON, which is
+    YAML too)."""
+    services = {name: {"extends": {"file": "compose.yaml", "service": "node1"}, "hostname": name}
+                for name in node_names(n)[2:]}
+    return json.dumps({"services": services}, indent=2) + "\n"
+
+
+RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)$", re.IGNORECASE)
+DELAY = re.compile(r"^(\d+(?:\.\d+)?)(us|ms|s)$", re.IGNORECASE)
+
+
+def parse_link(spec: str) -> tuple[str, str | None]:
+    """'10gbit' or '1gbit/1ms' -> (rate, delay or None); one sentence on bad input."""
+    rate, _, delay = spec.partition("/")
+    if not RATE.match(rate):
+        raise ClusterError(f"--link takes RATE[/DELAY] such as 1gbit or 100mbit/1ms, not {spec!r}")
+    if delay and not DELAY.match(delay):
+        raise ClusterError(f"--link's delay takes a number and us, ms or s (such as 1ms), not {delay!r}")
+    return rate.lower(), (delay.lower() or None)
+
+
+def _bits(rate: str) -> float:
+    m = RATE.match(rate)
+    return float(m.group(1)) * {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}[m.group(2).lower()]
+
+
+def tc_commands(spec: str, iface: str = IFACE) -> list[list[str]]:
+    """The tc command that shapes one node's cluster interface. Rate alone: a token
+    bucket (tbf), with a bucket of at least one 1500-byte frame and about 4 ms of
+    traffic; rate and delay: netem, which needs the kernel's sch_netem."""
+    rate, delay = parse_link(spec)
+    if delay:
+        return [["tc", "qdisc", "replace", "dev", iface, "root", "netem", "delay", delay, "rate", rate]]
+    burst = max(16 * 1500, int(_bits(rate) / 8 / 250))
+    return [["tc", "qdisc", "replace", "dev", iface, "root", "tbf", "rate", rate,
+             "burst", str(burst), "latency", "50ms"]]
+
+
+def compose_program() -> list[str]:
+    """`docker compose` (the v2 plugin) when it answers, else `docker-compose`."""
+    if shutil.which("docker"):
+        if proc.run(["docker", "compose", "version"], timeout=30).ok:
+            return ["docker", "compose"]
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    raise ClusterError("neither `docker compose` nor `docker-compose` is installed: "
+                       "apt-get install docker-compose (or the Compose plugin)")
+
+
+# ---------------------------------------------------------------- edge
+
+def _compose(args: list[str], nodes: int, image: str | None = None, check=True,
+             gpu: bool = False, timeout: float = 600) -> proc.Completed:
+    files = ["-f", str(COMPOSE_FILE)]
+    if gpu:
+        files += ["-f", str(GPU_FILE)]
+    if nodes > 2:
+        files += ["-f", str(OVERRIDE_FILE)]
+    env = dict(os.environ, COMPOSE_PROJECT_NAME=PROJECT)
+    if image:
+        env["LAB_IMAGE"] = image
+    res = proc.run([*compose_program(), *files, *args], cwd=str(REPO_ROOT), env=env,
+                   timeout=timeout)
+    if check and not res.ok:
+        tail = [line for line in res.tail if line.strip()][-3:]
+        how = "did not finish in time" if res.timed_out else "failed"
+        raise ClusterError(f"`compose {' '.join(args)}` {how}{': ' + ' / '.join(tail) if tail else ''}")
+    return res
+
+
+def engine():
+    try:
+        return docker_api.client()
+    except docker_api.DockerUnavailable as e:
+        raise ClusterError(f"{e}: {docker_api.START_HINT}") from None
+
+
+def nodes(client) -> dict[str, object]:
+    """The cluster's node containers by host name (running or not)."""
+    found = {}
+    for c in client.containers.list(all=True, filters={"label": [f"{LABEL}=node",
+                                                                 f"com.docker.compose.project={PROJECT}"]}):
+        found[c.attrs["Config"]["Hostname"]] = c
+    return dict(sorted(found.items(), key=lambda kv: int(kv[0][4:]) if kv[0][4:].isdigit() else 0))
+
+
+def up(n: int = 2, image: str | None = None, gpu: bool = False, echo=print) -> dict:
+    if n < 1:
+        raise ClusterError("--nodes must be at least 1")
+    if gpu and n > 2:
+        raise ClusterError("compose.gpu.yaml gives GPUs to node1 and node2: add nodes to it for --gpu with more")
+    client = engine()
+    if image is None:
+        image = os.environ.get("LAB_IMAGE", f"{docker_api.IMAGE_REPO}:{'gpu-nccl' if gpu else 'cpu'}")
+    import docker
+    try:
+        client.images.get(image)
+    except docker.errors.ImageNotFound:
+        raise ClusterError(f"the image {image} is not built: `invoke build --flavor cpu` "
+                           f"(or name another with --image)") from None
+    if n > 2:
+        OVERRIDE_FILE.parent.mkdir(exist_ok=True)
+        OVERRIDE_FILE.write_text(override_yaml(n))
+    for d in ("results", "data"):
+        (REPO_ROOT / d).mkdir(exist_ok=True)
+    services = ["keygen", *node_names(n)]
+    echo(f"bringing up {n} node(s) from {image} ({' '.join(compose_program())})")
+    STATE_FILE.parent.mkdir(exist_ok=True)
+    STATE_FILE.write_text(f"{n} {int(gpu)}\n")
+    _compose(["up", "-d", *services], n, image, gpu=gpu)
+    found = wait_ssh(client, n, echo=echo)
+    return found
+
+
+def down(echo=print) -> tuple[list[str], dict[str, list[str]]]:
+    """Remove the cluster: (what had to be removed after compose, which should be
+    nothing; what is still there after that)."""
+    cli = engine()
+    n, gpu = max(2, len(nodes(cli))), False
+    if STATE_FILE.exists():
+        parts = STATE_FILE.read_text().split()
+        n, gpu = max(n, int(parts[0])), parts[1:] == ["1"]
+    _compose(["down", "-v", "--remove-orphans"], n, check=False, gpu=gpu)
+    return remove_leftovers(cli), leftovers(cli)
+
+
+def leftovers(cli) -> dict[str, list[str]]:
+    """The cluster's containers, networks and volumes that still exist, by name."""
+    return {kind: [x.name for x in items]
+            for kind, items in docker_api.labelled(cli, (LABEL,)).items()}
+
+
+def remove_leftovers(cli) -> list[str]:
+    return docker_api.remove_labelled(cli, (LABEL,))
+
+
+def exec_out(container, cmd: list[str], user: str = "lab", env: dict | None = None,
+             timeout: float = 30) -> tuple[int, str]:
+    """Run a short command in a node and return (exit code, output); coreutils'
+    `timeout` ends it after `timeout` seconds (exit code 124)."""
+    # Whole seconds, at least 1: `timeout 0` would mean no limit at all.
+    limit = str(max(1, math.ceil(timeout)))
+    res = container.exec_run(["timeout", "-s", "KILL", limit, *cmd], user=user,
+                             environment=env or {}, workdir="/tmp")
+    return res.exit_code, res.output.decode(errors="replace")
+
+
+def wait_ssh(client, n: int, timeout: float = SSH_WAIT_S, echo=print) -> dict:
+    """Wait, at most `timeout` seconds, until node1 reaches every node over SSH."""
+    deadline = time.monotonic() + timeout
+    pending = node_names(n)
+    last = ""
+    while True:
+        found = nodes(client)
+        missing = [h for h in node_names(n) if h not in found or found[h].status != "running"]
+        if not missing and "node1" in found:
+            for h in list(pending):
+                rc, out = exec_out(found["node1"], ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=3",
+                                                     h, "true"])
+                if rc == 0:
+                    pending.remove(h)
+                else:
+                    last = out.strip().splitlines()[-1:] or [""]
+                    last = last[0]
+            if not pending:
+                echo(f"cluster ready: {', '.join(node_names(n))} answer on SSH")
+                return found
+        if time.monotonic() > deadline:
+            who = missing or pending
+            raise ClusterError(f"{', '.join(who)} did not answer on SSH within {timeout:g} s"
+                               f"{' (' + last + ')' if last else ''}: see `docker compose logs "
+                               f"{who[0]}`, or bring the cluster up with `invoke up --nodes {n}`")
+        time.sleep(1)
+
+
+def shape(found: dict, spec: str, echo=print) -> None:
+    """Apply --link to each node's cluster interface (as root, in each node)."""
+    cmds = tc_commands(spec)
+    for host, c in found.items():
+        for cmd in cmds:
+            rc, out = exec_out(c, cmd, user="root")
+            if rc != 0:
+                if "netem" in cmd and any(s in out.lower() for s in (
+                        "unknown qdisc", "qdisc kind is unknown", "no such file", "not supported")):
+                    raise ClusterError(f"this kernel has no netem (sch_netem), so a delay cannot be "
+                                       f"set here: give --link a rate alone (such as "
+                                       f"{parse_link(spec)[0]})")
+                raise ClusterError(f"shaping {host}'s link failed ({' '.join(cmd)}): {out.strip()[-200:]}")
+    echo(f"link shaped on {', '.join(found)}: {spec}")
+
+
+def unshape(found: dict) -> None:
+    for c in found.values():
+        exec_out(c, ["tc", "qdisc", "del", "dev", IFACE, "root"], user="root")
+
+

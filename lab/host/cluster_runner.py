@@ -1,0 +1,167 @@
+"""The simulated cluster as a runner: one command per node started at once through
+`docker exec` as the user lab, output prefixed by node, the job ended when a node's
+launcher fails, a node stops, or the time limit passes; the nodes are lab.host.cluster's."""
+from __future__ import annotations
+
+import collections
+import json
+import threading
+import time
+
+from lab.common import proc
+from lab.host import launch
+from lab.host.cluster import ClusterError, engine, exec_out, host_slots, node_names, nodes, wait_ssh
+from lab.host.container import DATA_IN, RESULTS_IN, SOURCE_IN, hand_over
+from lab.host.runners import JobResult, Runner
+
+
+def run_on(found: dict, commands: dict[str, list[str]], env: dict, timeout_s: float,
+           echo) -> JobResult:
+    """Run one command per node (host name -> command) at once, as the user lab, echoing
+    output prefixed by node. Ends when all have exited, when one fails (the others are
+    then stopped), at the timeout, or on Ctrl-C. Returns (worst exit code or None on
+    timeout, last lines, why)."""
+    client = next(iter(found.values())).client
+    tail: collections.deque[str] = collections.deque(maxlen=proc.TAIL_LINES)
+    results: dict[str, int | None] = {}
+    execs = {}
+    lock = threading.Lock()
+
+    def pump(host, exec_id):
+        for text in proc.iter_lines(client.api.exec_start(exec_id, stream=True)):
+            with lock:
+                tail.append(f"[{host}] {text}")
+            echo(f"[{host}] {text}" if len(commands) > 1 else text)
+        results[host] = client.api.exec_inspect(exec_id)["ExitCode"]
+
+    threads = []
+    for host, cmd in commands.items():
+        ex = client.api.exec_create(found[host].id, cmd, user="lab", environment=env, workdir="/tmp")
+        execs[host] = ex["Id"]
+        t = threading.Thread(target=pump, args=(host, ex["Id"]), daemon=True)
+        t.start()
+        threads.append(t)
+    deadline = time.monotonic() + timeout_s if timeout_s > 0 else None
+    why = "exited"
+    try:
+        while any(t.is_alive() for t in threads):
+            time.sleep(0.5)
+            if any(rc not in (None, 0) for rc in results.values()):
+                why = "a node's launcher failed"
+                break
+            dead = [h for h, c in found.items() if _status(c) != "running"]
+            if dead:
+                why = f"{', '.join(dead)} stopped"
+                break
+            if deadline and time.monotonic() > deadline:
+                why = f"did not finish within {timeout_s:g} s and was stopped"
+                break
+    finally:
+        if any(t.is_alive() for t in threads):
+            stop_jobs(found)
+            for t in threads:
+                t.join(timeout=10)
+    if why.startswith("did not finish"):
+        return JobResult(None, list(tail), why)
+    codes = [rc for rc in results.values() if rc is not None]
+    rc = max(codes, key=abs) if codes else 1
+    if why != "exited" and rc == 0:
+        rc = 1
+    return JobResult(rc, list(tail), why)
+
+
+def _status(container) -> str:
+    try:
+        container.reload()
+        return container.status
+    except Exception:
+        return "gone"
+
+
+def stop_jobs(found: dict) -> None:
+    """End every job process of user lab on the nodes that are still running."""
+    for c in found.values():
+        if _status(c) == "running":
+            exec_out(c, ["pkill", "-KILL", "-u", "lab", "-f", "python|horovodrun|mpirun|orted|torch"],
+                     user="root")
+
+
+def dead_nodes(found: dict) -> dict[str, str]:
+    """Nodes that are not running, with their state."""
+    out = {}
+    for host, c in found.items():
+        status = _status(c)
+        if status != "running":
+            code = c.attrs.get("State", {}).get("ExitCode") if status != "gone" else None
+            out[host] = f"{status}" + (f", exit code {code}" if code is not None else "")
+    return out
+
+
+class ClusterRunner(Runner):
+    """The ranks run on the cluster's nodes, launched from node1 (Horovod: horovodrun
+    over SSH; DDP: torch.distributed.run on each node with a rendezvous at node1). The
+    results and data folders are the ones the nodes mount."""
+
+    kind = "cluster"
+
+    def __init__(self, n: int, frozen: bool = False, echo=print):
+        self.n = self.nodes = n
+        self.frozen = frozen
+        self.client = engine()
+        found = nodes(self.client)
+        missing = [h for h in node_names(n) if h not in found or found[h].status != "running"]
+        if missing:
+            raise ClusterError(f"the cluster has no running {', '.join(missing)}: bring it up with "
+                               f"`invoke up --nodes {n}` (or `docker compose up -d` for 2)")
+        self.found = {h: found[h] for h in node_names(n)}
+        wait_ssh(self.client, n, echo=echo)
+        node1 = self.found["node1"]
+        self.image = self.client.images.get(node1.image.id)
+        self.tag = (node1.image.tags or [node1.image.short_id])[0]
+        mounts = {m["Destination"]: m["Source"] for m in node1.attrs.get("Mounts", [])}
+        if RESULTS_IN not in mounts:
+            raise ClusterError("node1 has no /results mount: bring the cluster up with compose.yaml")
+        super().__init__(mounts[RESULTS_IN], mounts.get(DATA_IN))
+        self.results_in, self.data_in = RESULTS_IN, DATA_IN
+        self.results_root = self.results_dir
+
+    def describe(self) -> str:
+        return f"running on the cluster's {self.n} nodes ({self.tag}); results in {self.results_dir}"
+
+    def where_text(self) -> str:
+        return "on the cluster's node1"
+
+    def env(self, extra: dict) -> dict:
+        env = {"PYTHONUNBUFFERED": "1", "LAB_IMAGE_ID": self.image.id,
+               "LAB_IMAGE_LABELS": json.dumps(self.image.labels or {}), **extra}
+        if not self.frozen:
+            env["PYTHONPATH"] = SOURCE_IN
+        return env
+
+    def output(self, command: list[str], timeout_s: float = 300) -> tuple[int | None, str]:
+        return exec_out(self.found["node1"], command, env=self.env({}), timeout=timeout_s)
+
+    def prepare(self, path: str) -> None:
+        """The ranks write as the image's user over ssh: give it the run's folder."""
+        hand_over(path, self.results_dir, everyone=True)
+
+    def commands(self, framework: str, backend: str, np: int, args: list[str]) -> dict[str, list[str]]:
+        if framework == "horovod":
+            hosts = launch.parse_hosts(host_slots(np, self.n))
+            return {"node1": launch.horovod_command(np, hosts, backend, args, python="python")}
+        if framework == "ddp":
+            per = np // self.n
+            host_slots(np, self.n)       # the same evenness check
+            return {h: launch.ddp_command(per, args, nnodes=self.n, node_rank=i,
+                                          rdzv_endpoint="node1:29500", python="python")
+                    for i, h in enumerate(node_names(self.n))}
+        raise ClusterError("--nodes needs a distributed framework: --framework horovod or ddp")
+
+    def run(self, commands, env, timeout_s, echo, name=""):
+        return run_on(self.found, commands, self.env(env), timeout_s, echo)
+
+    def stop(self) -> None:
+        stop_jobs(self.found)
+
+    def dead(self) -> dict[str, str]:
+        return dead_nodes(self.found)

@@ -1,0 +1,202 @@
+"""A bench request: the settings (from the task's flags and invoke.yaml's defaults), the
+lists a sweep crosses, and every check that can be made before a rank starts, against
+the stack the ranks will see (lab.worker.capabilities, probed by the runner)."""
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from dataclasses import dataclass
+
+from lab.common.config import BACKENDS, COMPRESSIONS, FRAMEWORKS, ConfigError, RunConfig
+from lab.common.kit import NO_MPI_IN_PIP_TORCH
+
+
+class BenchError(Exception):
+    """Bad input or a missing piece: one sentence that says what to do."""
+
+
+_RUN = RunConfig()  # the run's own defaults live in RunConfig alone
+SWEEP_FIELDS = ("framework", "backend", "compression", "nodes")
+
+
+@dataclass
+class BenchSettings:
+    np: list[int]                    # process counts; invoke.yaml holds the task's default
+    framework: str = "auto"          # auto: horovod when it imports, else ddp
+    backend: str = _RUN.backend
+    model: str = _RUN.model
+    data: str = _RUN.data
+    data_dir: str = _RUN.data_dir
+    device: str = _RUN.device
+    epochs: int = _RUN.epochs
+    batch_size: int = _RUN.batch_size
+    compression: str = _RUN.compression
+    warmup_steps: int = _RUN.warmup_steps
+    max_steps: int = _RUN.max_steps
+    synthetic_size: int = _RUN.synthetic_size
+    threads: int = _RUN.threads
+    seed: int = _RUN.seed
+    results_dir: str = _RUN.results_dir
+    run_id: str = ""                 # empty: a new one
+    timeout_s: float = 0             # per run (0: none); invoke.yaml holds the task's default
+    ceiling: bool = False
+    fault: str = ""                  # RANK:STEP, for tests of a dying rank
+    where: str = "local"             # local | image | auto (invoke.yaml: auto)
+    image: str = ""                  # a tag; empty: the lab image that fits the device
+    frozen: bool = False             # in the image: its own copy of the kit, not the checkout
+    nodes: int = 1                   # >1: on the simulated cluster's nodes (compose.yaml)
+    link: str = ""                   # with nodes: shape each node's link, RATE[/DELAY]
+
+
+def parse_np(spec) -> list[int]:
+    """"2" or "1,2,4" (or a list of ints) -> [1, 2, 4]; one clear sentence on bad input."""
+    if isinstance(spec, int):
+        items = [spec]
+    elif isinstance(spec, (list, tuple)):
+        items = list(spec)
+    else:
+        items = []
+        for p in (p.strip() for p in str(spec).split(",")):
+            try:
+                items.append(int(p))
+            except ValueError:
+                raise BenchError(f"--np takes whole numbers separated by commas "
+                                 f"(for example 1,2,4), not {spec!r}") from None
+    if not items:
+        raise BenchError("--np needs at least one process count")
+    for n in items:
+        if n < 1:
+            raise BenchError(f"--np must be at least 1, not {n}")
+    return list(dict.fromkeys(items))
+
+
+def parse_list(name: str, spec, allowed=None) -> list:
+    """'a,b' (or a list) -> ['a', 'b']; checked against the allowed values."""
+    items = spec if isinstance(spec, (list, tuple)) else [x.strip() for x in str(spec).split(",")]
+    items = [x for x in items if x != ""]
+    if not items:
+        raise BenchError(f"--{name} needs at least one value")
+    if name == "nodes":
+        try:
+            items = [int(x) for x in items]
+        except ValueError:
+            raise BenchError(f"--nodes takes whole numbers separated by commas (1,2), not {spec!r}") from None
+        if min(items) < 1:
+            raise BenchError("--nodes must be at least 1")
+    elif allowed is not None:
+        bad = [x for x in items if x not in allowed]
+        if bad:
+            raise BenchError(f"unknown --{name} {bad[0]!r}: choose from {', '.join(allowed)}")
+    return list(dict.fromkeys(items))
+
+
+def whole(name: str, value) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise BenchError(f"--{name.replace('_', '-')} takes a whole number, not {value!r}") from None
+
+
+INT_FIELDS = ("epochs", "batch_size", "warmup_steps", "max_steps", "threads", "synthetic_size",
+              "seed")
+
+
+def settings_from_flags(flags: dict, defaults: dict) -> tuple[BenchSettings, dict[str, list]]:
+    """The task's flags (None where not given) over invoke.yaml's `bench` defaults ->
+    the settings of the first combination and the lists a sweep crosses. `local` and
+    `image` decide where the job runs; otherwise invoke.yaml's `where`."""
+    flags = dict(flags)
+    local, image = flags.pop("local", False), flags.pop("image", None) or ""
+    values = {k: v for k, v in defaults.items() if k in BENCH_FLAGS}
+    values.update({k: v for k, v in flags.items() if v is not None})
+    if "np" not in values:
+        raise BenchError("--np needs at least one process count (invoke.yaml's bench.np is missing)")
+    values["np"] = parse_np(values["np"])
+    for k in INT_FIELDS:
+        if k in values:
+            values[k] = whole(k, values[k])
+    if "timeout_s" in values:
+        try:
+            values["timeout_s"] = float(values["timeout_s"])
+        except (TypeError, ValueError):
+            raise BenchError(f"--timeout-s takes a number of seconds, not {values['timeout_s']!r}") from None
+    lists = {
+        "framework": parse_list("framework", values.pop("framework", "auto"), ("auto", *FRAMEWORKS)),
+        "backend": parse_list("backend", values.pop("backend", _RUN.backend), BACKENDS),
+        "compression": parse_list("compression", values.pop("compression", _RUN.compression),
+                                  COMPRESSIONS),
+        "nodes": parse_list("nodes", values.pop("nodes", 1)),
+    }
+    values["where"] = "local" if local else ("image" if image else values.get("where", "auto"))
+    values["image"] = image
+    settings = BenchSettings(**values, **{k: v[0] for k, v in lists.items()})
+    return settings, lists
+
+
+BENCH_FLAGS = {f.name for f in dataclasses.fields(BenchSettings)}
+
+
+def is_sweep(lists: dict[str, list]) -> bool:
+    return any(len(v) > 1 for v in lists.values())
+
+
+def resolve_framework(requested: str, stack: dict) -> tuple[str, str | None]:
+    """auto -> horovod when it imports, else ddp (with a note saying so)."""
+    if requested != "auto":
+        return requested, None
+    if "horovod" in stack:
+        return "horovod", None
+    return "ddp", ("Horovod is not installed, so the framework is DDP (torch.distributed.run); "
+                   "build Horovod with docker/install-horovod.sh to use it")
+
+
+def base_config(s: BenchSettings, framework: str) -> RunConfig:
+    return RunConfig(model=s.model, framework=framework, backend=s.backend, device=s.device,
+                     data=s.data, data_dir=s.data_dir, epochs=s.epochs, batch_size=s.batch_size,
+                     compression=s.compression, warmup_steps=s.warmup_steps,
+                     max_steps=s.max_steps, synthetic_size=s.synthetic_size, threads=s.threads,
+                     seed=s.seed, results_dir=s.results_dir, fault=s.fault)
+
+
+def check_request(s: BenchSettings, stack: dict) -> tuple[str, list[str]]:
+    """Everything that can be known before launching; returns the framework and notes."""
+    if "torch_error" in stack or "torch" not in stack:
+        raise BenchError(f"torch does not import ({stack.get('torch_error', 'not installed')}): "
+                         f"install the training extra, pip install -e '.[train]'")
+    framework, note = resolve_framework(s.framework, stack)
+    notes = [note] if note else []
+    try:
+        base_config(s, framework).check()
+    except ConfigError as e:
+        raise BenchError(str(e)) from None
+    if framework == "none" and any(n != 1 for n in s.np):
+        raise BenchError("--framework none runs one process: use --np 1, "
+                         "or --framework horovod or ddp")
+    if s.device == "cuda":
+        if not stack.get("cuda_available"):
+            raise BenchError("--device cuda but torch sees no GPU: run `invoke doctor`, "
+                             "or use --device cpu")
+        if max(s.np) > stack.get("gpus", 0):
+            raise BenchError(f"--np {max(s.np)} needs {max(s.np)} GPUs on this host and torch "
+                             f"sees {stack.get('gpus', 0)}: lower --np")
+    if framework == "horovod":
+        if "horovod_error" in stack:
+            raise BenchError(f"Horovod is installed but does not import ({stack['horovod_error']}): "
+                             f"rebuild it against this torch with docker/install-horovod.sh")
+        if "horovod" not in stack:
+            raise BenchError("Horovod is not installed: build it with docker/install-horovod.sh, "
+                             "or use --framework ddp")
+        if not stack["horovod"].get(s.backend):
+            raise BenchError(f"this Horovod was built without {s.backend}: rebuild it with "
+                             f"docker/install-horovod.sh, or pick another --backend")
+        if s.backend == "mpi" and not stack.get("mpirun", shutil.which("mpirun") is not None):
+            raise BenchError("--backend mpi needs mpirun on the PATH: install an MPI "
+                             "(Debian: openmpi-bin)")
+    if framework == "ddp" and not stack.get("ddp_backends", {}).get(s.backend):
+        hint = NO_MPI_IN_PIP_TORCH if s.backend == "mpi" else "use --backend gloo"
+        raise BenchError(f"this torch has no {s.backend} back end for DDP: {hint}")
+    if s.model == "resnet50" and "torchvision" not in stack:
+        raise BenchError(f"--model resnet50 needs torchvision, which does not import here "
+                         f"({stack.get('torchvision_error', 'not installed')}): install the "
+                         f"torchvision built for torch {stack['torch']}")
+    return framework, notes

@@ -1,0 +1,181 @@
+"""Where a job's ranks run, behind one interface: local processes (`LocalRunner`), a
+container of the lab image (`lab.host.container.ImageRunner`) or the nodes of the
+simulated cluster (`lab.host.cluster_runner.ClusterRunner`). Each runner prepares a run
+folder, turns a launch into one command per host, runs those commands streaming their
+output, stops what it started, probes the stack the ranks will see, and says which
+nodes died. `choose_runner` picks one the same way for bench and doctor."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+
+from lab.common import kit, proc
+from lab.host import launch
+
+WHERE = ("local", "image", "auto")
+
+
+class RunnerError(Exception):
+    """No engine, no image, no cluster, or a job that could not start: one sentence."""
+
+
+@dataclass
+class JobResult:
+    returncode: int | None      # None: stopped at its time limit
+    tail: list[str]             # the last lines it printed
+    why: str                    # "exited", or how it was ended
+
+
+class Runner:
+    """The interface. `results_in`/`data_in` are the folders as the ranks see them."""
+
+    kind = "runner"
+    python = "python"
+    tag = ""
+    nodes = 1
+
+    def __init__(self, results_dir: str, data_dir: str | None):
+        self.results_dir, self.data_dir = results_dir, data_dir
+        self.results_in, self.data_in = results_dir, data_dir
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+    def prepare(self, run_dir: str) -> None:
+        """Make the run's folder writable for the ranks."""
+
+    def commands(self, framework: str, backend: str, np: int,
+                 worker_args: list[str]) -> dict[str, list[str]]:
+        """Host -> the command that starts its part of the job."""
+        raise NotImplementedError
+
+    def run(self, commands: dict[str, list[str]], env: dict, timeout_s: float, echo,
+            name: str = "") -> JobResult:
+        raise NotImplementedError
+
+    def output(self, argv: list[str], timeout_s: float = 300) -> tuple[int | None, str]:
+        """A short command (a probe) where the ranks run: (exit code, output)."""
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """End whatever this runner started and may still be running."""
+
+    def dead(self) -> dict[str, str]:
+        """Hosts that stopped during the last job, with their state."""
+        return {}
+
+    def probe_stack(self, timeout_s: float = 120) -> dict:
+        """What the ranks' Python can run (lab.worker.capabilities), or RunnerError."""
+        try:
+            rc, out = self.output([self.python, "-m", "lab.worker.capabilities"], timeout_s)
+        except RunnerError as e:
+            raise RunnerError(f"{e}; run with --local to use local processes") from None
+        except proc.NotFound:
+            raise RunnerError(f"{self.python} cannot be run: install the kit with "
+                              f"docker/setup-venv.sh") from None
+        if rc is None:
+            raise RunnerError(f"importing torch {self.where_text()} took over {timeout_s:g} s: "
+                              f"check the installation with `invoke doctor`")
+        for line in reversed(out.strip().splitlines()):
+            if line.startswith("{"):
+                try:
+                    return json.loads(line)
+                except json.JSONDecodeError:
+                    break
+        last = (out.strip().splitlines() or ["no output"])[-1]
+        raise RunnerError(f"could not inspect the Python {self.where_text()}: {last}")
+
+    def where_text(self) -> str:
+        return f"at {self.python}"
+
+
+class LocalRunner(Runner):
+    """The ranks as processes of this machine, started by the framework's launcher."""
+
+    kind = "local"
+
+    def __init__(self, results_dir: str = "results", data_dir: str | None = "data",
+                 python: str = sys.executable):
+        super().__init__(results_dir, data_dir)
+        self.python = python
+        self._running: proc.Process | None = None
+
+    def describe(self) -> str:
+        return "running as local processes"
+
+    def commands(self, framework, backend, np, worker_args):
+        return {"localhost": launch.command(framework, backend, np, worker_args,
+                                            python=self.python,
+                                            horovodrun=kit.horovodrun(self.python))}
+
+    def run(self, commands, env, timeout_s, echo, name=""):
+        (cmd,) = commands.values()
+        self._running = proc.start(cmd, env=dict(os.environ, **env), echo=echo, keep_output=False)
+        try:
+            res = self._running.wait(timeout_s)
+        finally:
+            self._running = None
+        if res.timed_out:
+            return JobResult(None, res.tail, f"did not finish within {timeout_s:g} s and was stopped")
+        return JobResult(res.returncode, res.tail, "exited")
+
+    def output(self, argv, timeout_s=300):
+        res = proc.run(argv, timeout=timeout_s)
+        return res.returncode, res.stdout
+
+    def stop(self):
+        if self._running is not None:
+            self._running.stop()
+
+
+def candidate_images(device: str, framework: str, backend: str) -> list[str]:
+    """The tags bench looks for, best first: the CPU image for CPU runs (a GPU image
+    runs on a CPU too), for GPU runs the image whose GPU operations fit."""
+    from lab.host.docker_api import IMAGE_REPO
+    gpu = [f"{IMAGE_REPO}:gpu-nccl", f"{IMAGE_REPO}:gpu-mpi"]
+    if framework == "horovod" and backend == "mpi":
+        gpu.reverse()
+    return [f"{IMAGE_REPO}:cpu", *gpu] if device == "cpu" else gpu
+
+
+def choose_runner(*, where: str = "auto", nodes: int = 1, image: str = "", frozen: bool = False,
+                  device: str = "cpu", framework: str = "auto", backend: str = "gloo",
+                  results_dir: str = "results", data_dir: str | None = "data",
+                  echo=print) -> tuple[Runner, str | None]:
+    """(runner, a line saying where the ranks run or why not where asked). `nodes` > 1:
+    the cluster's nodes. `auto`: the lab image when an engine and an image are there,
+    else local processes with one line saying why; `image` (or a named image) insists on
+    the image; `local` never looks."""
+    if where not in WHERE:
+        raise RunnerError(f"where the job runs must be one of {', '.join(WHERE)}, not {where!r}")
+    if nodes > 1:
+        from lab.host.cluster_runner import ClusterRunner
+        runner = ClusterRunner(nodes, frozen=frozen, echo=echo)
+        return runner, runner.describe()
+    if where == "local":
+        return LocalRunner(results_dir, data_dir), None
+    from lab.host import docker_api
+    from lab.host.container import ImageRunner
+    tags = [image] if image else candidate_images(
+        device, "horovod" if framework == "auto" else framework, backend)
+    insist = where == "image" or bool(image)
+    try:
+        cli = docker_api.client()
+    except docker_api.DockerUnavailable as e:
+        if insist:
+            raise RunnerError(f"{e}: {docker_api.START_HINT}, or run with --local") from None
+        return LocalRunner(results_dir, data_dir), (
+            f"running as local processes: {e} (--local says so and skips the check)")
+    img = docker_api.find_image(cli, tags)
+    if img is None:
+        if insist:
+            raise RunnerError(f"no image {' or '.join(tags)} is built: run `invoke build`, "
+                              f"or run with --local")
+        return LocalRunner(results_dir, data_dir), (
+            f"running as local processes: no lab image ({', '.join(tags)}) is built "
+            f"(`invoke build` makes one; --local skips the check)")
+    runner = ImageRunner(cli, img, frozen=frozen, gpus=device == "cuda",
+                         results_dir=results_dir, data_dir=data_dir)
+    return runner, runner.describe()

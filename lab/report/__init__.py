@@ -1,0 +1,1 @@
+"""The report: tables, curves and the analysis, computed from the records alone."""

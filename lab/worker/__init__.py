@@ -1,0 +1,1 @@
+"""Code that runs inside a rank (or beside it, like the compute ceiling)."""
