@@ -37,7 +37,7 @@ BENCH_HELP = {
 def bench(c, np=None, framework=None, backend=None, model=None, data=None, data_dir=None,
           device=None, epochs=None, batch_size=None, compression=None, warmup_steps=None,
           max_steps=None, threads=None, results_dir=None, run_id=None, timeout_s=None,
-          ceiling=None, local=False, image=None, frozen=None, fault=None, nodes=None,
+          ceiling=False, local=False, image=None, frozen=False, fault=None, nodes=None,
           link=None, resume=False):
     """Run data-parallel training (one run, or a sweep over lists), record it and print the table."""
     flags = {k: v for k, v in locals().items() if k not in ("c", "resume")}
@@ -147,12 +147,12 @@ def doctor(c, np=None, json=False, local=False, image=None, frozen=False):
 @task(help={"nodes": "how many nodes (node1..nodeN)", "image": "the lab image the nodes run "
             "(default dl-lab-kit:cpu, with --gpu dl-lab-kit:gpu-nccl)",
             "gpu": "give each node its own GPU (compose.gpu.yaml; untested here)"})
-def up(c, nodes=2, image=None, gpu=False):
+def up(c, nodes=None, image=None, gpu=False):
     """Bring up the simulated cluster (compose.yaml) and wait until its nodes answer on SSH."""
     from lab.host import cluster
     from lab.host.request import BenchError, whole
     try:
-        n = whole("nodes", nodes)
+        n = whole("nodes", nodes if nodes is not None else c.config.get("up", {}).get("nodes"))
         cluster.up(n, image=image, gpu=gpu)
     except (cluster.ClusterError, BenchError) as e:
         raise Exit(f"error: {e}", code=2)

@@ -61,3 +61,25 @@ def test_cli_bad_input_is_one_line_without_traceback(tmp_path):
         assert cp.returncode == 2, cp.stderr
         assert expected in cp.stderr and "Traceback" not in cp.stderr
         assert len(cp.stderr.strip().splitlines()) == 1
+
+
+def test_flags_win_over_invoke_yaml_and_the_run_defaults_are_runconfigs():
+    from lab.common.config import RunConfig
+    from lab.host.request import settings_from_flags
+    defaults = {"np": "2", "timeout_s": 3600, "where": "auto", "epochs": 3}
+    s, lists = settings_from_flags({"np": "1,4", "backend": "gloo,mpi", "epochs": None,
+                                    "local": True}, defaults)
+    assert s.np == [1, 4] and s.epochs == 3 and s.timeout_s == 3600.0 and s.where == "local"
+    assert lists["backend"] == ["gloo", "mpi"] and s.batch_size == RunConfig().batch_size
+    s, _ = settings_from_flags({"image": "dl-lab-kit:cpu"}, defaults)
+    assert s.np == [2] and s.where == "image" and s.image == "dl-lab-kit:cpu"
+    with pytest.raises(BenchError, match="--timeout-s takes a number"):
+        settings_from_flags({"timeout_s": "soon"}, defaults)
+
+
+def test_up_and_doctor_refuse_a_count_that_is_not_a_number_in_one_line():
+    for args in (["up", "--nodes", "abc"], ["doctor", "--np", "abc"]):
+        cp = subprocess.run([sys.executable, "-m", "invoke", *args], capture_output=True,
+                            text=True, timeout=120)
+        assert cp.returncode == 2, cp.stderr
+        assert "takes a whole number" in cp.stderr and "Traceback" not in cp.stderr

@@ -162,3 +162,12 @@ def test_the_example_report_is_what_its_records_give(tmp_path):
     text = report.write(str(run)).read_text()
     expected = (src / "report.md").read_text().replace("`results/cpu-sweep`", f"`{run}`")
     assert text == expected
+
+
+def test_a_cell_with_a_pipe_or_a_newline_keeps_the_table_whole():
+    from lab.report import markdown
+    text = markdown.table(["rank", "reason"], [[1, "gloo: a|b failed\nTraceback line"], [2, None]])
+    lines = text.splitlines()
+    assert len(lines) == 4                                  # header, rule, two rows
+    assert all(line.count("|") - line.count("\\|") == 3 for line in lines)
+    assert "a\\|b failed Traceback line" in lines[2]
