@@ -83,3 +83,49 @@ def test_up_and_doctor_refuse_a_count_that_is_not_a_number_in_one_line():
                             text=True, timeout=120)
         assert cp.returncode == 2, cp.stderr
         assert "takes a whole number" in cp.stderr and "Traceback" not in cp.stderr
+
+
+def test_a_run_without_a_timed_step_or_a_batch_is_refused_before_launch():
+    from lab.common.config import ConfigError, RunConfig
+    # The README's ResNet-50 example: synthetic data is cycled, so 20 steps run.
+    cfg = RunConfig(model="resnet50", batch_size=16, max_steps=20)
+    assert cfg.steps_per_epoch(cfg.train_size(), 2) == 20
+    cfg.check_timing(cfg.train_size(), 2)
+    with pytest.raises(ConfigError, match="--warmup-steps 5 leaves none to time"):
+        RunConfig(max_steps=5).check_timing(RunConfig(max_steps=5).train_size(), 2)
+    digits = RunConfig(data="digits", batch_size=100000)
+    with pytest.raises(ConfigError, match="fewer than one batch of 100000"):
+        digits.check_timing(digits.train_size(), 2)
+    for bad in ("1", "1:2:3", "a:2", "1:2:explode"):
+        with pytest.raises(ConfigError, match="--fault takes RANK:STEP"):
+            RunConfig(fault=bad).check()
+    assert RunConfig(fault="1:3:kill").fault_plan() == (1, 3, "kill")
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--max-steps", "5"], "leaves none to time"),
+    (["--data", "digits", "--batch-size", "100000"], "fewer than one batch"),
+    (["--fault", "1"], "--fault takes RANK:STEP"),
+])
+def test_cli_refuses_what_would_fail_inside_the_ranks(tmp_path, args, expected):
+    cp = subprocess.run([sys.executable, "-m", "invoke", "bench", "--local", "--framework", "ddp",
+                         *args, "--results-dir", str(tmp_path)],
+                        capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 2, cp.stdout[-2000:] + cp.stderr
+    assert expected in cp.stderr and "Traceback" not in cp.stderr
+    assert "== ddp" not in cp.stdout            # no rank was started
+    assert not list(tmp_path.glob("*/results.jsonl"))
+
+
+def test_a_corrupt_mnist_file_is_found_before_launch(tmp_path, mnist_like):
+    import shutil
+    data = tmp_path / "data"
+    shutil.copytree(mnist_like, data)
+    bad = data / "train-labels-idx1-ubyte.gz"
+    bad.write_bytes(bad.read_bytes()[:40])          # cut short, as an interrupted copy
+    cp = subprocess.run([sys.executable, "-m", "invoke", "bench", "--local", "--framework", "ddp",
+                         "--data", "mnist", "--data-dir", str(data), "--results-dir",
+                         str(tmp_path / "res")], capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 2, cp.stdout[-2000:] + cp.stderr
+    assert "train-labels-idx1-ubyte.gz is not a usable MNIST file" in cp.stderr
+    assert "== ddp" not in cp.stdout and len(cp.stderr.strip().splitlines()) == 1

@@ -60,10 +60,24 @@ def test_newer_schema_is_reported_not_misread(tmp_path):
 
 def test_missing_fields():
     assert "figures.throughput_img_s" in results.missing_fields({"status": "ok"})
-    failed = {"schema_version": 1, "run_id": "a", "record_id": "b", "status": "failed",
-              "started_at": "", "finished_at": "", "config": {},
-              "error": {"rank": 1, "host": "h", "reason": "r", "log_tail": ""}}
+    failed = results.make_record("failed", run_id="a", config={}, np=2, nodes=2, started_at="",
+                                 error={"rank": 1, "host": "h", "reason": "r"})
     assert results.missing_fields(failed) == []
+    assert failed["world"] == {"np": 2, "nodes": 2}
+    del failed["world"]
+    assert results.missing_fields(failed) == ["world.np", "world.nodes"]
+    with pytest.raises(ValueError, match="says why"):
+        results.make_record("skipped", run_id="a", config={}, np=1, nodes=1, started_at="",
+                            error={})
+
+
+def test_records_written_before_world_was_on_every_status_are_read_with_it(tmp_path):
+    path = tmp_path / results.RESULTS_FILE
+    results.append_record(path, {"run_id": "a", "record_id": "b", "status": "skipped",
+                                 "started_at": "", "finished_at": "", "config": {}, "np": 2,
+                                 "nodes": 2, "error": {"reason": "r"}})
+    [r] = results.read_records(path)[0]
+    assert r["world"] == {"np": 2, "nodes": 2} and "np" not in r
 
 
 def test_readme_documents_the_current_schema():

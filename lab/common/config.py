@@ -15,6 +15,10 @@ BACKENDS = ("gloo", "mpi", "nccl")
 DEVICES = ("cpu", "cuda")
 DATASETS = ("mnist", "synthetic", "digits")
 COMPRESSIONS = ("none", "fp16", "int8", "int8-naive")   # lab.worker.compression has the 8-bit ones
+FAULT_MODES = ("raise", "kill")   # --fault RANK:STEP[:MODE]: an exception, or SIGKILL to itself
+# scikit-learn's bundled digits: 1,797 images, 300 of them held out for testing.
+DIGITS_SAMPLES, DIGITS_TEST = 1797, 300
+MNIST_TRAIN = 60000               # synthetic data for the MNIST network has MNIST's size
 
 
 class ConfigError(ValueError):
@@ -72,10 +76,54 @@ class RunConfig:
             raise ConfigError("gradient compression needs a distributed framework: "
                               "use --framework horovod or ddp, or --compression none")
         if self.fault:
-            try:
-                [int(x) for x in self.fault.split(":", 1)]
-            except ValueError:
-                raise ConfigError("--fault takes RANK:STEP, for example 1:3") from None
+            self.fault_plan()
+
+    def fault_plan(self) -> tuple[int, int, str]:
+        """--fault RANK:STEP[:MODE] -> (rank, step, mode); (-1, -1, "") without one."""
+        if not self.fault:
+            return -1, -1, ""
+        parts = self.fault.split(":")
+        try:
+            if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] not in FAULT_MODES):
+                raise ValueError
+            return int(parts[0]), int(parts[1]), (parts[2] if len(parts) == 3 else "raise")
+        except ValueError:
+            raise ConfigError(f"--fault takes RANK:STEP or RANK:STEP:MODE with MODE "
+                              f"{' or '.join(FAULT_MODES)} (for example 1:3 or 1:3:kill), "
+                              f"not {self.fault!r}") from None
+
+    def train_size(self) -> int | None:
+        """Training samples of the data set, where known without reading files
+        (MNIST's come from its files: lab.common.fetch.mnist_train_size)."""
+        if self.data == "digits":
+            return DIGITS_SAMPLES - DIGITS_TEST
+        if self.data == "synthetic":
+            return self.synthetic_size or (MNIST_TRAIN if self.model == "mnist"
+                                           else 8 * self.batch_size)
+        return None
+
+    def steps_per_epoch(self, train_size: int, world: int) -> int:
+        """Steps each rank takes per epoch: its shard in whole batches, capped by
+        --max-steps. Synthetic data has nothing to learn, so an epoch may cycle over it:
+        --max-steps sets its length."""
+        shard = train_size // world
+        full = shard // self.batch_size
+        if full == 0:
+            raise ConfigError(f"each rank's shard holds {shard} samples ({train_size} over "
+                              f"{world} ranks), fewer than one batch of {self.batch_size}: lower "
+                              f"--batch-size or --np, or use more data")
+        if self.data == "synthetic":
+            return self.max_steps or full
+        return min(full, self.max_steps) if self.max_steps else full
+
+    def check_timing(self, train_size: int, world: int) -> None:
+        """ConfigError when no step would be timed: all of them within --warmup-steps."""
+        steps = self.steps_per_epoch(train_size, world) * self.epochs
+        if steps <= self.warmup_steps:
+            raise ConfigError(f"with {world} rank(s) a run takes {steps} step(s) per rank "
+                              f"({self.epochs} epoch(s)) and --warmup-steps {self.warmup_steps} "
+                              f"leaves none to time: lower --warmup-steps, or raise --max-steps "
+                              f"or --epochs")
 
     def to_args(self) -> list[str]:
         """The worker's command-line arguments for this configuration."""

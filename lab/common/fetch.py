@@ -2,10 +2,13 @@
 files once before the ranks start, without importing torch."""
 from __future__ import annotations
 
+import gzip
 import hashlib
 import os
+import struct
 import tempfile
 import urllib.request
+import zlib
 from pathlib import Path
 
 from lab.common.config import ConfigError
@@ -91,3 +94,55 @@ def ensure_mnist(data_dir: str | os.PathLike, mirrors=None, timeout: float = 30,
             continue
         _download(name, md5, path, mirrors, timeout)
     return root
+
+
+# Bytes per value of each IDX type code (the IDX format as MNIST's page describes it).
+IDX_ITEMSIZE = {0x08: 1, 0x09: 1, 0x0B: 2, 0x0C: 4, 0x0D: 4, 0x0E: 8}
+
+
+def idx_shape(path: Path) -> tuple[int, ...]:
+    """The shape an IDX file (optionally gzipped) declares, checked against the bytes
+    it holds; ValueError saying what is wrong."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as f:
+            head = f.read(4)
+            if len(head) < 4 or head[0] or head[1] or head[2] not in IDX_ITEMSIZE:
+                raise ValueError("not an IDX file (bad magic number)")
+            ndim = head[3]
+            dims = f.read(4 * ndim)
+            if len(dims) < 4 * ndim:
+                raise ValueError("its header is cut short")
+            shape = struct.unpack(f">{ndim}I", dims)
+            size = 0
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                size += len(chunk)
+    except (OSError, EOFError, zlib.error) as e:
+        raise ValueError(f"it cannot be read ({e})") from None
+    want = IDX_ITEMSIZE[head[2]]
+    for d in shape:
+        want *= d
+    if size != want:
+        raise ValueError(f"its header declares {'x'.join(map(str, shape))} values but it holds "
+                         f"{size} bytes of them")
+    return shape
+
+
+def mnist_train_size(folder: str | os.PathLike) -> int:
+    """Check the four MNIST files in `folder` (as the ranks will read them) and return
+    the number of training images; DataUnavailable naming the bad file otherwise."""
+    folder = Path(folder)
+    shapes = {}
+    for name in MNIST_FILES:
+        try:
+            shapes[name] = idx_shape(folder / name)
+        except ValueError as e:
+            raise DataUnavailable(f"{folder / name} is not a usable MNIST file: {e}; delete it "
+                                  f"(it is downloaded again) or put a good copy there") from None
+    for prefix in ("train", "t10k"):
+        images = shapes[f"{prefix}-images-idx3-ubyte.gz"]
+        labels = shapes[f"{prefix}-labels-idx1-ubyte.gz"]
+        if len(images) != 3 or len(labels) != 1 or images[0] != labels[0]:
+            raise DataUnavailable(f"the MNIST {prefix} files in {folder} do not match ({images} "
+                                  f"images, {labels} labels): replace them with a good copy")
+    return shapes["train-images-idx3-ubyte.gz"][0]

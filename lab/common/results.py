@@ -29,8 +29,9 @@ SCHEMA = {
                "epochs, batch_size (per rank), test_batch_size, lr (before scaling), momentum, "
                "compression, seed, warmup_steps, max_steps, synthetic_size, threads, link (the "
                "simulated cluster's link shaping, RATE[/DELAY], empty when none)"),
-    "world.np": ("int", "number of processes (ranks)"),
-    "world.nodes": ("int", "number of distinct hosts the ranks ran on"),
+    "world.np": ("int", "number of processes (ranks); on every record, whatever its status"),
+    "world.nodes": ("int", "number of distinct hosts the ranks ran on (failed and skipped "
+                    "records: the hosts asked for); on every record"),
     "world.hosts": ("list[str]", "host name of each rank, by rank"),
     "world.devices_per_node": ("int", "ranks (devices) per host"),
     "world.controller": ("str", "what carried the collectives: gloo, mpi or nccl (Horovod: its "
@@ -55,8 +56,8 @@ SCHEMA = {
                                   "on a GPU, maximum resident set size on the CPU"),
     "figures.lr_used": ("float", "learning rate after scaling by the world size"),
     "epochs": ("list[object]", "per epoch: epoch, train_loss, test_accuracy, epoch_time_s, "
-               "shard_sizes (samples per rank), shard_overlap (samples seen by more than one "
-               "rank: 0 when shards are disjoint)"),
+               "shard_sizes (samples each rank trained on; the shards are disjoint by "
+               "construction)"),
     "step_times_s": ("list[float]", "every timed step's time on rank 0, in order"),
     "manifest": ("object", "the environment: hosts, cpu_model, gpus (NVML), driver, cuda, "
                  "cudnn, nccl, mpi, nics (name, driver, speed), gpu_topology (NVLink/PCIe summary), "
@@ -81,6 +82,41 @@ def new_run_id() -> str:
 
 def new_record_id() -> str:
     return secrets.token_hex(8)
+
+
+STATUSES = ("ok", "failed", "skipped")
+
+
+def make_record(status: str, *, run_id: str, config: dict, np: int, nodes: int,
+                started_at: str, finished_at: str | None = None, world: dict | None = None,
+                figures: dict | None = None, error: dict | None = None, **rest) -> dict:
+    """The one way a record is made, for every status: world.np and world.nodes always;
+    an ok record the ranks' world and figures; a failed or skipped one the error (rank,
+    host, reason, log tail). `rest`: epochs, step_times_s, manifest."""
+    if status not in STATUSES:
+        raise ValueError(f"status is one of {', '.join(STATUSES)}, not {status!r}")
+    if status == "ok" and (figures is None or error is not None):
+        raise ValueError("an ok record has figures and no error")
+    if status != "ok" and not (error or {}).get("reason"):
+        raise ValueError(f"a {status} record says why: error.reason")
+    rec = {"schema_version": SCHEMA_VERSION, "run_id": run_id, "record_id": new_record_id(),
+           "status": status,
+           "started_at": started_at, "finished_at": finished_at or now_iso(), "config": config,
+           "world": {**(world or {}), "np": np, "nodes": nodes}}
+    if figures is not None:
+        rec["figures"] = figures
+    if error is not None:
+        rec["error"] = {"rank": None, "host": None, "log_tail": "", **error}
+    rec.update(rest)
+    return rec
+
+
+def _upgrade(rec: dict) -> dict:
+    """Records written before every status carried world.np and world.nodes kept them
+    at the top level (failed and skipped records): moved where they belong now."""
+    if "world" not in rec and "np" in rec:
+        rec["world"] = {"np": rec.pop("np"), "nodes": rec.pop("nodes", 1)}
+    return rec
 
 
 def run_dir(results_dir: str | os.PathLike, run_id: str) -> Path:
@@ -129,7 +165,7 @@ def read_records(path: str | os.PathLike) -> tuple[list[dict], list[str]]:
                 problems.append(f"{path}:{n}: schema version {rec['schema_version']} is newer "
                                 f"than this kit's {SCHEMA_VERSION}; upgrade the kit to read it")
                 continue
-            records.append(rec)
+            records.append(_upgrade(rec))
     return records, problems
 
 
@@ -151,8 +187,9 @@ def missing_fields(record: dict) -> list[str]:
             continue
         if record.get("status") == "ok" and name.startswith("error."):
             continue
-        if record.get("status") in ("failed", "skipped") and name.split(".")[0] in (
-                "figures", "epochs", "step_times_s", "manifest", "world"):
+        if record.get("status") in ("failed", "skipped") and (name.split(".")[0] in (
+                "figures", "epochs", "step_times_s", "manifest") or name.startswith("world.")
+                and name not in ("world.np", "world.nodes")):
             continue
         try:
             _lookup(record, name)

@@ -90,13 +90,7 @@ def run(s: BenchSettings, echo=print, stack: dict | None = None,
         echo(n)
     if where_note and runner.kind != "local":
         notes.insert(0, where_note)
-    if s.data == "mnist":
-        # Once, here, rather than by every rank at the same time.
-        from lab.common.fetch import DataUnavailable, ensure_mnist
-        try:
-            ensure_mnist(s.data_dir)
-        except DataUnavailable as e:
-            raise BenchError(str(e)) from None
+    check_steps(s, framework, nps)
     run_id = s.run_id or results.new_run_id()
     rdir = results.run_dir(s.results_dir, run_id)
     rfile = rdir / results.RESULTS_FILE
@@ -124,6 +118,20 @@ def run(s: BenchSettings, echo=print, stack: dict | None = None,
     return Outcome(str(rdir), records, failed, notes, ceilings)
 
 
+def check_steps(s: BenchSettings, framework: str, nps: list[int]) -> None:
+    """Before any rank starts: MNIST fetched once (here, not by every rank) and its files
+    checked, and every process count left with at least one timed step."""
+    from lab.common.config import ConfigError
+    from lab.common.fetch import DataUnavailable, ensure_mnist, mnist_train_size
+    cfg = base_config(s, framework)
+    try:
+        size = mnist_train_size(ensure_mnist(s.data_dir)) if s.data == "mnist" else cfg.train_size()
+        for np in nps:
+            cfg.check_timing(size, np)
+    except (ConfigError, DataUnavailable) as e:
+        raise BenchError(str(e)) from None
+
+
 def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, echo,
             ceilings: dict) -> int:
     """One launch of `np` ranks; 0 when it wrote its record, 1 when it failed (recorded)."""
@@ -144,8 +152,7 @@ def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, ec
                          name=f"lab-bench-{cfg.run_id}-{cfg.attempt}")
     except KeyboardInterrupt:
         runner.stop()
-        _record_failure(rfile, cfg, np, started, {"rank": None, "host": None,
-                        "reason": "interrupted by the user", "log_tail": ""})
+        _record_failure(rfile, cfg, np, s.nodes, started, {"reason": "interrupted by the user"})
         raise
     except RunnerError as e:
         res = JobResult(1, [str(e)], str(e))
@@ -157,7 +164,7 @@ def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, ec
     info, reason = attribute_failure(res, wrote, rfile.parent / "failures" / cfg.attempt,
                                      runner.dead())
     echo(f"!! run failed after {time.monotonic() - t0:.1f} s: {reason}")
-    _record_failure(rfile, cfg, np, started, {
+    _record_failure(rfile, cfg, np, s.nodes, started, {
         "rank": info.get("rank"), "host": info.get("host"),
         "reason": reason, "log_tail": "\n".join(res.tail[-20:])})
     return 1
@@ -202,11 +209,10 @@ def _failure_reason_from_tail(tail: list[str]) -> str:
     return (tail[-1].strip()[:300] if tail else "no output")
 
 
-def _record_failure(rfile, cfg: RunConfig, np: int, started: str, error: dict) -> None:
-    results.append_record(rfile, {
-        "run_id": cfg.run_id, "record_id": results.new_record_id(), "status": "failed",
-        "started_at": started, "finished_at": results.now_iso(), "config": cfg.as_record(),
-        "np": np, "error": error})
+def _record_failure(rfile, cfg: RunConfig, np: int, nodes: int, started: str, error: dict) -> None:
+    results.append_record(rfile, results.make_record(
+        "failed", run_id=cfg.run_id, config=cfg.as_record(), np=np, nodes=nodes,
+        started_at=started, error=error))
 
 
 def measure_ceiling(s: BenchSettings, processes: int, runner: Runner) -> dict:

@@ -117,9 +117,7 @@ def run_sweep(base: BenchSettings, lists: dict, resume: bool = False, echo=print
         for n in nps:
             cfg = dataclasses.replace(base_config(s, s.framework if s.framework != "auto" else "ddp"),
                                       run_id=run_id, expected_np=n, link=s.link)
-            results.append_record(rfile, {
-                "run_id": run_id, "record_id": results.new_record_id(), "status": "skipped",
-                "started_at": results.now_iso(), "finished_at": results.now_iso(),
-                "config": cfg.as_record(), "np": n, "nodes": s.nodes,
-                "error": {"rank": None, "host": None, "reason": reason, "log_tail": ""}})
+            results.append_record(rfile, results.make_record(
+                "skipped", run_id=run_id, config=cfg.as_record(), np=n, nodes=s.nodes,
+                started_at=results.now_iso(), error={"reason": reason}))
     return outcomes

@@ -97,7 +97,7 @@ def result_rows(records: list[dict], across: bool) -> list[list]:
     rows = []
     table = summary.rows(records)
     for rec, row in zip(records, table):
-        nodes = rec.get("world", {}).get("nodes") or rec.get("nodes") or 1
+        nodes = rec["world"]["nodes"]
         if (nodes > 1) != across:
             continue
         label = f"{row['framework']} / {row['back end']}" + (
@@ -152,7 +152,7 @@ COMPRESSION_HEADERS = ["framework / back end", "workers", "compression", "time p
 
 def failure_rows(records: list[dict]) -> list[list]:
     return [[r["config"].get("framework"), r["config"].get("backend"), r["config"].get("compression"),
-             r.get("np"), r.get("status"), (r.get("error") or {}).get("host") or "",
+             r["world"]["np"], r.get("status"), (r.get("error") or {}).get("host") or "",
              (r.get("error") or {}).get("reason", "")]
             for r in records if r.get("status") != "ok"]
 

@@ -31,9 +31,9 @@ def rows(records: list[dict]) -> list[dict]:
         c = r.get("config", {})
         row = {"model": c.get("model"), "framework": c.get("framework"),
                "back end": c.get("backend"), "compression": c.get("compression"),
-               "np": r.get("world", {}).get("np", r.get("np"))}
+               "np": r["world"]["np"]}
         if r.get("status") != "ok":
-            row.update({"servers": r.get("nodes"), "devices per server": None,
+            row.update({"servers": r["world"]["nodes"], "devices per server": None,
                         "failed": r.get("error", {}).get("reason", "failed"),
                         "status": r.get("status", "failed")})
             out.append(row)

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from lab.common.config import DIGITS_TEST
 from lab.common.fetch import DataUnavailable, ensure_mnist  # noqa: F401 (part of this module's API)
 
 # MNIST's mean and standard deviation, the normalisation of Horovod's example.
@@ -112,7 +113,7 @@ def load_mnist(data_dir) -> Dataset:
     return Dataset("mnist", train, test, channels=1, size=train.images.shape[-1], classes=10)
 
 
-def load_digits(seed: int = 0, test_size: int = 300) -> Dataset:
+def load_digits(seed: int = 0, test_size: int = DIGITS_TEST) -> Dataset:
     """scikit-learn's 1,797 bundled 8x8 handwritten digits, upsampled to 20x20 and centred
     in 28x28 (MNIST's layout: digits fit a 20x20 box), split into train and test."""
     try:
@@ -151,10 +152,9 @@ def load(cfg) -> Dataset:
     if cfg.data == "digits":
         return load_digits(seed=cfg.seed)
     # Synthetic: MNIST's shape for the MNIST network; ImageNet's for ResNet-50.
+    n = cfg.train_size()
     if cfg.model == "mnist":
-        n = cfg.synthetic_size or 60000
         return synthetic(1, 28, 10, n, max(n // 6, 1), seed=cfg.seed)
-    n = cfg.synthetic_size or 8 * cfg.batch_size
     return synthetic(3, 224, 1000, n, max(n // 8, 1), seed=cfg.seed)
 
 
