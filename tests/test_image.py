@@ -208,6 +208,18 @@ def test_the_checkout_alone_is_lab_in_the_image_not_merged_with_the_images_copy(
     assert bench_containers(client) == []
 
 
+def test_a_job_in_the_image_that_outlives_its_limit_is_stopped_and_said_so(image, tmp_path):
+    from lab.host.container import ImageRunner
+    client, img = image
+    runner = ImageRunner(client, img, frozen=False, gpus=False, results_dir=str(tmp_path),
+                         data_dir=None)
+    t0 = time.monotonic()
+    res = runner.run({"job": ["sleep", "60"]}, {}, 3, lambda line: None)
+    assert res.returncode is None and res.why == "did not finish within 3 s and was stopped"
+    assert time.monotonic() - t0 < 30
+    assert bench_containers(client) == []
+
+
 def test_clean_removes_what_a_killed_bench_left(image, tmp_path):
     """SIGKILL gives bench no chance to remove its job's container; `invoke clean` finds
     it by the kit's label and removes it."""

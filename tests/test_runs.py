@@ -204,3 +204,73 @@ def processes_with(text):
         if text in cmd:
             found.append(cmd)
     return found
+
+
+RANK_VARS = ("RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK")
+
+
+def _rank_pid(run_id: str, rank: int):
+    """The Python process of `rank` of the job with this run id, found in /proc."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().decode(errors="replace").split("\0")
+            # The rank itself: python [-u] -m lab.worker.train, not its launcher or a shell.
+            if ("lab.worker.train" not in args or run_id not in args
+                    or not os.path.basename(args[0]).startswith("python")
+                    or any(a in ("torch.distributed.run", "-c") or a.endswith("horovodrun")
+                           for a in args)):
+                continue
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(kv.split("=", 1) for kv in f.read().decode(errors="replace").split("\0")
+                           if "=" in kv)
+        except OSError:
+            continue
+        if any(env.get(v) == str(rank) for v in RANK_VARS):
+            return int(pid)
+    return None
+
+
+@pytest.mark.parametrize("framework,backend", [
+    ("ddp", "gloo"),
+    pytest.param("horovod", "gloo", marks=requires_horovod),
+    pytest.param("horovod", "mpi", marks=[requires_horovod, requires_mpirun]),
+])
+def test_a_rank_killed_from_outside_is_named_with_its_signal(tmp_path, framework, backend):
+    """SIGKILL to rank 1's process, as the out-of-memory killer sends: the job ends
+    within 10 s, the record names rank 1 and signal 9, the earlier record is untouched."""
+    import signal as sig
+    run_id = f"kill-{framework}-{backend}"
+    base = [sys.executable, "-m", "invoke", "bench", "--local", "--np", "2", "--framework", framework,
+            "--backend", backend, "--results-dir", str(tmp_path), "--run-id", run_id]
+    first = subprocess.run([*base, "--max-steps", "10"], capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr
+    rfile = tmp_path / run_id / results.RESULTS_FILE
+    before = rfile.read_bytes()
+    proc = subprocess.Popen([*base, "--max-steps", "100000"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        pid = None
+        for _ in range(240):
+            pid = _rank_pid(run_id, 1)
+            if pid:
+                break
+            time.sleep(0.25)
+        assert pid, "rank 1 never started"
+        time.sleep(5)                      # into training
+        os.kill(pid, sig.SIGKILL)
+        killed = time.monotonic()
+        out, _ = proc.communicate(timeout=60)
+        took = time.monotonic() - killed
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, sig.SIGKILL)
+    assert proc.returncode == 1, out[-3000:]
+    assert took < 10, f"the job took {took:.1f} s to end after the kill"
+    data = rfile.read_bytes()
+    assert data.startswith(before)
+    failed = results.read_records(rfile)[0][-1]
+    assert failed["status"] == "failed" and failed["error"]["rank"] == 1, failed["error"]
+    assert failed["error"]["signal"] == 9
+    assert "rank 1" in failed["error"]["reason"] and "signal 9 (SIGKILL)" in failed["error"]["reason"]
+    assert "Traceback (most recent call last)" not in out

@@ -62,3 +62,14 @@ def test_resume_needs_the_run_id(tmp_path):
     cp = subprocess.run([sys.executable, "-m", "invoke", "bench", "--local", "--resume", "--results-dir",
                          str(tmp_path)], cwd=REPO, capture_output=True, text=True)
     assert cp.returncode == 2 and "--run-id" in cp.stderr and "Traceback" not in cp.stderr
+
+
+def test_link_is_checked_for_every_combination_of_a_local_sweep(tmp_path):
+    cp = subprocess.run([sys.executable, "-m", "invoke", "bench", "--local", "--np", "1",
+                         "--framework", "ddp", "--nodes", "1,2", "--link", "1gbit",
+                         "--results-dir", str(tmp_path), "--run-id", "link"],
+                        capture_output=True, text=True, timeout=300)
+    recs = results.read_records(tmp_path / "link" / results.RESULTS_FILE)[0]
+    assert [r["status"] for r in recs] == ["skipped", "skipped"], cp.stdout[-2000:]
+    assert "--link shapes the links" in recs[0]["error"]["reason"]
+    assert recs[0]["world"]["nodes"] == 1 and recs[1]["world"]["nodes"] == 2

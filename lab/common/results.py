@@ -65,6 +65,10 @@ SCHEMA = {
                  "labels, or null outside the image), kit_path (which copy of lab ran)"),
     "error.rank": ("int or null", "on failure: the rank that failed first, when known"),
     "error.host": ("str or null", "on failure: that rank's host"),
+    "error.exit_code": ("int or null, optional", "on failure, when the launcher said: that rank's "
+                        "exit status"),
+    "error.signal": ("int or null, optional", "on failure, when the launcher said: the signal that "
+                     "ended that rank (9: SIGKILL, as the out-of-memory killer sends)"),
     "error.reason": ("str", "on failure: one line saying what went wrong"),
     "error.log_tail": ("str", "on failure: the end of the job's output"),
 }

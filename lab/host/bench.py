@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from lab.common import results
 from lab.common.config import RunConfig
+from lab.host.failures import LauncherWatch, RankEnd
 from lab.host.launch import HostsError
 from lab.host.request import BenchError, BenchSettings, base_config, check_request, parse_np
 from lab.host.runners import JobResult, Runner, RunnerError, choose_runner
@@ -30,8 +31,7 @@ class Outcome:
     ceilings: dict = field(default_factory=dict)   # np -> compute ceiling measured around its run
 
 
-def select_runner(s: BenchSettings, echo=print) -> tuple[Runner, str | None]:
-    """Where the ranks of `s` run (lab.host.runners.choose_runner), as a BenchError."""
+def check_link(s: BenchSettings) -> None:
     if s.link:
         if s.nodes < 2:
             raise BenchError("--link shapes the links between the cluster's nodes: add --nodes 2 or more")
@@ -40,6 +40,11 @@ def select_runner(s: BenchSettings, echo=print) -> tuple[Runner, str | None]:
             parse_link(s.link)
         except RunnerError as e:
             raise BenchError(str(e)) from None
+
+
+def select_runner(s: BenchSettings, echo=print) -> tuple[Runner, str | None]:
+    """Where the ranks of `s` run (lab.host.runners.choose_runner), as a BenchError."""
+    check_link(s)
     try:
         return choose_runner(where=s.where, nodes=s.nodes, image=s.image, frozen=s.frozen,
                              device=s.device, framework=s.framework, backend=s.backend,
@@ -74,6 +79,7 @@ def run(s: BenchSettings, echo=print, stack: dict | None = None,
     """Check the request, then run one job per process count into one results directory."""
     nps = parse_np(s.np)
     s = dataclasses.replace(s, np=nps)
+    check_link(s)
     if runner is None:
         runner, where_note = select_runner(s, echo)
         if where_note:
@@ -147,9 +153,13 @@ def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, ec
     ceiling_before = measure_ceiling(s, np, runner) if s.ceiling else None
     started = results.now_iso()
     t0 = time.monotonic()
+    watch = LauncherWatch(echo)
     try:
-        res = runner.run(commands, job_env(s), s.timeout_s, echo,
-                         name=f"lab-bench-{cfg.run_id}-{cfg.attempt}")
+        try:
+            res = runner.run(commands, job_env(s), s.timeout_s, watch.line,
+                             name=f"lab-bench-{cfg.run_id}-{cfg.attempt}")
+        finally:
+            watch.close()
     except KeyboardInterrupt:
         runner.stop()
         _record_failure(rfile, cfg, np, s.nodes, started, {"reason": "interrupted by the user"})
@@ -161,18 +171,22 @@ def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, ec
         if s.ceiling:
             ceilings[np] = ceiling_around(s, np, before_s=ceiling_before, runner=runner)
         return 0
-    info, reason = attribute_failure(res, wrote, rfile.parent / "failures" / cfg.attempt,
-                                     runner.dead())
+    info, reason = attribute_failure(res, rfile.parent / "failures" / cfg.attempt,
+                                     runner.dead(), watch.first)
     echo(f"!! run failed after {time.monotonic() - t0:.1f} s: {reason}")
     _record_failure(rfile, cfg, np, s.nodes, started, {
-        "rank": info.get("rank"), "host": info.get("host"),
-        "reason": reason, "log_tail": "\n".join(res.tail[-20:])})
+        **{k: info.get(k) for k in ("rank", "host", "exit_code", "signal") if k in info},
+        "reason": reason, "log_tail": "\n".join(list(watch.tail)[-20:])})
     return 1
 
 
-def attribute_failure(res: JobResult, wrote: bool, failure_dir, dead: dict) -> tuple[dict, str]:
-    """(the rank and host to blame, when known; the reason) for a job that failed."""
-    info = first_failure(str(failure_dir))
+def attribute_failure(res: JobResult, failure_dir, dead: dict,
+                      launcher: RankEnd | None = None) -> tuple[dict, str]:
+    """(the rank and host to blame, when known; the reason) for a job that failed. A
+    node that stopped comes first; then a rank the launcher saw killed by a signal (it
+    wrote nothing, and its peers' failure files only describe their reaction); then the
+    earliest failure file a rank wrote; then what the launcher said of the first rank
+    that exited non-zero; then the launcher's own last words."""
     if dead:
         host, state = next(iter(dead.items()))
         return {"rank": None, "host": host}, f"node {host} stopped during the run ({state})"
@@ -180,8 +194,16 @@ def attribute_failure(res: JobResult, wrote: bool, failure_dir, dead: dict) -> t
         return {}, "the job exited normally but wrote no record"
     if res.returncode is None:
         return {}, f"the job {res.why}"
+    end = {"rank": launcher.rank, "host": launcher.host, "exit_code": launcher.exit_code,
+           "signal": launcher.signal} if launcher else None
+    where = f" on {launcher.host}" if launcher and launcher.host else ""
+    if launcher and launcher.signal is not None:
+        return end, f"rank {launcher.rank}{where} {launcher.how()}"
+    info = first_failure(str(failure_dir))
     if info:
         return info, f"rank {info['rank']} on {info['host']} failed: {info['reason']}"
+    if launcher:
+        return end, f"rank {launcher.rank}{where} {launcher.how()}"
     return {}, f"the launcher exited with {res.returncode}: {_failure_reason_from_tail(res.tail)}"
 
 

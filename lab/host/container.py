@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 
 from lab.common import kit, proc
@@ -162,14 +163,19 @@ class ImageRunner(Runner):
 
             reader = threading.Thread(target=pump, daemon=True)
             reader.start()
+            started = time.monotonic()
             try:
                 status = container.wait(timeout=timeout_s if timeout_s > 0 else None)
                 rc, why = status.get("StatusCode"), "exited"
-            except requests.exceptions.ReadTimeout:
-                container.kill()
-                rc, why = None, f"did not finish within {timeout_s:g} s and was stopped"
-            except requests.exceptions.ConnectionError as e:
-                rc, why = 1, f"the connection to the Docker engine was lost ({type(e).__name__})"
+            except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError) as e:
+                # docker-py reports a wait that outlived its timeout as a ReadTimeout, or as
+                # a ConnectionError once the engine has sent the response's headers
+                # (docker/docker-py#1966): the time limit, when it has passed.
+                if timeout_s > 0 and time.monotonic() - started >= timeout_s * 0.99:
+                    container.kill()
+                    rc, why = None, f"did not finish within {timeout_s:g} s and was stopped"
+                else:
+                    rc, why = 1, f"the connection to the Docker engine was lost ({type(e).__name__})"
             reader.join(timeout=5)
             return JobResult(rc, list(tail), why)
         finally:

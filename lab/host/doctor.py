@@ -51,8 +51,11 @@ def run(np: int = 2, where: str = "auto", image: str = "", frozen: bool = False,
         runner, note = choose_runner(where=where, image=image, frozen=frozen,
                                      device="cuda" if gpus else "cpu", framework="horovod",
                                      results_dir=scratch, data_dir=None)
-        if note:
+        if runner.kind == "image":
+            note = f"the stack is checked in the image {runner.tag} ({runner.image.short_id})"
+        elif note:
             note = note.replace("running as local processes", "the stack is checked as local processes")
+        if note:
             notes.append(note)
             echo(note)
         if runner.kind == "local":

@@ -34,10 +34,10 @@ def benchmark_plans(stack: dict, results_dir: str = "results") -> tuple[list[Ben
     """What `invoke benchmark` runs: MNIST and ResNet-50 at np 1 and 2 over each framework
     and back end this machine has, each beside its compute ceiling."""
     mnist = dict(np=[1, 2], model="mnist", data="synthetic", batch_size=64, max_steps=300,
-                 warmup_steps=20, ceiling=True, results_dir=results_dir)
+                 warmup_steps=20, ceiling=True, results_dir=results_dir, timeout_s=3600)
     # ResNet-50 at 224x224 takes seconds a step on one CPU thread: a few steps suffice.
     resnet = dict(np=[1, 2], model="resnet50", data="synthetic", batch_size=8, max_steps=4,
-                  warmup_steps=1, ceiling=True, results_dir=results_dir)
+                  warmup_steps=1, ceiling=True, results_dir=results_dir, timeout_s=3600)
     combos = [("ddp", "gloo")]
     notes = []
     hvd = stack.get("horovod") or {}

@@ -54,7 +54,7 @@ def measure_concurrent(processes: int, model_name: str = "mnist", batch_size: in
     import os
 
     from lab.common import proc
-    # Each process is this module with --processes 1, so torch is set up afresh in each.
+    # Each process is this module measuring in itself, so torch is set up afresh in each.
     cmd = [sys.executable, "-m", "lab.worker.ceiling", "--model", model_name, "--batch-size",
            str(batch_size), "--threads", str(threads), "--steps", str(steps), "--warmup",
            str(warmup), "--device", device]
@@ -84,10 +84,11 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--processes", type=int, default=1,
-                   help="run this many independent processes at once and sum them")
+    p.add_argument("--processes", type=int, default=0,
+                   help="run this many independent processes at once, each with OMP_NUM_THREADS "
+                        "set to --threads, and sum them (0: measure in this process)")
     a = p.parse_args(argv)
-    if a.processes != 1:
+    if a.processes:
         out = measure_concurrent(a.processes, a.model, a.batch_size, a.threads, a.steps,
                                  a.warmup, a.device)
     else:

@@ -1,0 +1,153 @@
+"""What a job's launcher says about the rank that ended first, read from its output as it
+streams; and that output condensed for the user (a launcher's own Python traceback cut
+to its last line). A rank killed from outside (SIGKILL, as the out-of-memory killer
+does) writes no failure file, and its peers' files only say that a connection broke:
+the launcher is the one witness. What each launcher prints (captured here, in
+tests/fixtures/launchers/):
+
+- torch.distributed.run: a "Root Cause (first observed failure):" block with
+  `rank : R (local_rank: L)`, `host : H`, `exitcode : -9 (pid: P)` — a negative exit
+  code is the signal (torch/distributed/elastic/multiprocessing/errors).
+- horovodrun over Gloo: "Process R exit with status code C." as each rank ends, R being
+  the slot's rank (horovod/runner/gloo_run.py, _exec_command_fn), then "The first
+  process to do so was:\\nProcess name: R\\nExit code: C"; ranks run under a shell, so a
+  signal shows as 128 + its number.
+- mpirun (Open MPI 4.1): "mpirun noticed that process rank R with PID P on node H
+  exited on signal S (Name)." for a signal; "Process name: [[J,1],R]" then
+  "Exit code: C" for the first non-zero exit.
+"""
+from __future__ import annotations
+
+import collections
+import re
+import signal as _signal
+from dataclasses import dataclass
+
+_NODE_PREFIX = re.compile(r"^\[[\w.-]+\] ")          # the cluster runner's "[node2] "
+_MPIRUN_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
+_HOROVOD_EXIT = re.compile(r"^Process (\d+) exit with status code (-?\d+)\.$")
+_PROCESS_NAME = re.compile(r"^\s*Process name: (?:\[\[\d+,\d+\],(\d+)\]|(\d+))\s*$")
+_EXIT_CODE = re.compile(r"^\s*Exit code: (-?\d+)\s*$")
+_TORCHRUN_FIELD = re.compile(r"^\s*(rank|host|exitcode)\s*: (.*)$")
+
+
+def signal_name(number: int) -> str:
+    try:
+        return _signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+@dataclass
+class RankEnd:
+    rank: int
+    host: str | None = None
+    exit_code: int | None = None      # its exit status, when it exited
+    signal: int | None = None         # the signal that ended it, when one did
+
+    def how(self) -> str:
+        if self.signal is not None:
+            return f"was killed by signal {self.signal} ({signal_name(self.signal)})"
+        return f"exited with code {self.exit_code}"
+
+
+def _from_code(rank: int, code: int, host: str | None = None, shell: bool = False) -> RankEnd:
+    if code < 0:
+        return RankEnd(rank, host, None, -code)
+    if shell and code > 128:
+        return RankEnd(rank, host, code, code - 128)
+    return RankEnd(rank, host, code, None)
+
+
+class LauncherWatch:
+    """Feed it every line of a job's output (`line`); it passes them on to `echo`,
+    with a launcher's traceback condensed to its last line, keeps the last lines it
+    passed on (`tail`), and remembers the first rank the launcher reports as ended
+    abnormally (`first`)."""
+
+    def __init__(self, echo, tail: int = 40):
+        self.echo = echo
+        self.tail: collections.deque[str] = collections.deque(maxlen=tail)
+        self.first: RankEnd | None = None
+        self._traceback: list[str] | None = None
+        self._prefix = ""
+        self._pending_name: int | None = None
+        self._torchrun: dict | None = None
+        self._horovod_exits: list[RankEnd] = []
+
+    def _out(self, text: str) -> None:
+        self.tail.append(text)
+        self.echo(text)
+
+    def line(self, raw: str) -> None:
+        m = _NODE_PREFIX.match(raw)
+        prefix, text = (m.group(0), raw[m.end():]) if m else ("", raw)
+        self._parse(text)
+        # A launcher's own traceback (a rank's lines carry the launcher's rank prefix,
+        # and the kit's worker prints one line, not a traceback): its last line only.
+        if self._traceback is not None:
+            if text.startswith((" ", "\t")) or not text.strip():
+                self._traceback.append(text)
+                return
+            self._traceback = None
+            self._out(f"{prefix}(the launcher's traceback, condensed) {text}")
+            return
+        if text.startswith("Traceback (most recent call last):"):
+            self._traceback, self._prefix = [], prefix
+            return
+        self._out(raw)
+
+    def close(self) -> None:
+        """The output ended: a traceback still open is said in one line."""
+        if self._traceback is not None:
+            self._out(f"{self._prefix}(the launcher printed a traceback that ended without "
+                      f"its exception line)")
+            self._traceback = None
+        self._finish_torchrun()
+        if self.first is None and self._horovod_exits:
+            self.first = self._horovod_exits[0]
+
+    def _found(self, end: RankEnd) -> None:
+        if self.first is None:
+            self.first = end
+
+    def _finish_torchrun(self) -> None:
+        t, self._torchrun = self._torchrun, None
+        if t and "rank" in t and "exitcode" in t:
+            self._found(_from_code(t["rank"], t["exitcode"], t.get("host")))
+
+    def _parse(self, text: str) -> None:
+        if self._torchrun is not None:
+            f = _TORCHRUN_FIELD.match(text)
+            if f:
+                key, value = f.groups()
+                if key == "host":
+                    self._torchrun["host"] = value.strip()
+                else:
+                    number = re.match(r"-?\d+", value.strip())
+                    if number:
+                        self._torchrun[key] = int(number.group(0))
+            elif text.startswith("====") or text.startswith("----"):
+                self._finish_torchrun()
+            return
+        if text.startswith("Root Cause (first observed failure):"):
+            self._torchrun = {}
+            return
+        m = _MPIRUN_SIGNAL.search(text)
+        if m:
+            self._found(RankEnd(int(m.group(1)), m.group(2), None, int(m.group(3))))
+            return
+        m = _HOROVOD_EXIT.match(text)
+        if m and int(m.group(2)) != 0:
+            self._horovod_exits.append(_from_code(int(m.group(1)), int(m.group(2)), shell=True))
+            return
+        m = _PROCESS_NAME.match(text)
+        if m:
+            self._pending_name = int(m.group(1) or m.group(2))
+            return
+        m = _EXIT_CODE.match(text)
+        if m and self._pending_name is not None:
+            # "The first process to do so was": horovodrun's (shell) or mpirun's.
+            self._found(_from_code(self._pending_name, int(m.group(1)),
+                                   shell=bool(self._horovod_exits)))
+            self._pending_name = None

@@ -1,0 +1,60 @@
+"""What the launchers say about the rank that ended first, parsed from their real output
+(tests/fixtures/launchers/, captured here: rank 1 of 2 killed with SIGKILL under each
+launcher), and the launcher's own traceback condensed to its last line."""
+from pathlib import Path
+
+import pytest
+
+from lab.host.failures import LauncherWatch, RankEnd
+
+FIXTURES = Path(__file__).parent / "fixtures" / "launchers"
+
+
+def watch_file(name):
+    shown = []
+    w = LauncherWatch(shown.append)
+    for line in (FIXTURES / name).read_text().splitlines():
+        w.line(line)
+    w.close()
+    return w, shown
+
+
+@pytest.mark.parametrize("name,host", [
+    ("torchrun-rank1-sigkill.txt", "localhost"),
+    ("horovodrun-gloo-rank1-sigkill.txt", None),
+    ("horovodrun-mpi-rank1-sigkill.txt", "vm"),
+])
+def test_the_rank_killed_first_and_how(name, host):
+    w, _ = watch_file(name)
+    assert w.first is not None and w.first.rank == 1 and w.first.signal == 9
+    assert w.first.host == host
+    assert w.first.how() == "was killed by signal 9 (SIGKILL)"
+
+
+def test_horovodruns_traceback_is_condensed_to_its_last_line():
+    _, shown = watch_file("horovodrun-gloo-rank1-sigkill.txt")
+    text = "\n".join(shown)
+    assert "Traceback (most recent call last)" not in text and 'File "' not in text
+    assert "(the launcher's traceback, condensed) RuntimeError: Horovod detected" in text
+    assert "Process name: 1" in text and "[1]<stderr>:Killed" in text   # the rest is kept
+
+
+def test_exit_codes_signals_and_cluster_prefixes():
+    w = LauncherWatch(lambda line: None)
+    for line in ["[node1] Process 0 exit with status code 1.",
+                 "[node1] Process 1 exit with status code 143.",
+                 "[node1] Traceback (most recent call last):",
+                 '[node1]   File "x", line 1, in <module>',
+                 "[node1] RuntimeError: Horovod detected that one or more processes exited ...",
+                 "[node1] Process name: 0", "[node1] Exit code: 1"]:
+        w.line(line)
+    w.close()
+    assert w.first == RankEnd(0, None, 1, None) and w.first.how() == "exited with code 1"
+    shown = []
+    w = LauncherWatch(shown.append)
+    for line in ["  Process name: [[61734,1],3]", "  Exit code: 2", "Traceback (most recent call last):",
+                 '  File "y"']:
+        w.line(line)
+    w.close()
+    assert w.first == RankEnd(3, None, 2, None)
+    assert shown[-1] == "(the launcher printed a traceback that ended without its exception line)"
