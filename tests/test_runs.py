@@ -209,6 +209,18 @@ def processes_with(text):
 RANK_VARS = ("RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK")
 
 
+def _kill_job(run_id: str) -> None:
+    """Whatever of a job with this run id is left (its launcher runs in a session of
+    its own, so a test that gives up on bench must end it itself)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if run_id.encode() in f.read():
+                    os.kill(int(pid), 9)
+        except OSError:
+            continue
+
+
 def _rank_pid(run_id: str, rank: int):
     """The Python process of `rank` of the job with this run id, found in /proc."""
     for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -240,7 +252,8 @@ def test_a_rank_killed_from_outside_is_named_with_its_signal(tmp_path, framework
     """SIGKILL to rank 1's process, as the out-of-memory killer sends: the job ends
     within 10 s, the record names rank 1 and signal 9, the earlier record is untouched."""
     import signal as sig
-    run_id = f"kill-{framework}-{backend}"
+    import uuid
+    run_id = f"kill-{framework}-{backend}-{uuid.uuid4().hex[:6]}"
     base = [sys.executable, "-m", "invoke", "bench", "--local", "--np", "2", "--framework", framework,
             "--backend", backend, "--results-dir", str(tmp_path), "--run-id", run_id]
     first = subprocess.run([*base, "--max-steps", "10"], capture_output=True, text=True, timeout=300)
@@ -265,6 +278,7 @@ def test_a_rank_killed_from_outside_is_named_with_its_signal(tmp_path, framework
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, sig.SIGKILL)
+        _kill_job(run_id)
     assert proc.returncode == 1, out[-3000:]
     assert took < 10, f"the job took {took:.1f} s to end after the kill"
     data = rfile.read_bytes()
