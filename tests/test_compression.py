@@ -52,7 +52,9 @@ def test_the_naive_cast_zeroes_every_gradient_below_one():
     x = torch.tensor([0.9, -0.5, 1e-3, 3.7, -200.0])
     y = codec.decode(codec.encode(x), 5)
     assert y[:3].tolist() == [0.0, 0.0, 0.0] and y[3] == 3.0
-    assert codec.stats == {"values": 5, "zeroed": 3}
+    assert codec.stats.as_dict() == {"values": 5, "zeroed": 3}
+    # Counted as tensors where the values are: no int() (a GPU sync) inside a step.
+    assert isinstance(codec.stats.values, torch.Tensor) and isinstance(codec.stats.zeroed, torch.Tensor)
 
 
 def test_gathered_payloads_are_averaged_in_float():
@@ -98,3 +100,38 @@ def test_int8_trains_like_uncompressed_and_the_naive_cast_does_not(framework, tm
     # The saving on the wire, as recorded: int8 sends about a quarter of float32's bytes.
     ratio = int8["figures"]["payload_bytes_per_step"] / plain["figures"]["payload_bytes_per_step"]
     assert 0.25 <= ratio < 0.27
+
+
+def test_ddp_hook_keeps_each_residual_with_its_bucket_when_ddp_rebuilds_them():
+    """DDP regroups its buckets after the first iteration (one bucket of every parameter,
+    then two, with bucket_cap_mb=0.25): each residual must match the bucket it is added
+    to. A real one-process Gloo group; three steps."""
+    import os
+
+    import torch.distributed as dist
+    import torch.nn as nn
+
+    from lab.worker import compression
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = "29541"
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(100, 300), nn.ReLU(), nn.Linear(300, 300), nn.ReLU(),
+                              nn.Linear(300, 10))
+        ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.25)
+        codec = compression.Int8Codec()
+        sizes = {}
+        inner = compression.ddp_hook(codec)
+
+        def hook(state, bucket):
+            sizes[bucket.index()] = bucket.buffer().numel()
+            return inner(state, bucket)
+        ddp.register_comm_hook(None, hook)
+        for _ in range(3):
+            ddp(torch.randn(4, 100)).sum().backward()
+        assert len(sizes) == 2                                   # the rebuilt buckets
+        assert {k: r.numel() for k, r in codec.residual.items()} == sizes
+        assert codec.stats["values"] > 0
+    finally:
+        dist.destroy_process_group()

@@ -21,6 +21,28 @@ import torch
 CHUNK = 512
 
 
+class ZeroedCounter:
+    """How many nonzero values a codec saw and sent as 0, summed as tensors on the
+    values' device: reading a count (`int(...)`) would synchronise a GPU inside every
+    timed step, so they are read once, after training (`as_dict`)."""
+
+    def __init__(self):
+        self.values = self.zeroed = None
+
+    def add(self, x: torch.Tensor, q: torch.Tensor) -> None:
+        nonzero = x != 0
+        v, z = nonzero.sum(), (nonzero & (q == 0)).sum()
+        self.values = v if self.values is None else self.values + v
+        self.zeroed = z if self.zeroed is None else self.zeroed + z
+
+    def as_dict(self) -> dict:
+        return {"values": int(self.values) if self.values is not None else 0,
+                "zeroed": int(self.zeroed) if self.zeroed is not None else 0}
+
+    def __getitem__(self, key: str) -> int:
+        return self.as_dict()[key]
+
+
 def quantize(x: torch.Tensor, chunk: int = CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
     """A flat float tensor -> (int8 values, padded to whole chunks; float32 scales)."""
     n = x.numel()
@@ -44,7 +66,7 @@ class Int8Codec:
     def __init__(self, chunk: int = CHUNK):
         self.chunk = chunk
         self.residual: dict = {}
-        self.stats = {"values": 0, "zeroed": 0}
+        self.stats = ZeroedCounter()
 
     def encode(self, x: torch.Tensor, key=0) -> torch.Tensor:
         """The payload to send: int8 values then the scales' bytes, one int8 tensor."""
@@ -53,8 +75,7 @@ class Int8Codec:
             x = x + self.residual[key]
         q, scale = quantize(x, self.chunk)
         self.residual[key] = x - dequantize(q, scale, x.numel(), self.chunk)
-        self.stats["values"] += int((x != 0).sum())
-        self.stats["zeroed"] += int(((x != 0) & (q[:x.numel()] == 0)).sum())
+        self.stats.add(x, q[:x.numel()])
         return torch.cat([q, scale.view(torch.int8)])
 
     def decode(self, payload: torch.Tensor, n: int) -> torch.Tensor:
@@ -73,13 +94,12 @@ class Int8NaiveCodec:
     name = "int8-naive"
 
     def __init__(self):
-        self.stats = {"values": 0, "zeroed": 0}
+        self.stats = ZeroedCounter()
 
     def encode(self, x: torch.Tensor, key=0) -> torch.Tensor:
         x = x.reshape(-1).float()
         q = x.to(torch.int8)
-        self.stats["values"] += int((x != 0).sum())
-        self.stats["zeroed"] += int(((x != 0) & (q == 0)).sum())
+        self.stats.add(x, q)
         return q
 
     def decode(self, payload: torch.Tensor, n: int) -> torch.Tensor:
@@ -135,9 +155,22 @@ def ddp_hook(codec):
     int8 tensor) and returns the float32 average."""
     import torch.distributed as dist
 
+    iteration = [0]
+
     def hook(state, bucket):
+        # DDP rebuilds its buckets after the first iteration (seen here: one bucket of
+        # every parameter in iteration 0, two after, with bucket_cap_mb=0.25), so a
+        # residual kept under a bucket's index in iteration 0 belongs to other values
+        # later; PyTorch's PowerSGD hook waits past the rebuild for the same reason
+        # (torch/distributed/algorithms/ddp_comm_hooks/powerSGD_hook.py). Residuals of
+        # the first iteration are dropped when the second begins.
+        if iteration[0] == 1 and getattr(codec, "residual", None):
+            codec.residual.clear()
+            iteration[0] = 2
         buf = bucket.buffer()
         payload = codec.encode(buf, key=bucket.index())
+        if bucket.is_last() and iteration[0] == 0:
+            iteration[0] = 1
         size = dist.get_world_size()
         out = [torch.empty_like(payload) for _ in range(size)]
         dist.all_gather(out, payload)
