@@ -1,5 +1,6 @@
 """`invoke report` from a fixed set of records, checked table by table, the curves
 written as PNG files, the analysis computed from the figures, failures shown."""
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -177,3 +178,26 @@ def test_a_cell_with_a_pipe_or_a_newline_keeps_the_table_whole():
     assert len(lines) == 4                                  # header, rule, two rows
     assert all(line.count("|") - line.count("\\|") == 3 for line in lines)
     assert "a\\|b failed Traceback line" in lines[2]
+
+
+def test_runs_of_different_setups_are_never_merged(tmp_path):
+    """After `invoke benchmark` (MNIST and ResNet-50 over DDP/Gloo) each model has its
+    own curve, compression group and label."""
+    recs = [rec("ddp", "gloo", 1, 0.020, 3000.0, 0.93), rec("ddp", "gloo", 2, 0.030, 4200.0, 0.93),
+            rec("ddp", "gloo", 2, 0.032, 4000.0, 0.93, compression="int8", payload=1032)]
+    big = []
+    for r in recs:
+        r = json.loads(json.dumps(r))
+        r["config"]["model"], r["config"]["batch_size"] = "resnet50", 8
+        r["figures"]["throughput_img_s"] /= 1000
+        r["record_id"] += "-resnet"
+        big.append(r)
+    both = recs + big
+    s = report.series(both)
+    assert len(s) == 4                                        # 2 setups x (none, int8)
+    assert {k[0] for k in s} == {"mnist, batch 32: ", "resnet50, batch 8: "}
+    assert dict(s[("mnist, batch 32: ", "ddp", "gloo", "none", False)]) == {1: 3000.0, 2: 4200.0}
+    comp = report.compression_rows(both)
+    assert {row[0] for row in comp} == {"mnist, batch 32: ddp / gloo", "resnet50, batch 8: ddp / gloo"}
+    assert len(comp) == 4
+    assert report.series(recs) and all(k[0] == "" for k in report.series(recs))   # one setup: no label

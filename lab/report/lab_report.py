@@ -41,6 +41,30 @@ def ok(records):
     return [r for r in records if r.get("status") == "ok"]
 
 
+# What makes runs comparable besides framework, back end, compression and workers:
+# runs that differ in any of these are never put in one group, curve or sentence.
+SETUP_FIELDS = ("model", "data", "device", "batch_size", "epochs", "max_steps", "threads")
+
+
+def setup_key(r: dict) -> tuple:
+    c = r.get("config", {})
+    return tuple(c.get(k) for k in SETUP_FIELDS)
+
+
+def setup_label(r: dict, records: list[dict]) -> str:
+    """'' when every record shares one setup; else what tells this one apart, such as
+    'resnet50, batch 8: '."""
+    keys = {setup_key(x) for x in records}
+    if len(keys) < 2:
+        return ""
+    c = r.get("config", {})
+    varying = [k for i, k in enumerate(SETUP_FIELDS) if len({key[i] for key in keys}) > 1]
+    parts = [f"batch {c.get(k)}" if k == "batch_size" else
+             f"{k.replace('_', ' ')} {c.get(k)}" if k in ("epochs", "max_steps", "threads") else
+             str(c.get(k)) for k in varying]
+    return ", ".join(parts) + ": "
+
+
 # ---------------------------------------------------------------- tables
 
 def _md(headers, rows) -> str:
@@ -100,7 +124,7 @@ def result_rows(records: list[dict], across: bool) -> list[list]:
         nodes = rec["world"]["nodes"]
         if (nodes > 1) != across:
             continue
-        label = f"{row['framework']} / {row['back end']}" + (
+        label = setup_label(rec, records) + f"{row['framework']} / {row['back end']}" + (
             f" / {row['compression']}" if row.get("compression") not in (None, "none") else "")
         if "failed" in row:
             rows.append([label, nodes, "", row["np"], f"{row.get('status', 'failed').upper()}: "
@@ -124,10 +148,12 @@ def compression_rows(records: list[dict]) -> list[list]:
     groups = defaultdict(dict)
     for r in ok(records):
         c = r["config"]
-        groups[(c["framework"], c["backend"], r["world"]["np"], r["world"]["nodes"])][c["compression"]] = r
+        groups[(setup_key(r), c["framework"], c["backend"], r["world"]["np"],
+                r["world"]["nodes"])][c["compression"]] = r
     rows = []
     for key in sorted(groups, key=str):
         comps = groups[key]
+        label = setup_label(next(iter(comps.values())), records) + f"{key[1]} / {key[2]}"
         if len(comps) < 2:
             continue
         base = comps.get("none")
@@ -137,7 +163,7 @@ def compression_rows(records: list[dict]) -> list[list]:
             payload = f.get("payload_bytes_per_step")
             saving = (f"{1 - payload / base['figures']['payload_bytes_per_step']:.0%}"
                       if base and payload else "n/a")
-            rows.append([f"{key[0]} / {key[1]}", key[2], name, f"{f['step_time_mean_s'] * 1000:.2f}",
+            rows.append([label, key[3], name, f"{f['step_time_mean_s'] * 1000:.2f}",
                          f"{f['throughput_img_s']:,.0f}", f"{f['test_accuracy']:.2%}",
                          "n/a" if payload is None else f"{payload:,}",
                          "n/a" if f.get("wire_bytes_per_step_estimate") is None
@@ -160,12 +186,13 @@ def failure_rows(records: list[dict]) -> list[list]:
 # ---------------------------------------------------------------- curves
 
 def series(records: list[dict]) -> dict:
-    """(framework, backend, compression, nodes>1) -> sorted [(workers, throughput)],
-    the best ok run per worker count."""
+    """(setup label, framework, backend, compression, nodes>1) -> sorted [(workers,
+    throughput)], the best ok run per worker count."""
     best = defaultdict(dict)
     for r in ok(records):
         c = r["config"]
-        key = (c["framework"], c["backend"], c["compression"], r["world"]["nodes"] > 1)
+        key = (setup_label(r, records), c["framework"], c["backend"], c["compression"],
+               r["world"]["nodes"] > 1)
         n, t = r["world"]["np"], r["figures"]["throughput_img_s"]
         best[key][n] = max(best[key].get(n, 0.0), t)
     return {k: sorted(v.items()) for k, v in best.items()}
@@ -183,8 +210,8 @@ def plot(records: list[dict], out_dir: Path) -> list[str]:
     written = []
     fig, ax = plt.subplots(figsize=(7, 4.5))
     xmax = max(n for v in data.values() for n, _ in v)
-    for (fw, be, comp, multi), pts in sorted(data.items()):
-        label = f"{fw}/{be}" + (f"/{comp}" if comp != "none" else "") + (" (nodes)" if multi else "")
+    for (setup, fw, be, comp, multi), pts in sorted(data.items()):
+        label = setup + f"{fw}/{be}" + (f"/{comp}" if comp != "none" else "") + (" (nodes)" if multi else "")
         line, = ax.plot([n for n, _ in pts], [t for _, t in pts], marker="o", label=label)
         one = dict(pts).get(1)
         if one:
@@ -204,11 +231,11 @@ def plot(records: list[dict], out_dir: Path) -> list[str]:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     ax.plot([1, xmax], [1, xmax], linestyle=":", color="grey", label="ideal")
     drawn = False
-    for (fw, be, comp, multi), pts in sorted(data.items()):
+    for (setup, fw, be, comp, multi), pts in sorted(data.items()):
         one = dict(pts).get(1)
         if not one:
             continue
-        label = f"{fw}/{be}" + (f"/{comp}" if comp != "none" else "") + (" (nodes)" if multi else "")
+        label = setup + f"{fw}/{be}" + (f"/{comp}" if comp != "none" else "") + (" (nodes)" if multi else "")
         ax.plot([n for n, _ in pts], [t / one for _, t in pts], marker="o", label=label)
         drawn = True
     ax.set_xticks(ticks)
@@ -240,14 +267,15 @@ def analysis(records: list[dict]) -> list[str]:
         at_top = [(e, r) for e, r, _ in eff if r["world"]["np"] == top_np]
         e, r = max(at_top, key=lambda x: x[0])
         c = r["config"]
-        out.append(f"At {top_np} workers, {c['framework']} over {c['backend']}"
+        out.append(f"At {top_np} workers, {setup_label(r, records)}{c['framework']} over {c['backend']}"
                    f"{' with ' + c['compression'] if c['compression'] != 'none' else ''} scaled best: "
                    f"{e:.0%} efficiency ({r['figures']['throughput_img_s']:,.0f} images/s).")
         low = sorted(((e2, r2) for e2, r2, _ in eff if e2 < 0.8 and r2 is not r),
                      key=lambda x: x[1]["world"]["np"])
         for e, r in low[:3]:
             c = r["config"]
-            out.append(f"Efficiency fell to {e:.0%} for {c['framework']} over {c['backend']}"
+            out.append(f"Efficiency fell to {e:.0%} for {setup_label(r, records)}{c['framework']} "
+                       f"over {c['backend']}"
                        f"{' (' + c['compression'] + ')' if c['compression'] != 'none' else ''} at "
                        f"{r['world']['np']} workers on {r['world']['nodes']} server(s).")
     # compute-to-communication: a worker's step at np=1 is compute; what the step gains
@@ -267,7 +295,7 @@ def analysis(records: list[dict]) -> list[str]:
                                                           x[1]["config"]["backend"],
                                                           x[1]["world"]["np"]))[:6]:
         c = r["config"]
-        out.append(f"{c['framework']} over {c['backend']}"
+        out.append(f"{setup_label(r, records)}{c['framework']} over {c['backend']}"
                    f"{' (' + c['compression'] + ')' if c['compression'] != 'none' else ''}, "
                    f"{r['world']['np']} workers: {b * 1000:.1f} ms of compute (the 1-worker step) "
                    f"against {comm * 1000:.1f} ms more per step for communication and waiting, "
@@ -276,11 +304,13 @@ def analysis(records: list[dict]) -> list[str]:
     groups = defaultdict(dict)
     for r in good:
         c = r["config"]
-        groups[(c["framework"], c["backend"], r["world"]["np"])][c["compression"]] = r
-    for (fw, be, n), comps in sorted(groups.items(), key=str):
+        groups[(setup_key(r), c["framework"], c["backend"], r["world"]["np"],
+                r["world"]["nodes"])][c["compression"]] = r
+    for (_, fw, be, n, _nodes), comps in sorted(groups.items(), key=str):
         plain = comps.get("none")
         if not plain or n < 2:
             continue
+        fw = setup_label(plain, records) + fw
         pa = plain["figures"]["test_accuracy"]
         for name in ("fp16", "int8"):
             if name in comps:
