@@ -132,6 +132,23 @@ def test_bench_runs_across_two_nodes(up, framework, backend):
     assert r["manifest"]["image"]["labels"]["org.dl-lab-kit.flavor"] == "cpu"
 
 
+def test_a_results_folder_the_nodes_cannot_write_is_refused(up, tmp_path):
+    """The nodes write to the folder compose.yaml mounts: another --results-dir would
+    split a sweep's records over two places, so it is refused before launch."""
+    cp = invoke("bench", "--nodes", "2", "--np", "2", "--framework", "horovod", "--backend", "gloo",
+                "--results-dir", str(tmp_path))
+    assert cp.returncode == 2, cp.stdout[-2000:] + cp.stderr
+    assert "the cluster's nodes write their records to" in cp.stderr and "Traceback" not in cp.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_compute_ceiling_is_measured_on_every_node(up):
+    cp = invoke("bench", "--nodes", "2", "--np", "2", "--framework", "ddp", "--max-steps", "15",
+                "--ceiling")
+    assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-2000:]
+    assert "in 2 independent process(es) over node1, node2" in cp.stdout
+
+
 def test_the_nodes_publish_no_port_and_trust_only_the_clusters_key(up):
     client = up
     nodes = cluster.nodes(client)

@@ -35,3 +35,14 @@ def test_speedup_and_efficiency():
     assert metrics.efficiency(s, 4) == pytest.approx(0.578, abs=0.001)
     with pytest.raises(ValueError):
         metrics.speedup(1.0, 0.0)
+
+
+def test_each_ceiling_process_gets_its_own_gpu_and_thread_count():
+    from lab.worker.ceiling import child_env
+    base = {"PATH": "/bin"}
+    envs = [child_env(i, 2, "cuda", base) for i in range(4)]
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["0", "1", "2", "3"]
+    assert all(e["OMP_NUM_THREADS"] == "2" and e["PATH"] == "/bin" for e in envs)
+    masked = {"CUDA_VISIBLE_DEVICES": "5,7"}
+    assert [child_env(i, 1, "cuda", masked)["CUDA_VISIBLE_DEVICES"] for i in range(2)] == ["5", "7"]
+    assert "CUDA_VISIBLE_DEVICES" not in child_env(0, 1, "cpu", base)

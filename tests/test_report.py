@@ -201,3 +201,13 @@ def test_runs_of_different_setups_are_never_merged(tmp_path):
     assert {row[0] for row in comp} == {"mnist, batch 32: ddp / gloo", "resnet50, batch 8: ddp / gloo"}
     assert len(comp) == 4
     assert report.series(recs) and all(k[0] == "" for k in report.series(recs))   # one setup: no label
+
+
+def test_accuracy_on_synthetic_data_is_not_a_figure():
+    from lab.report import summary
+    r = rec("ddp", "gloo", 1, 0.02, 3000.0, 0.101)
+    r["config"]["data"] = "synthetic"
+    [row] = summary.rows([r])
+    assert row["accuracy"] is None
+    assert summary.render([row]).splitlines()[-1].rstrip(" |").endswith("n/a")
+    assert report.result_rows([r], across=False)[0][-1] == "n/a"

@@ -87,9 +87,13 @@ def run(s: BenchSettings, echo=print, stack: dict | None = None,
     else:
         where_note = None
     if runner.kind == "cluster":
-        # The nodes see the cluster's own results and data folders.
-        s = dataclasses.replace(s, results_dir=runner.results_dir,
-                                data_dir=runner.data_dir or s.data_dir)
+        # The nodes write to the folder compose.yaml mounts: one results folder for the
+        # whole request (skipped records and --resume read the one given), or a refusal.
+        if os.path.realpath(s.results_dir) != os.path.realpath(runner.results_dir):
+            raise BenchError(f"the cluster's nodes write their records to {runner.results_dir} "
+                             f"(compose.yaml mounts it): give --results-dir {runner.results_dir}, "
+                             f"or leave --results-dir out when running from the checkout")
+        s = dataclasses.replace(s, data_dir=runner.data_dir or s.data_dir)
     stack = stack if stack is not None else probe_stack(runner)
     framework, notes = check_request(s, stack)
     for n in notes:
@@ -239,24 +243,39 @@ def _record_failure(rfile, cfg: RunConfig, np: int, nodes: int, started: str, er
 
 def measure_ceiling(s: BenchSettings, processes: int, runner: Runner) -> dict:
     """The model's steps with no framework (lab.worker.ceiling) in `processes`
-    independent processes at once, where the ranks run: what the machine gives that
-    many ranks that never communicate."""
-    cmd = [runner.python, "-m", "lab.worker.ceiling", "--processes", str(processes), "--model",
-           s.model, "--batch-size", str(s.batch_size), "--threads", str(s.threads),
-           "--device", s.device]
-    if s.model == "resnet50":
-        cmd += ["--steps", "3", "--warmup", "1"]
+    independent processes at once, where the ranks run (on the cluster: as many on each
+    node as it has ranks, all nodes at once): what the machine gives that many ranks
+    that never communicate."""
+    def cmd(n: int) -> list[str]:
+        out = [runner.python, "-m", "lab.worker.ceiling", "--processes", str(n), "--model",
+               s.model, "--batch-size", str(s.batch_size), "--threads", str(s.threads),
+               "--device", s.device]
+        return out + (["--steps", "3", "--warmup", "1"] if s.model == "resnet50" else [])
+
+    def parse(rc, out, where=""):
+        try:
+            if rc != 0:
+                raise ValueError
+            return json.loads(out.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise BenchError(f"measuring the compute ceiling{where} failed: "
+                             f"{(out.strip().splitlines() or ['no output'])[-1]}") from None
+
+    limit = s.timeout_s or 3600
     try:
-        rc, out = runner.output(cmd, timeout_s=s.timeout_s or 3600)
+        if runner.kind != "cluster":
+            return parse(*runner.output(cmd(processes), timeout_s=limit))
+        from concurrent.futures import ThreadPoolExecutor
+        hosts = list(runner.found)
+        per = processes // len(hosts)
+        with ThreadPoolExecutor(len(hosts)) as pool:
+            outs = list(pool.map(lambda h: runner.output_on(h, cmd(per), limit), hosts))
     except RunnerError as e:
         raise BenchError(str(e)) from None
-    try:
-        if rc != 0:
-            raise ValueError
-        return json.loads(out.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        raise BenchError(f"measuring the compute ceiling failed: "
-                         f"{(out.strip().splitlines() or ['no output'])[-1]}") from None
+    nodes = {h: parse(rc, out, f" on {h}") for h, (rc, out) in zip(hosts, outs)}
+    return {"processes": processes, "images_per_s": sum(n["images_per_s"] for n in nodes.values()),
+            "per_process": [v for n in nodes.values() for v in n["per_process"]],
+            "per_node": {h: n["images_per_s"] for h, n in nodes.items()}}
 
 
 def ceiling_around(s: BenchSettings, processes: int, before_s: dict, runner: Runner) -> dict:
@@ -264,7 +283,8 @@ def ceiling_around(s: BenchSettings, processes: int, before_s: dict, runner: Run
     machine's speed drifts, and the run lies between the two."""
     after = measure_ceiling(s, processes, runner)
     b, a = before_s["images_per_s"], after["images_per_s"]
-    return {"processes": processes, "images_per_s": (a + b) / 2, "before": b, "after": a}
+    return {"processes": processes, "images_per_s": (a + b) / 2, "before": b, "after": a,
+            "nodes": list(after.get("per_node", {}))}
 
 
 def render(outcome: Outcome) -> str:
@@ -276,7 +296,9 @@ def render(outcome: Outcome) -> str:
             n, t = r["world"]["np"], r["figures"]["throughput_img_s"]
             lines.append(f"np={n}: {t:,.4g} images/s = {t / c['images_per_s']:.0%} of the compute "
                          f"ceiling, {c['images_per_s']:,.4g} images/s (the model's steps with no "
-                         f"framework in {n} independent process(es); {c['before']:,.4g} before "
+                         f"framework in {n} independent process(es)"
+                         f"{' over ' + ', '.join(c['nodes']) if c.get('nodes') else ''}; "
+                         f"{c['before']:,.4g} before "
                          f"the run, {c['after']:,.4g} after)")
     lines.append(f"records: {os.path.join(outcome.run_dir, results.RESULTS_FILE)}")
     return "\n".join(lines)

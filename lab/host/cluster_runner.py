@@ -139,7 +139,10 @@ class ClusterRunner(Runner):
         return env
 
     def output(self, command: list[str], timeout_s: float = 300) -> tuple[int | None, str]:
-        return exec_out(self.found["node1"], command, env=self.env({}), timeout=timeout_s)
+        return self.output_on("node1", command, timeout_s)
+
+    def output_on(self, host: str, command: list[str], timeout_s: float = 300) -> tuple[int | None, str]:
+        return exec_out(self.found[host], command, env=self.env({}), timeout=timeout_s)
 
     def prepare(self, path: str) -> None:
         """The ranks write as the image's user over ssh: give it the run's folder."""

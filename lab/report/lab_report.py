@@ -134,7 +134,7 @@ def result_rows(records: list[dict], across: bool) -> list[list]:
                      f"{row['time per step (ms)']:.2f}", f"{row['throughput (img/s)']:,.0f}",
                      "n/a" if row.get("speedup") is None else f"{row['speedup']:.2f}",
                      "n/a" if row.get("efficiency") is None else f"{row['efficiency']:.0%}",
-                     f"{row['accuracy']:.2%}"])
+                     "n/a" if row.get("accuracy") is None else f"{row['accuracy']:.2%}"])
     return rows
 
 
@@ -164,7 +164,8 @@ def compression_rows(records: list[dict]) -> list[list]:
             saving = (f"{1 - payload / base['figures']['payload_bytes_per_step']:.0%}"
                       if base and payload else "n/a")
             rows.append([label, key[3], name, f"{f['step_time_mean_s'] * 1000:.2f}",
-                         f"{f['throughput_img_s']:,.0f}", f"{f['test_accuracy']:.2%}",
+                         f"{f['throughput_img_s']:,.0f}",
+                         "n/a" if summary.accuracy(comps[name]) is None else f"{f['test_accuracy']:.2%}",
                          "n/a" if payload is None else f"{payload:,}",
                          "n/a" if f.get("wire_bytes_per_step_estimate") is None
                          else f"{f['wire_bytes_per_step_estimate']:,}", saving])
@@ -308,7 +309,7 @@ def analysis(records: list[dict]) -> list[str]:
                 r["world"]["nodes"])][c["compression"]] = r
     for (_, fw, be, n, _nodes), comps in sorted(groups.items(), key=str):
         plain = comps.get("none")
-        if not plain or n < 2:
+        if not plain or n < 2 or summary.accuracy(plain) is None:
             continue
         fw = setup_label(plain, records) + fw
         pa = plain["figures"]["test_accuracy"]

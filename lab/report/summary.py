@@ -13,6 +13,14 @@ _SAME = ("model", "framework", "backend", "device", "data", "batch_size", "compr
          "epochs", "max_steps", "threads")
 
 
+def accuracy(record: dict) -> float | None:
+    """The test accuracy, or None on synthetic data: random labels have nothing to learn,
+    so a figure near 10% there means nothing."""
+    if record.get("config", {}).get("data") == "synthetic":
+        return None
+    return record["figures"]["test_accuracy"]
+
+
 def config_key(record: dict) -> tuple:
     c = record.get("config", {})
     return tuple(c.get(k) for k in _SAME)
@@ -42,7 +50,7 @@ def rows(records: list[dict]) -> list[dict]:
         row.update({"servers": w["nodes"], "devices per server": w["devices_per_node"],
                     "time per step (ms)": f["step_time_mean_s"] * 1000,
                     "throughput (img/s)": f["throughput_img_s"],
-                    "accuracy": f["test_accuracy"]})
+                    "accuracy": accuracy(r)})
         base = baselines.get(config_key(r))
         if base:
             s = metrics.speedup(f["throughput_img_s"], base)
@@ -65,7 +73,7 @@ def render(table_rows: list[dict]) -> str:
             return "" if row.get("servers") is None else str(row["servers"])
         v = row.get(col)
         if v is None:
-            return "n/a" if col in ("speedup", "efficiency") else ""
+            return "n/a" if col in ("speedup", "efficiency", "accuracy") else ""
         if col == "time per step (ms)":
             return f"{v:.2f}"
         if col == "throughput (img/s)":

@@ -45,6 +45,18 @@ def measure(model_name: str = "mnist", batch_size: int = 64, threads: int = 1, s
             "images_per_s": batch_size * len(times) / sum(times)}
 
 
+def child_env(index: int, threads: int, device: str, base: dict) -> dict:
+    """The environment of the index-th process of a concurrent measurement: its thread
+    count, and on GPUs a GPU of its own, as a rank has (the index-th of the visible ones:
+    CUDA_VISIBLE_DEVICES when set, else every GPU by number), so that N processes are not
+    N shares of GPU 0."""
+    env = dict(base, OMP_NUM_THREADS=str(threads))
+    if device == "cuda":
+        visible = [d for d in base.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        env["CUDA_VISIBLE_DEVICES"] = visible[index % len(visible)] if visible else str(index)
+    return env
+
+
 def measure_concurrent(processes: int, model_name: str = "mnist", batch_size: int = 64,
                        threads: int = 1, steps: int = 200, warmup: int = 10,
                        device: str = "cpu", timeout_s: float = 3600) -> dict:
@@ -58,8 +70,8 @@ def measure_concurrent(processes: int, model_name: str = "mnist", batch_size: in
     cmd = [sys.executable, "-m", "lab.worker.ceiling", "--model", model_name, "--batch-size",
            str(batch_size), "--threads", str(threads), "--steps", str(steps), "--warmup",
            str(warmup), "--device", device]
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    procs = [proc.start(cmd, env=env, merge=False) for _ in range(processes)]
+    procs = [proc.start(cmd, env=child_env(i, threads, device, os.environ), merge=False)
+             for i in range(processes)]
     deadline = time.monotonic() + timeout_s
     outs = []
     try:
