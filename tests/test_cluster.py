@@ -3,6 +3,7 @@ containers from the CPU image with Debian's docker-compose (or the Compose plugi
 `invoke bench --nodes 2` runs Horovod over Gloo and MPI and DDP across them, a link is
 shaped, a node is killed mid-job, and `invoke down` leaves nothing behind. The pure
 parts (host slots, link specs, tc commands, the override file) are tested first."""
+import os
 import re
 import subprocess
 import sys
@@ -226,3 +227,50 @@ def test_a_node_that_dies_mid_job_ends_it_naming_the_node(up):
     assert "node node2 stopped during the run" in r["error"]["reason"]
     assert took < 120, f"the job took {took:.0f} s to end after node2 died"
     assert Path(re.search(r"records: (\S+)", first.stdout).group(1)).read_bytes() == before
+
+
+def test_which_containers_belong_to_this_checkout():
+    here = {cluster.WORKING_DIR: str(REPO)}
+    assert cluster.ours(here) and not cluster.ours({cluster.WORKING_DIR: "/elsewhere/kit"})
+    assert not cluster.ours({})
+    assert cluster.project_name("/tmp/My Kit.2") == "mykit2"
+
+
+def test_a_cluster_started_by_plain_compose_in_another_folder_is_the_one_bench_uses(tmp_path):
+    """As a new user would: the checkout copied into a folder named unlike the kit,
+    `docker-compose up -d` there (not through invoke), then `invoke bench --nodes 2`
+    from that folder; `docker-compose down -v` then leaves nothing of it. Meanwhile a
+    cluster of the original checkout, if one is up, is neither used nor touched."""
+    why = _engine_and_image()
+    if why:
+        pytest.skip(why)
+    import shutil
+
+    import docker
+    client = docker.from_env(timeout=60)
+    copy = tmp_path / "My Lab Copy"
+    shutil.copytree(REPO, copy, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "results", "data", "__pycache__", ".cluster", ".pytest_cache", "tests"))
+    prog = cluster.compose_program()
+    before = set(cluster.nodes(client))
+    env = {k: v for k, v in os.environ.items() if k != "COMPOSE_PROJECT_NAME"}
+    try:
+        cp = subprocess.run([*prog, "up", "-d"], cwd=copy, capture_output=True, text=True,
+                            timeout=300, env=env)
+        assert cp.returncode == 0, cp.stderr
+        assert set(cluster.nodes(client)) == before       # not this checkout's nodes
+        cp = subprocess.run([sys.executable, "-m", "invoke", "bench", "--nodes", "2", "--np", "2",
+                             "--framework", "horovod", "--backend", "gloo", "--max-steps", "15"],
+                            cwd=copy, capture_output=True, text=True, timeout=600, env=env)
+        assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-2000:]
+        [r] = results.read_records(next((copy / "results").glob("*/results.jsonl")))[0]
+        assert r["status"] == "ok" and sorted(r["world"]["hosts"]) == ["node1", "node2"]
+    finally:
+        down = subprocess.run([*prog, "down", "-v"], cwd=copy, capture_output=True, text=True,
+                              timeout=300, env=env)
+    assert down.returncode == 0, down.stderr
+    project = cluster.project_name(copy)
+    flt = {"label": f"com.docker.compose.project={project}"}
+    assert client.containers.list(all=True, filters=flt) == []
+    assert client.networks.list(filters=flt) == [] and client.volumes.list(filters=flt) == []
+    assert set(cluster.nodes(client)) == before

@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import time
+from pathlib import Path
 
 from lab.common import proc
 from lab.common.kit import REPO_ROOT
@@ -23,7 +24,12 @@ COMPOSE_FILE = REPO_ROOT / "compose.yaml"
 OVERRIDE_FILE = REPO_ROOT / ".cluster" / "compose.nodes.yaml"
 GPU_FILE = REPO_ROOT / "compose.gpu.yaml"
 STATE_FILE = REPO_ROOT / ".cluster" / "state"        # "nodes gpu" of the last `up`
-PROJECT = "dl-lab-cluster"
+# Compose labels every container with the folder of its compose file (docker-compose
+# 1.29 and the v2 plugin alike); the kit finds this checkout's nodes by it and by its
+# own label, whatever the project is called: `invoke up` and a plain `docker compose up`
+# in the checkout are the same project (named after the folder, as Compose names it),
+# and a cluster started from another checkout is never taken for this one.
+WORKING_DIR = "com.docker.compose.project.working_dir"
 SSH_WAIT_S = 60
 IFACE = "eth0"
 
@@ -107,7 +113,7 @@ def _compose(args: list[str], nodes: int, image: str | None = None, check=True,
         files += ["-f", str(GPU_FILE)]
     if nodes > 2:
         files += ["-f", str(OVERRIDE_FILE)]
-    env = dict(os.environ, COMPOSE_PROJECT_NAME=PROJECT)
+    env = dict(os.environ)
     if image:
         env["LAB_IMAGE"] = image
     res = proc.run([*compose_program(), *files, *args], cwd=str(REPO_ROOT), env=env,
@@ -126,12 +132,18 @@ def engine():
         raise ClusterError(f"{e}: {docker_api.START_HINT}") from None
 
 
+def ours(labels: dict, root=REPO_ROOT) -> bool:
+    """Whether a container Compose made belongs to the checkout at `root`."""
+    where = labels.get(WORKING_DIR)
+    return bool(where) and os.path.realpath(where) == os.path.realpath(root)
+
+
 def nodes(client) -> dict[str, object]:
-    """The cluster's node containers by host name (running or not)."""
+    """This checkout's node containers by host name (running or not)."""
     found = {}
-    for c in client.containers.list(all=True, filters={"label": [f"{LABEL}=node",
-                                                                 f"com.docker.compose.project={PROJECT}"]}):
-        found[c.attrs["Config"]["Hostname"]] = c
+    for c in client.containers.list(all=True, filters={"label": f"{LABEL}=node"}):
+        if ours(c.labels):
+            found[c.attrs["Config"]["Hostname"]] = c
     return dict(sorted(found.items(), key=lambda kv: int(kv[0][4:]) if kv[0][4:].isdigit() else 0))
 
 
@@ -175,14 +187,44 @@ def down(echo=print) -> tuple[list[str], dict[str, list[str]]]:
     return remove_leftovers(cli), leftovers(cli)
 
 
+def project_name(root=REPO_ROOT) -> str:
+    """The project name Compose gives this checkout: COMPOSE_PROJECT_NAME, else the
+    folder's name lowercased with what is not a letter, digit, - or _ left out (the
+    rule of docker-compose 1.29 and of the v2 plugin)."""
+    return os.environ.get("COMPOSE_PROJECT_NAME") or re.sub(
+        r"[^-_a-z0-9]", "", Path(root).resolve().name.lower())
+
+
+def _mine(cli) -> dict[str, list]:
+    """This checkout's cluster: its containers (by the folder Compose recorded) and its
+    network and key volume (by project), among what carries the cluster's label."""
+    project = project_name()
+
+    def of_project(item) -> bool:
+        return (item.attrs.get("Labels") or {}).get("com.docker.compose.project") == project
+    found = docker_api.labelled(cli, (LABEL,))
+    return {"containers": [c for c in found["containers"]
+                           if ours(c.labels) or c.labels.get("com.docker.compose.project") == project],
+            "networks": [x for x in found["networks"] if of_project(x)],
+            "volumes": [v for v in found["volumes"] if of_project(v)]}
+
+
 def leftovers(cli) -> dict[str, list[str]]:
-    """The cluster's containers, networks and volumes that still exist, by name."""
-    return {kind: [x.name for x in items]
-            for kind, items in docker_api.labelled(cli, (LABEL,)).items()}
+    """This checkout's cluster containers, networks and volumes that still exist, by name."""
+    return {kind: [x.name for x in items] for kind, items in _mine(cli).items()}
 
 
 def remove_leftovers(cli) -> list[str]:
-    return docker_api.remove_labelled(cli, (LABEL,))
+    import docker
+    removed = []
+    for kind, items in _mine(cli).items():
+        for item in items:
+            try:
+                item.remove(force=True) if kind != "networks" else item.remove()
+                removed.append(f"{kind[:-1]} {item.name}")
+            except docker.errors.NotFound:
+                continue
+    return removed
 
 
 def exec_out(container, cmd: list[str], user: str = "lab", env: dict | None = None,

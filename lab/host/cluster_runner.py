@@ -9,6 +9,7 @@ import threading
 import time
 
 from lab.common import proc
+from lab.common.kit import REPO_ROOT
 from lab.host import launch
 from lab.host.cluster import ClusterError, engine, exec_out, host_slots, node_names, nodes, wait_ssh
 from lab.host.container import DATA_IN, RESULTS_IN, SOURCE_IN, hand_over
@@ -111,8 +112,9 @@ class ClusterRunner(Runner):
         found = nodes(self.client)
         missing = [h for h in node_names(n) if h not in found or found[h].status != "running"]
         if missing:
-            raise ClusterError(f"the cluster has no running {', '.join(missing)}: bring it up with "
-                               f"`invoke up --nodes {n}` (or `docker compose up -d` for 2)")
+            raise ClusterError(f"this checkout's cluster has no running {', '.join(missing)}: bring "
+                               f"it up with `invoke up --nodes {n}`"
+                               + (f", or `docker compose up -d` in {REPO_ROOT}" if n == 2 else ""))
         self.found = {h: found[h] for h in node_names(n)}
         wait_ssh(self.client, n, echo=echo)
         node1 = self.found["node1"]
