@@ -25,7 +25,7 @@ BENCH_HELP = {
     "local": "run the ranks as local processes even when a lab image is built",
     "image": "the lab image to run in (default: the built one that fits --device)",
     "frozen": "in the image, run its own copy of the kit instead of the checkout's",
-    "fault": "RANK:STEP: that rank fails at that step (to see how a failed job is handled)",
+    "fault": "RANK:STEP[:kill]: that rank raises (or SIGKILLs itself) at that step, to see a failed job",
     "nodes": "run on this many nodes of the simulated cluster (invoke up), --np spread evenly; "
              "1,2 sweeps",
     "resume": "with --run-id: run only the sweep's combinations that have no ok record yet",
