@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-MATRIX = Path(__file__).resolve().parents[2] / "docker" / "versions.env"   # the checkout's
+from lab.common.kit import REPO_ROOT
+
+MATRIX = REPO_ROOT / "docker" / "versions.env"
 
 
 def parse(text: str) -> dict[str, str]:
