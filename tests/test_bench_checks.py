@@ -103,6 +103,8 @@ def test_a_run_without_a_timed_step_or_a_batch_is_refused_before_launch():
 
 
 @pytest.mark.parametrize("args,expected", [
+    (["--timeout-s", "-1"], "--timeout-s is seconds per run, 0 for no limit"),
+    (["--run-id", "../../../tmp/x"], "--run-id names a folder inside --results-dir"),
     (["--max-steps", "5"], "leaves none to time"),
     (["--data", "digits", "--batch-size", "100000"], "fewer than one batch"),
     (["--fault", "1"], "--fault takes RANK:STEP"),
@@ -129,3 +131,14 @@ def test_a_corrupt_mnist_file_is_found_before_launch(tmp_path, mnist_like):
     assert cp.returncode == 2, cp.stdout[-2000:] + cp.stderr
     assert "train-labels-idx1-ubyte.gz is not a usable MNIST file" in cp.stderr
     assert "== ddp" not in cp.stdout and len(cp.stderr.strip().splitlines()) == 1
+
+
+def test_an_unusable_results_folder_is_one_sentence(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("not a folder")
+    for where in (afile, afile / "below"):
+        cp = subprocess.run([sys.executable, "-m", "invoke", "bench", "--local", "--framework", "ddp",
+                             "--results-dir", str(where)], capture_output=True, text=True, timeout=120)
+        assert cp.returncode == 2, cp.stderr
+        assert f"--results-dir {where} cannot be used" in cp.stderr and "Traceback" not in cp.stderr
+        assert len(cp.stderr.strip().splitlines()) == 1

@@ -17,7 +17,7 @@ from lab.common import results
 from lab.common.config import RunConfig
 from lab.host.failures import LauncherWatch, RankEnd
 from lab.host.launch import HostsError
-from lab.host.request import BenchError, BenchSettings, base_config, check_request, parse_np
+from lab.host.request import BenchError, BenchSettings, base_config, check_request, check_settings, parse_np
 from lab.host.runners import JobResult, Runner, RunnerError, choose_runner
 from lab.report import summary
 
@@ -79,6 +79,7 @@ def run(s: BenchSettings, echo=print, stack: dict | None = None,
     """Check the request, then run one job per process count into one results directory."""
     nps = parse_np(s.np)
     s = dataclasses.replace(s, np=nps)
+    check_settings(s)
     check_link(s)
     if runner is None:
         runner, where_note = select_runner(s, echo)

@@ -4,6 +4,8 @@ the stack the ranks will see (lab.worker.capabilities, probed by the runner)."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 import shutil
 from dataclasses import dataclass
 
@@ -138,6 +140,26 @@ BENCH_FLAGS = {f.name for f in dataclasses.fields(BenchSettings)}
 
 def is_sweep(lists: dict[str, list]) -> bool:
     return any(len(v) > 1 for v in lists.values())
+
+
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def check_settings(s: BenchSettings) -> None:
+    """What is wrong with the settings themselves, before anything else is looked at;
+    the results folder is made here (an unusable one is one sentence, not a traceback)."""
+    if s.timeout_s < 0:
+        raise BenchError(f"--timeout-s is seconds per run, 0 for no limit: not {s.timeout_s:g}")
+    if s.run_id and (not RUN_ID.match(s.run_id) or ".." in s.run_id):
+        raise BenchError(f"--run-id names a folder inside --results-dir: letters, digits, '.', "
+                         f"'_' and '-' only, not {s.run_id!r}")
+    try:
+        os.makedirs(s.results_dir, exist_ok=True)
+        if not os.access(s.results_dir, os.W_OK | os.X_OK):
+            raise PermissionError(13, "not writable")
+    except OSError as e:
+        raise BenchError(f"--results-dir {s.results_dir} cannot be used "
+                         f"({e.strerror or e}): give a folder that can be created and written") from None
 
 
 def resolve_framework(requested: str, stack: dict) -> tuple[str, str | None]:

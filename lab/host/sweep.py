@@ -11,12 +11,21 @@ import shutil
 
 from lab.common import results
 from lab.host.bench import Outcome, probe_stack, run
-from lab.host.request import SWEEP_FIELDS, BenchError, BenchSettings, base_config, is_sweep, parse_np
+from lab.host.request import (
+    SWEEP_FIELDS,
+    BenchError,
+    BenchSettings,
+    base_config,
+    check_settings,
+    is_sweep,
+    parse_np,
+)
 from lab.host.runners import LocalRunner
 
 
 def run_request(s: BenchSettings, lists: dict, resume: bool = False, echo=print) -> Outcome:
     """One run, or a sweep over the lists; the sweep's records read back as one outcome."""
+    check_settings(s)
     if not is_sweep(lists) and not resume:
         return run(s, echo=echo)
     if not s.run_id and not resume:   # fixed here, so the table can be read back
