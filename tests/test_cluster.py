@@ -274,3 +274,14 @@ def test_a_cluster_started_by_plain_compose_in_another_folder_is_the_one_bench_u
     assert client.containers.list(all=True, filters=flt) == []
     assert client.networks.list(filters=flt) == [] and client.volumes.list(filters=flt) == []
     assert set(cluster.nodes(client)) == before
+
+
+def test_cluster_commands_for_each_framework_and_back_end():
+    from lab.host.cluster_runner import cluster_commands
+    cmds = cluster_commands("horovod", "nccl", 4, 2, ["--device", "cuda"])
+    assert list(cmds) == ["node1"]
+    assert cmds["node1"][:6] == ["horovodrun", "-np", "4", "-H", "node1:2,node2:2", "--gloo"]
+    ddp = cluster_commands("ddp", "gloo", 4, 2, [])
+    assert list(ddp) == ["node1", "node2"] and "--node-rank=1" in ddp["node2"]
+    with pytest.raises(cluster.ClusterError, match="spread evenly"):
+        cluster_commands("ddp", "gloo", 3, 2, [])

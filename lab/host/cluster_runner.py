@@ -98,6 +98,22 @@ def dead_nodes(found: dict) -> dict[str, str]:
     return out
 
 
+def cluster_commands(framework: str, backend: str, np: int, n: int,
+                     args: list[str]) -> dict[str, list[str]]:
+    """Node -> the command it runs: Horovod from node1 over all nodes (NCCL rides on the
+    Gloo controller, as locally: launch.framework_for_backend), DDP on every node."""
+    if framework == "horovod":
+        hosts = launch.parse_hosts(host_slots(np, n))
+        return {"node1": launch.horovod_command(np, hosts, launch.framework_for_backend(
+            framework, backend), args, python="python")}
+    if framework == "ddp":
+        host_slots(np, n)       # the same evenness check
+        return {h: launch.ddp_command(np // n, args, nnodes=n, node_rank=i,
+                                      rdzv_endpoint="node1:29500", python="python")
+                for i, h in enumerate(node_names(n))}
+    raise ClusterError("--nodes needs a distributed framework: --framework horovod or ddp")
+
+
 class ClusterRunner(Runner):
     """The ranks run on the cluster's nodes, launched from node1 (Horovod: horovodrun
     over SSH; DDP: torch.distributed.run on each node with a rendezvous at node1). The
@@ -151,16 +167,7 @@ class ClusterRunner(Runner):
         hand_over(path, self.results_dir, everyone=True)
 
     def commands(self, framework: str, backend: str, np: int, args: list[str]) -> dict[str, list[str]]:
-        if framework == "horovod":
-            hosts = launch.parse_hosts(host_slots(np, self.n))
-            return {"node1": launch.horovod_command(np, hosts, backend, args, python="python")}
-        if framework == "ddp":
-            per = np // self.n
-            host_slots(np, self.n)       # the same evenness check
-            return {h: launch.ddp_command(per, args, nnodes=self.n, node_rank=i,
-                                          rdzv_endpoint="node1:29500", python="python")
-                    for i, h in enumerate(node_names(self.n))}
-        raise ClusterError("--nodes needs a distributed framework: --framework horovod or ddp")
+        return cluster_commands(framework, backend, np, self.n, args)
 
     def run(self, commands, env, timeout_s, echo, name=""):
         return run_on(self.found, commands, self.env(env), timeout_s, echo)
