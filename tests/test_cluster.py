@@ -3,6 +3,7 @@ containers from the CPU image with Debian's docker-compose (or the Compose plugi
 `invoke bench --nodes 2` runs Horovod over Gloo and MPI and DDP across them, a link is
 shaped, a node is killed mid-job, and `invoke down` leaves nothing behind. The pure
 parts (host slots, link specs, tc commands, the override file) are tested first."""
+import json
 import os
 import re
 import subprocess
@@ -54,7 +55,10 @@ def test_compose_file_is_the_compose_specification():
     assert "internal: true" in text
     assert "node1:" in text and "node2:" in text and "<<: *node" in text
     extra = cluster.override_yaml(4)
-    assert "node3:" in extra and "node4:" in extra and "node2:" not in extra
+    services = json.loads(extra)["services"]            # JSON, which is YAML too
+    assert list(services) == ["node3", "node4"]
+    assert services["node4"] == {"extends": {"file": "compose.yaml", "service": "node1"},
+                                 "hostname": "node4"}
 
 
 def test_compose_config_validates_with_the_installed_compose(tmp_path):

@@ -184,7 +184,7 @@ def test_ctrl_c_records_the_interruption_and_leaves_no_rank(tmp_path):
     assert "interrupted" in out and "Traceback (most recent call last)" not in out.split("interrupted")[-1]
     recs, _ = results.read_records(next(tmp_path.glob("*/results.jsonl")))
     assert [r["status"] for r in recs] == ["failed"]
-    assert recs[0]["error"]["reason"] == "interrupted by the user" and recs[0]["np"] == 1
+    assert recs[0]["error"]["reason"] == "interrupted by the user" and recs[0]["world"]["np"] == 1
     run_id = recs[0]["run_id"]
     assert processes_with(run_id) == [], "ranks left running after Ctrl-C"
 
