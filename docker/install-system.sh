@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # System packages of the lab image (Debian/Ubuntu): Python, compilers for Horovod,
-# Open MPI, SSH for multi-node runs. Package lists are removed in the same step.
+# Open MPI, SSH for multi-node runs. Package lists and the SSH host keys the install
+# makes are removed in the same step.
 #   FLAVOR=cpu|gpu bash docker/install-system.sh
 # On the GPU flavor Open MPI is built from source with CUDA (install-openmpi.sh), so
 # Debian's is not installed.
@@ -26,4 +27,8 @@ if [[ "$flavor" == gpu ]]; then
         apt-get purge -y -qq "${nccl[@]}" >/dev/null
     fi
 fi
+# openssh-server's install makes host keys (ssh-keygen -A in its postinst). A private
+# key must not ship in any layer, so they go in this same step; the cluster makes its
+# own at run time (docker/cluster/keygen.sh).
+rm -f /etc/ssh/ssh_host_*
 rm -rf /var/lib/apt/lists/*

@@ -99,6 +99,14 @@ def test_image_runs_jobs_as_an_unprivileged_user_and_holds_no_keys(image, tmp_pa
     assert rc == 0 and uid != "0" and host_keys == "0" and user_keys == "0"
 
 
+def test_the_image_sets_no_run_time_choice_that_bench_makes_per_run(image):
+    """bench sets Open MPI's yield_when_idle per run (CPU yes, GPU no, the user's value
+    first); an ENV in the image would hold for GPU runs and every other tool."""
+    _, img = image
+    env = dict(e.split("=", 1) for e in img.attrs["Config"]["Env"])
+    assert "OMPI_MCA_mpi_yield_when_idle" not in env
+
+
 # `invoke bench` running its jobs in the image: one labelled container per job, with
 # the checkout's code mounted (or the image's own with --frozen), removed at the end.
 import signal  # noqa: E402
@@ -376,3 +384,106 @@ def test_doctor_sees_the_gpu_images_cuda_aware_mpi_and_one_nccl(gpu_image):
     # No GPU here: a CUDA torch that sees none is said to run on the CPU.
     assert checks[("both", "finding: a CUDA torch sees the GPUs")]["status"] == "WARN"
     assert bench_containers(client) == []
+
+
+# No private key in any layer of any built image: a file deleted in a later step still
+# ships in the layer that made it (`docker save` holds every layer), so each layer is
+# read, file by file. The scan looks at names (ssh host keys) and at contents (any PEM or
+# OpenSSH private key block).
+import io  # noqa: E402
+import re  # noqa: E402
+import tarfile  # noqa: E402
+
+PRIVATE_KEY = re.compile(rb"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----")
+HOST_KEY_NAME = re.compile(r"(^|/)etc/ssh/ssh_host_[a-z0-9]+_key$")
+
+
+class _Rejoined(io.RawIOBase):
+    """A stream whose first bytes were already read: gives them back, then the rest."""
+
+    def __init__(self, head, rest):
+        self.head, self.rest = head, rest
+
+    def readable(self):
+        return True
+
+    def readinto(self, b):
+        if self.head:
+            n = min(len(b), len(self.head))
+            b[:n], self.head = self.head[:n], self.head[n:]
+            return n
+        data = self.rest.read(len(b))
+        b[:len(data)] = data
+        return len(data)
+
+
+def private_keys_in_layers(stream, max_file=1 << 20):
+    """(layer, path) of every private key in a `docker save` stream: legacy
+    (<id>/layer.tar) and OCI (blobs/sha256/<digest>) layouts alike, since every layer
+    is an uncompressed tar inside the outer one."""
+    found = []
+    with tarfile.open(fileobj=stream, mode="r|") as outer:
+        for member in outer:
+            if not member.isfile() or member.size < 1024:
+                continue
+            f = outer.extractfile(member)
+            head = f.read(512)
+            if head[257:262] != b"ustar":
+                continue                      # a config or manifest, not a layer
+            with tarfile.open(fileobj=io.BufferedReader(_Rejoined(head, f)), mode="r|") as layer:
+                for entry in layer:
+                    if not entry.isfile():
+                        continue
+                    if HOST_KEY_NAME.search(entry.name):
+                        found.append((member.name, entry.name))
+                    elif entry.size <= max_file:
+                        if PRIVATE_KEY.search(layer.extractfile(entry).read()):
+                            found.append((member.name, entry.name))
+    return found
+
+
+def test_the_layer_scan_finds_a_key_that_a_later_layer_deleted(tmp_path):
+    """The scan itself, on a save-shaped stream built here: a key in one layer and its
+    whiteout in the next is still found; a public key and an ordinary file are not."""
+    def layer(files):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as t:
+            for name, data in files.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+        return buf.getvalue()
+    key = b"-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----\n"
+    layers = {"a/layer.tar": layer({"etc/ssh/ssh_host_ed25519_key": b"x" * 10,
+                                    "etc/ssh/ssh_host_ed25519_key.pub": b"ssh-ed25519 AAAA",
+                                    "root/notes.txt": b"hello"}),
+              "blobs/sha256/b": layer({"etc/ssh/.wh.ssh_host_ed25519_key": b"",
+                                       "opt/app/secret.pem": key}),
+              "manifest.json": b"[]" * 600}
+    save = io.BytesIO()
+    with tarfile.open(fileobj=save, mode="w") as t:
+        for name, data in layers.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    save.seek(0)
+    assert sorted(private_keys_in_layers(save)) == [
+        ("a/layer.tar", "etc/ssh/ssh_host_ed25519_key"), ("blobs/sha256/b", "opt/app/secret.pem")]
+
+
+def test_no_built_image_holds_a_private_key_in_any_layer():
+    client, why = _client()
+    if client is None:
+        pytest.skip(why)
+    tags = [t for t in [IMAGE, *GPU_IMAGES.values()] if client.images.list(name=t)]
+    if not tags:
+        pytest.skip("no lab image is built (invoke build)")
+    # One save for all: layers the images share are read once.
+    proc = subprocess.Popen(["docker", "save", *tags], stdout=subprocess.PIPE)
+    try:
+        found = private_keys_in_layers(proc.stdout)
+    finally:
+        proc.stdout.close()
+        proc.kill()
+        proc.wait()
+    assert not found, f"private keys in the layers of {tags}: {found}"
