@@ -33,7 +33,9 @@ def test_auto_falls_back_to_ddp_and_says_so():
     (dict(backend="nccl"), {}, "add --device cuda"),
     (dict(backend="nccl", device="cuda"), {}, "torch sees no GPU"),
     (dict(backend="nccl", device="cuda", np=[4], framework="ddp"),
-     {"cuda_available": True, "gpus": 2}, "needs 4 GPUs"),
+     {"cuda_available": True, "gpus": 2}, "puts 4 ranks on this host"),
+    (dict(backend="nccl", device="cuda", np=[4], nodes=2, framework="ddp"),
+     {"cuda_available": True, "gpus": 1}, "puts 2 ranks on each of the 2 nodes"),
     (dict(framework="horovod", backend="nccl", device="cuda"),
      {"cuda_available": True, "gpus": 2}, "built without nccl"),
     (dict(framework="ddp", backend="mpi"), {}, "no MPI back end"),
@@ -142,3 +144,23 @@ def test_an_unusable_results_folder_is_one_sentence(tmp_path):
         assert cp.returncode == 2, cp.stderr
         assert f"--results-dir {where} cannot be used" in cp.stderr and "Traceback" not in cp.stderr
         assert len(cp.stderr.strip().splitlines()) == 1
+
+
+def test_open_mpi_yields_on_cpu_runs_only_and_a_users_value_wins(monkeypatch):
+    from lab.host.bench import YIELD_WHEN_IDLE, job_env
+    monkeypatch.delenv(YIELD_WHEN_IDLE, raising=False)
+    assert job_env(BenchSettings(np=[2], device="cpu"))[YIELD_WHEN_IDLE] == "1"
+    assert YIELD_WHEN_IDLE not in job_env(BenchSettings(np=[2], device="cuda"))
+    monkeypatch.setenv(YIELD_WHEN_IDLE, "0")
+    assert job_env(BenchSettings(np=[2], device="cpu"))[YIELD_WHEN_IDLE] == "0"
+    monkeypatch.setenv(YIELD_WHEN_IDLE, "1")
+    assert job_env(BenchSettings(np=[2], device="cuda"))[YIELD_WHEN_IDLE] == "1"
+
+
+def test_gpus_are_counted_per_node_on_the_cluster():
+    """compose.gpu.yaml gives each node its own GPU: 2 ranks over 2 nodes need 1 each."""
+    stack = dict(CPU_STACK, cuda_available=True, gpus=1,
+                 horovod={"gloo": True, "mpi": True, "nccl": True})
+    for framework, backend in (("ddp", "nccl"), ("horovod", "nccl")):
+        s = BenchSettings(np=[2], nodes=2, device="cuda", framework=framework, backend=backend)
+        assert check_request(s, stack)[0] == framework

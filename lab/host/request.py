@@ -198,9 +198,15 @@ def check_request(s: BenchSettings, stack: dict) -> tuple[str, list[str]]:
         if not stack.get("cuda_available"):
             raise BenchError("--device cuda but torch sees no GPU: run `invoke doctor`, "
                              "or use --device cpu")
-        if max(s.np) > stack.get("gpus", 0):
-            raise BenchError(f"--np {max(s.np)} needs {max(s.np)} GPUs on this host and torch "
-                             f"sees {stack.get('gpus', 0)}: lower --np")
+        # Each rank needs a GPU of its own on its node; the stack was probed on one node
+        # (node1 on the cluster, whose nodes are alike), so the check is per node.
+        nodes = max(1, int(s.nodes))
+        per_node = -(-max(s.np) // nodes)
+        gpus = stack.get("gpus", 0)
+        if per_node > gpus:
+            where = "this host" if nodes == 1 else f"each of the {nodes} nodes"
+            raise BenchError(f"--np {max(s.np)} puts {per_node} ranks on {where}, each needing a GPU "
+                             f"of its own, and torch sees {gpus} there: lower --np")
     if framework == "horovod":
         if "horovod_error" in stack:
             raise BenchError(f"Horovod is installed but does not import ({stack['horovod_error']}): "
