@@ -104,11 +104,22 @@ class DDP:
                     "gloo": "install a torch build with Gloo"}[cfg.backend]
             raise ConfigError(f"this torch has no {cfg.backend} back end for torch.distributed: {hint}")
         self.controller = cfg.backend
-        dist.init_process_group(cfg.backend,
-                                timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
-        self.rank, self.size = dist.get_rank(), dist.get_world_size()
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.local_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        kw = {}
+        if cfg.device == "cuda":
+            # The rank's GPU is chosen before the process group exists: NCCL's
+            # communicator (and Gloo's CUDA buffers) belong to the current device, and a
+            # group made first would put every rank's context on GPU 0 (PyTorch's DDP
+            # tutorial and torch.distributed.run's docs: set_device(LOCAL_RANK) first).
+            # device_id binds the group to that GPU, so NCCL's communicator is made at
+            # once rather than at the first collective (init_process_group, torch >= 2.3).
+            select_gpu(self.local_rank, self.local_size)
+            if cfg.backend == "nccl":
+                kw["device_id"] = torch.device("cuda", self.local_rank)
+        dist.init_process_group(cfg.backend,
+                                timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S), **kw)
+        self.rank, self.size = dist.get_rank(), dist.get_world_size()
         self.device = None
 
     def wrap(self, model, optimizer, compression):
@@ -132,6 +143,18 @@ class DDP:
     def shutdown(self):
         if self.dist.is_initialized():
             self.dist.destroy_process_group()
+
+
+def select_gpu(local_rank: int, local_size: int) -> torch.device:
+    """Make this rank's GPU (its local rank) the current device, or say why it cannot."""
+    if not torch.cuda.is_available():
+        raise ConfigError("--device cuda but torch sees no GPU: check the driver and "
+                          "`invoke doctor`, or use --device cpu")
+    if local_rank >= torch.cuda.device_count():
+        raise ConfigError(f"{local_size} ranks on this host but only "
+                          f"{torch.cuda.device_count()} GPUs: lower --np")
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
 
 
 FRAMEWORK_ADAPTERS = {"none": Local, "horovod": Horovod, "ddp": DDP}

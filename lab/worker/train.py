@@ -62,14 +62,7 @@ def train(cfg, d, log=print) -> dict | None:
                           f"a world of {d.size}: start Horovod jobs with horovodrun and DDP "
                           f"jobs with torch.distributed.run")
     if cfg.device == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError("--device cuda but torch sees no GPU: check the driver and "
-                              "`invoke doctor`, or use --device cpu")
-        if d.local_rank >= torch.cuda.device_count():
-            raise ConfigError(f"{d.local_size} ranks on this host but only "
-                              f"{torch.cuda.device_count()} GPUs: lower --np")
-        torch.cuda.set_device(d.local_rank)
-        device = torch.device("cuda", d.local_rank)
+        device = dist.select_gpu(d.local_rank, d.local_size)
     else:
         device = torch.device("cpu")
 
