@@ -43,7 +43,8 @@ def test_ranks_write_as_the_user_who_runs_bench_and_root_becomes_the_image_user(
     assert spec(host_uid=0, host_gid=0).user is None        # the image's USER (lab, 1000)
 
 
-def test_gpus_bring_device_requests_and_unlimited_memlock():
+def test_gpus_bring_device_requests_and_unlimited_memlock(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     kw = container.run_kwargs(spec(gpus=True))
     assert kw["device_requests"][0]["Capabilities"] == [["gpu"]]
     assert kw["device_requests"][0]["Count"] == -1
@@ -51,6 +52,23 @@ def test_gpus_bring_device_requests_and_unlimited_memlock():
     kw = container.run_kwargs(spec())
     assert "device_requests" not in kw and "ulimits" not in kw
     assert kw["shm_size"] == container.SHM_SIZE and kw["init"] is True
+
+
+def test_a_hosts_cuda_visible_devices_picks_the_containers_gpus(monkeypatch):
+    """moby's DeviceRequest: DeviceIDs for some GPUs (docker run --gpus '"device=1,3"'),
+    Count -1 for all; the variable itself stays outside (inside, GPUs count from 0)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1, 3")
+    s = spec(gpus=True)
+    [req] = container.run_kwargs(s)["device_requests"]
+    assert req["DeviceIDs"] == ["1", "3"] and req["Count"] == 0     # moby refuses both set
+    assert "CUDA_VISIBLE_DEVICES" not in s.environment
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-8f6c1a2e-0000-1111-2222-333344445555,-1,2")
+    assert spec(gpus=True).gpu_ids == ["GPU-8f6c1a2e-0000-1111-2222-333344445555"]
+    assert spec(gpus=False).gpu_ids is None        # CPU runs get no GPU at all
+    for hidden in ("", "-1"):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", hidden)
+        with pytest.raises(runners.RunnerError, match="hides every GPU"):
+            spec(gpus=True)
 
 
 def test_which_image_fits_the_run():

@@ -28,8 +28,6 @@ SOURCE_IN = "/opt/lab-src"
 IMAGE_UID = 1000             # the image's user `lab` (docker/Dockerfile)
 
 
-
-
 @dataclass
 class JobSpec:
     image: str
@@ -38,9 +36,30 @@ class JobSpec:
     mounts: dict[str, tuple[str, str]] = field(default_factory=dict)   # host -> (inside, mode)
     user: str | None = None
     gpus: bool = False
+    gpu_ids: list[str] | None = None        # with gpus: these devices only; None: every GPU
     memlock_unlimited: bool = False
     labels: dict[str, str] = field(default_factory=dict)
     name: str | None = None
+
+
+def visible_gpus(environ) -> list[str] | None:
+    """The host's CUDA_VISIBLE_DEVICES as the device ids a container is given (indices,
+    GPU-/MIG- UUIDs: what Docker's --gpus device= and the NVIDIA container toolkit's
+    NVIDIA_VISIBLE_DEVICES accept), or None when it is unset (every GPU). Inside, the
+    devices are numbered from 0 again, so the variable itself is not passed on."""
+    value = environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return None
+    ids = [v.strip() for v in value.split(",") if v.strip()]
+    # CUDA stops at the first id that is not a device (a negative index hides the rest).
+    for i, v in enumerate(ids):
+        if v.lstrip("-").isdigit() and int(v) < 0:
+            ids = ids[:i]
+            break
+    if not ids:
+        raise RunnerError(f"CUDA_VISIBLE_DEVICES={value!r} hides every GPU from the job: "
+                          f"unset it or name the GPUs to use (0,1)")
+    return ids
 
 
 def job_spec(image: str, command: list[str], *, results_dir: str, data_dir: str | None,
@@ -66,8 +85,10 @@ def job_spec(image: str, command: list[str], *, results_dir: str, data_dir: str 
     labels = {MANAGED_BY: LABEL_VALUE}
     # NCCL pins host memory: memlock unlimited with GPUs. Not asked for otherwise, since
     # an engine whose own limit is lower refuses it (seen here: 8 MiB, no CAP_SYS_RESOURCE).
+    gpu_ids = visible_gpus(os.environ) if gpus else None
     return JobSpec(image=image, command=list(command), environment=env, mounts=mounts,
-                   user=user, gpus=gpus, memlock_unlimited=gpus, labels=labels, name=name)
+                   user=user, gpus=gpus, gpu_ids=gpu_ids, memlock_unlimited=gpus,
+                   labels=labels, name=name)
 
 
 def run_kwargs(spec: JobSpec) -> dict:
@@ -83,7 +104,13 @@ def run_kwargs(spec: JobSpec) -> dict:
     if spec.name:
         kw["name"] = spec.name
     if spec.gpus:
-        kw["device_requests"] = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
+        # docker run --gpus all / --gpus '"device=0,2"' (moby's DeviceRequest: Count -1
+        # for all, DeviceIDs for some).
+        if spec.gpu_ids:
+            kw["device_requests"] = [DeviceRequest(device_ids=list(spec.gpu_ids),
+                                                   capabilities=[["gpu"]])]
+        else:
+            kw["device_requests"] = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
     return kw
 
 
