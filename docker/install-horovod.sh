@@ -13,9 +13,17 @@
 #   CUDA_HOME               CUDA toolkit root; found from nvcc when torch is a CUDA build
 #   JOBS                    parallel compile jobs (default: number of cores)
 #
-# Horovod 0.28.1 (its last release) declares C++14; torch >= 2.1 needs C++17.
-# The only change made to its source is raising CMAKE_CXX_STANDARD to 17 in
-# CMakeLists.txt and horovod/torch/CMakeLists.txt.
+# Horovod 0.28.1 is its last release. Changes made to its source, each checked to
+# apply to the text it expects:
+# - CMAKE_CXX_STANDARD 14 -> 17 in CMakeLists.txt and horovod/torch/CMakeLists.txt
+#   (torch >= 2.1 needs C++17);
+# - the two includes gcc >= 13 needs and upstream added after 0.28.1 (horovod PR #3957,
+#   commit ff4ca09d): <stdexcept> in horovod/common/common.h (std::logic_error) and
+#   <string> in horovod/common/group_table.h (std::string). gcc 12 compiles without them.
+# Python >= 3.12 has no distutils, which horovod/torch/CMakeLists.txt (distutils.sysconfig,
+# line 37, its failure silently ignored) and horovod/runner/js_run.py (distutils.spawn,
+# imported by horovodrun) use: setuptools' shim provides it (the default since
+# setuptools 60), and it is checked before the build.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -50,6 +58,16 @@ for f in "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"; do
     grep -q 'set(CMAKE_CXX_STANDARD 14)' "$f" || die "unexpected source: no C++14 setting in $f"
     sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$f"
 done
+add_include() {  # FILE AFTER NEW: put "#include NEW" after the line "#include AFTER"
+    local f="$src/$1"
+    grep -q "^#include $3" "$f" && return
+    grep -q "^#include $2\$" "$f" || die "unexpected source: no #include $2 in $1"
+    sed -i "s|^#include $2\$|#include $2\n#include $3|" "$f"
+}
+add_include horovod/common/common.h '<memory>' '<stdexcept>'
+add_include horovod/common/group_table.h '<queue>' '<string>'
+"$PYTHON" -c 'from distutils.sysconfig import get_python_inc; from distutils.spawn import find_executable' 2>/dev/null \
+    || die "$PYTHON has no distutils (Python >= 3.12 dropped it) and Horovod's build and horovodrun need it: install setuptools==$SETUPTOOLS_VERSION into it (its shim provides distutils)"
 
 export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
 export HOROVOD_WITH_GLOO=1
@@ -76,6 +94,19 @@ if [[ -n "$torch_cuda" ]]; then
     fi
     export CUDA_HOME CUDAToolkit_ROOT="$CUDA_HOME" PATH="$CUDA_HOME/bin:$PATH"
     say "torch is built for CUDA $torch_cuda; CUDA toolkit at $CUDA_HOME"
+    # Horovod compiles its CUDA kernels for every sm_NN nvcc lists unless given
+    # HOROVOD_BUILD_CUDA_CC_LIST (cmake/build_utils.py: comma-separated integers, PTX
+    # added for the last): the matrix's list, as nccl-tests gets, and most of the
+    # GPU build's time saved.
+    if [[ -z "${HOROVOD_BUILD_CUDA_CC_LIST:-}" ]]; then
+        HOROVOD_BUILD_CUDA_CC_LIST="$(cuda_archs_for "$CUDA_HOME/bin/nvcc")"
+        [[ -n "$HOROVOD_BUILD_CUDA_CC_LIST" ]] \
+            || die "the matrix has no architecture list for the CUDA toolkit at $CUDA_HOME: set CUDA_ARCHS (e.g. 80,90)"
+    fi
+    [[ "$HOROVOD_BUILD_CUDA_CC_LIST" =~ ^[0-9]+(,[0-9]+)*$ ]] \
+        || die "HOROVOD_BUILD_CUDA_CC_LIST must be compute capabilities like 75,80,90, not $HOROVOD_BUILD_CUDA_CC_LIST"
+    export HOROVOD_BUILD_CUDA_CC_LIST
+    say "CUDA kernels for compute capabilities $HOROVOD_BUILD_CUDA_CC_LIST"
     if [[ "${HOROVOD_GPU_OPERATIONS:-}" == NCCL && -z "${HOROVOD_NCCL_HOME:-}${HOROVOD_NCCL_LIB:-}" ]]; then
         # Use the NCCL that torch itself loads (the nvidia-nccl wheel), so one
         # process never holds two copies of NCCL.

@@ -27,14 +27,13 @@ mpicc="$(command -v mpicc)" || die "mpicc not found: install Open MPI first (ins
 MPI_HOME="${MPI_HOME:-$(cd "$(dirname "$(readlink -f "$mpicc")")/.." && pwd)}"
 NCCL_HOME="$(bash "$here/torch-nccl.sh")"
 
-if [[ -z "${CUDA_ARCHS:-}" ]]; then
-    release="$("$nvcc" --version | sed -n 's/.*release \([0-9]*\)\.\([0-9]*\).*/\1_\2/p')"
-    var="CUDA_${release}_ARCHS"
-    CUDA_ARCHS="${!var:-}"
-    [[ -n "$CUDA_ARCHS" ]] || die "the matrix has no $var for this CUDA toolkit: set CUDA_ARCHS"
-fi
+CUDA_ARCHS="$(cuda_archs_for "$nvcc")"
+[[ -n "$CUDA_ARCHS" ]] || die "the matrix has no architecture list for this CUDA toolkit ($("$nvcc" --version | tail -n1)): set CUDA_ARCHS"
 gencode=""
 for a in ${CUDA_ARCHS//,/ }; do gencode+=" -gencode=arch=compute_$a,code=sm_$a"; done
+# PTX for the highest architecture too, so a newer GPU than the list knows JIT-compiles
+# it (nccl-tests' own default, src/Makefile, ends the same way).
+gencode+=" -gencode=arch=compute_$a,code=compute_$a"
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT

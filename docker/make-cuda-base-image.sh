@@ -6,9 +6,12 @@
 # nvidia/cuda. It has no GPU driver (none is ever in an image: the container runtime
 # brings the host's), so it compiles CUDA code but cannot run it.
 #
-#   bash docker/make-cuda-base-image.sh [TAG] [TOOLKIT_DIR]
-#     TAG          default lab-base/cuda:<X.Y>-devel-bookworm
+#   bash docker/make-cuda-base-image.sh [TAG] [TOOLKIT_DIR] [SUITE]
+#     TAG          default lab-base/cuda:<X.Y>-devel-SUITE
 #     TOOLKIT_DIR  default: where nvcc on the PATH really lives
+#     SUITE        the Debian release underneath (make-base-image.sh): bookworm
+#                  (default) or trixie, whose gcc 14 and Python 3.13 are at least as
+#                  new as nvidia/cuda's Ubuntu 24.04 (gcc 13, Python 3.12)
 # Does nothing when TAG exists. Needs a Docker engine and the Debian base (made first).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -23,17 +26,18 @@ fi
 [[ -x "$toolkit/bin/nvcc" && -f "$toolkit/include/cuda.h" ]] \
     || { say "$toolkit is not a CUDA toolkit (bin/nvcc, include/cuda.h)"; exit 1; }
 release="$("$toolkit/bin/nvcc" --version | sed -n 's/.*release \([0-9]*\.[0-9]*\).*/\1/p')"
-tag="${1:-lab-base/cuda:$release-devel-bookworm}"
+suite="${3:-bookworm}"
+tag="${1:-lab-base/cuda:$release-devel-$suite}"
 if docker image inspect "$tag" >/dev/null 2>&1; then
     say "$tag exists"
     exit 0
 fi
-bash "$here/make-base-image.sh" lab-base/debian:bookworm
+bash "$here/make-base-image.sh" "lab-base/debian:$suite" "$suite"
 ctx="$(mktemp -d)"
 trap 'rm -rf "$ctx"' EXIT
 cp -a "$toolkit" "$ctx/cuda"
 cat > "$ctx/Dockerfile" <<DOCKERFILE
-FROM lab-base/debian:bookworm
+FROM lab-base/debian:$suite
 COPY cuda /usr/local/cuda-$release
 RUN ln -s /usr/local/cuda-$release /usr/local/cuda \\
     && echo /usr/local/cuda/lib64 > /etc/ld.so.conf.d/cuda.conf && ldconfig

@@ -11,3 +11,14 @@ if [[ -f "$_matrix" ]]; then
     done < "$_matrix"
 fi
 unset _matrix _k _v
+
+# The matrix's compute capabilities (CUDA_<X>_<Y>_ARCHS, e.g. 75,80,90) for the CUDA
+# toolkit whose nvcc is given; empty when the matrix has no entry for that release.
+# CUDA_ARCHS, when set (the image's build argument), wins.
+cuda_archs_for() {
+    if [[ -n "${CUDA_ARCHS:-}" ]]; then printf '%s\n' "$CUDA_ARCHS"; return; fi
+    local release var
+    release="$("$1" --version | sed -n 's/.*release \([0-9]*\)\.\([0-9]*\).*/\1_\2/p')"
+    var="CUDA_${release}_ARCHS"
+    printf '%s\n' "${!var:-}"
+}
