@@ -145,6 +145,7 @@ print("install-horovod: horovod.torch imports; gloo=%s mpi=%s nccl=%s"
 import json, horovod
 record = {"gpu_operations": ops or None, "cuda_home": os.environ.get("CUDA_HOME"),
           "nccl_lib": os.environ.get("HOROVOD_NCCL_LIB"), "built_by": "docker/install-horovod.sh"}
+# (lab.common.kit.HOROVOD_BUILD_RECORD names this file; kit.horovod_gpu_operations reads it.)
 with open(os.path.join(os.path.dirname(horovod.__file__), "lab_build.json"), "w") as f:
     json.dump(record, f)
 EOF

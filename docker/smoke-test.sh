@@ -18,9 +18,9 @@ done
 case "$ops" in
     NCCL) grep -Eq "\[X\] NCCL" <<<"$out" || fail "horovodrun --check-build does not show NCCL" ;;
     MPI) python -c '
-import json, os, horovod, horovod.torch as h
-rec = json.load(open(os.path.join(os.path.dirname(horovod.__file__), "lab_build.json")))
-assert rec["gpu_operations"] == "MPI" and h.cuda_built() and h.mpi_built() and not h.nccl_built()' \
+import horovod.torch as h
+from lab.common.kit import horovod_gpu_operations
+assert horovod_gpu_operations(h) == "MPI" and h.cuda_built() and h.mpi_built() and not h.nccl_built()' \
             || fail "Horovod was not built for MPI GPU operations (build record, CUDA, MPI, no NCCL)" ;;
     "") python -c 'import horovod.torch as h; assert not h.cuda_built()' 2>/dev/null \
             || fail "a CPU image's Horovod was built with CUDA" ;;

@@ -63,15 +63,7 @@ def probe_horovod(timeout: float = 60) -> Result:
     except ValueError as e:
         raise ProbeError(f"horovodrun --check-build: {e}") from None
     nccl = hvd.nccl_built()
-    # NCCL GPU operations show in the library; MPI ones do not (CUDA without NCCL is
-    # also what a build without GPU operations looks like): install-horovod.sh's record.
-    import horovod
-    record = os.path.join(os.path.dirname(horovod.__file__), "lab_build.json")
-    built = None
-    if os.path.exists(record):
-        with open(record) as f:
-            built = json.load(f).get("gpu_operations")
-    value["gpu_operations"] = "NCCL" if nccl else built
+    value["gpu_operations"] = kit.horovod_gpu_operations(hvd)
     value["cuda"] = bool(hvd.cuda_built())
     value["nccl"] = kit.horovod_nccl_version(nccl)
     return value

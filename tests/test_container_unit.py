@@ -73,9 +73,12 @@ def test_a_hosts_cuda_visible_devices_picks_the_containers_gpus(monkeypatch):
 
 def test_which_image_fits_the_run():
     assert runners.candidate_images("cpu", "ddp", "gloo")[0] == "dl-lab-kit:cpu"
-    assert runners.candidate_images("cuda", "horovod", "nccl") == [
+    # Horovod on GPUs: only the image whose GPU operations carry the back end.
+    assert runners.candidate_images("cuda", "horovod", "nccl") == ["dl-lab-kit:gpu-nccl"]
+    assert runners.candidate_images("cuda", "horovod", "gloo") == ["dl-lab-kit:gpu-nccl"]
+    assert runners.candidate_images("cuda", "horovod", "mpi") == ["dl-lab-kit:gpu-mpi"]
+    assert runners.candidate_images("cuda", "ddp", "nccl") == [
         "dl-lab-kit:gpu-nccl", "dl-lab-kit:gpu-mpi"]
-    assert runners.candidate_images("cuda", "horovod", "mpi")[0] == "dl-lab-kit:gpu-mpi"
 
 
 def test_where_must_be_known():

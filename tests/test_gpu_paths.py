@@ -50,3 +50,120 @@ def test_more_local_ranks_than_gpus_is_one_sentence_before_the_group(fake_gpus, 
     with pytest.raises(ConfigError, match="2 ranks on this host but only 1 GPUs"):
         adapters.DDP(RunConfig(framework="ddp", backend="nccl", device="cuda"))
     assert fake_gpus == []
+
+
+# Horovod's GPU operations: which data path a GPU tensor takes, read from the library
+# (NCCL) or from install-horovod.sh's build record (MPI), and the combinations refused.
+import json  # noqa: E402
+import sys  # noqa: E402
+import types  # noqa: E402
+
+from lab.common import kit  # noqa: E402
+from lab.host.request import BenchError, BenchSettings, check_request  # noqa: E402
+
+
+class FakeHvd(types.ModuleType):
+    """horovod.torch as a rank sees it, for a given build (no GPU, no launcher)."""
+
+    def __init__(self, nccl=0, mpi_enabled=True):
+        super().__init__("horovod.torch")
+        self._nccl, self._mpi = nccl, mpi_enabled
+        self.Compression = types.SimpleNamespace(none="none", fp16="fp16")
+
+    def nccl_built(self):
+        return self._nccl
+
+    def init(self):
+        pass
+
+    def rank(self):
+        return 0
+
+    local_rank = rank
+
+    def size(self):
+        return 2
+
+    local_size = size
+
+    def mpi_enabled(self):
+        return self._mpi
+
+    def gloo_enabled(self):
+        return not self._mpi
+
+    def broadcast_parameters(self, *a, **k):
+        pass
+
+    broadcast_optimizer_state = broadcast_parameters
+
+
+@pytest.fixture
+def horovod_build(tmp_path, monkeypatch):
+    """A horovod package whose folder holds (or lacks) install-horovod.sh's record."""
+    def make(record=None, nccl=0, mpi_enabled=True):
+        pkg = tmp_path / "horovod"
+        pkg.mkdir(exist_ok=True)
+        (pkg / "__init__.py").write_text("")
+        if record is not None:
+            (pkg / kit.HOROVOD_BUILD_RECORD).write_text(record)
+        parent = types.ModuleType("horovod")
+        parent.__file__ = str(pkg / "__init__.py")
+        hvd = FakeHvd(nccl, mpi_enabled)
+        parent.torch = hvd
+        monkeypatch.setitem(sys.modules, "horovod", parent)
+        monkeypatch.setitem(sys.modules, "horovod.torch", hvd)
+        return hvd
+    return make
+
+
+def test_gpu_operations_come_from_the_library_or_the_build_record(horovod_build):
+    assert kit.horovod_gpu_operations(horovod_build(nccl=22907)) == "NCCL"
+    assert kit.horovod_gpu_operations(
+        horovod_build(json.dumps({"gpu_operations": "MPI"}))) == "MPI"
+    assert kit.horovod_gpu_operations(horovod_build(json.dumps({"gpu_operations": None}))) is None
+    assert kit.horovod_gpu_operations(horovod_build("{not json")) is None
+
+
+@pytest.mark.parametrize("ops,backend,refused", [
+    ("NCCL", "nccl", None), ("NCCL", "gloo", "would measure NCCL"),
+    ("NCCL", "mpi", "would measure NCCL"), ("MPI", "mpi", None),
+    ("MPI", "gloo", "only under the MPI controller"), (None, "gloo", None), (None, "mpi", None),
+])
+def test_horovods_gpu_data_path_must_be_the_back_end_recorded(ops, backend, refused, horovod_build):
+    problem = kit.horovod_gpu_path_problem(ops, backend)
+    assert (problem is None) if refused is None else (refused in problem)
+    # The host refuses the same before any rank starts.
+    stack = {"torch": "2.13.0", "cuda_available": True, "gpus": 2, "mpirun": True,
+             "ddp_backends": {"gloo": True, "mpi": False, "nccl": True},
+             "horovod": {"gloo": True, "mpi": True, "nccl": ops == "NCCL", "gpu_operations": ops}}
+    s = BenchSettings(np=[2], framework="horovod", backend=backend, device="cuda")
+    if refused is None:
+        assert check_request(s, stack)[0] == "horovod"
+    else:
+        with pytest.raises(BenchError, match=refused):
+            check_request(s, stack)
+    # ... and so does the rank, for a job started by hand with horovodrun --gloo|--mpi.
+    horovod_build(json.dumps({"gpu_operations": ops}), nccl=22907 if ops == "NCCL" else 0,
+                  mpi_enabled=backend == "mpi")
+    cfg = RunConfig(framework="horovod", backend=backend, device="cuda")
+    if refused is None:
+        assert adapters.Horovod(cfg).gpu_operations == ops
+    else:
+        with pytest.raises(ConfigError, match=refused):
+            adapters.Horovod(cfg)
+
+
+def test_the_8bit_payload_stays_on_the_gpu_only_where_horovod_takes_gpu_memory(horovod_build):
+    import torch.nn as nn
+
+    from lab.worker.compression import AllgatherOptimizer
+    model = nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for record, nccl, on_device in ((None, 22907, True), (json.dumps({"gpu_operations": "MPI"}), 0, True),
+                                    (json.dumps({"gpu_operations": None}), 0, False)):
+        horovod_build(record, nccl=nccl)
+        backend = "nccl" if nccl else "mpi"
+        h = adapters.Horovod(RunConfig(framework="horovod", backend=backend, device="cuda"))
+        _, wrapped = h.wrap(model, opt, "int8")
+        assert isinstance(wrapped, AllgatherOptimizer) and wrapped.device_payloads is on_device

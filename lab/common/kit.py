@@ -44,6 +44,51 @@ def horovod_nccl_version(code: int) -> str | None:
     return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
 
 
+# Horovod's record of how docker/install-horovod.sh built it, beside the package.
+HOROVOD_BUILD_RECORD = "lab_build.json"
+
+
+def horovod_gpu_operations(hvd) -> str | None:
+    """How this Horovod moves GPU tensors: "NCCL", "MPI" (CUDA-aware MPI) or None (it
+    copies them to host memory first). The library tells NCCL (nccl_built() is NCCL's
+    version code) but not MPI: a build with MPI GPU operations and one without any are
+    both CUDA without NCCL (horovod/common/basics.py; HOROVOD_GPU_ALLREDUCE is only a C
+    define), so install-horovod.sh's build record says which."""
+    if hvd.nccl_built():
+        return "NCCL"
+    import json
+
+    import horovod
+    path = os.path.join(os.path.dirname(horovod.__file__), HOROVOD_BUILD_RECORD)
+    try:
+        with open(path) as f:
+            ops = json.load(f).get("gpu_operations")
+    except (OSError, ValueError):
+        return None
+    return ops if ops in ("NCCL", "MPI") else None
+
+
+def horovod_gpu_path_problem(gpu_operations: str | None, backend: str) -> str | None:
+    """Why Horovod with these GPU operations cannot honestly run `backend` on GPU
+    tensors, or None. From Horovod 0.28.1's horovod/common/operations.cc: NCCL's
+    operations are registered whatever the controller and come first (so gloo or mpi
+    would move the gradients through NCCL while the record said gloo or mpi);
+    MPI_GPUAllreduce is registered only when the MPI context is enabled, and under
+    --gloo GlooAllreduce, whose Enabled() is always true (ops/gloo_operations.cc), would
+    be handed GPU memory by mpi_ops_v2.cc's DoAllreduce."""
+    if gpu_operations == "NCCL" and backend in ("gloo", "mpi"):
+        return (f"this Horovod moves GPU tensors through NCCL whatever the controller, so "
+                f"--backend {backend} --device cuda would measure NCCL: use --backend nccl, "
+                f"or for MPI's own GPU path an image built with --gpu-ops MPI "
+                f"(dl-lab-kit:gpu-mpi) and --backend mpi")
+    if gpu_operations == "MPI" and backend != "mpi":
+        return (f"this Horovod does its GPU operations over CUDA-aware MPI, which runs only "
+                f"under the MPI controller (under {backend} Gloo's CPU code would be handed "
+                f"GPU memory): use --backend mpi, or an image built with --gpu-ops NCCL "
+                f"(dl-lab-kit:gpu-nccl) for --backend nccl")
+    return None
+
+
 if __name__ == "__main__":
     # python -m lab.common.kit nccl-version CODE (the image's smoke test uses it)
     if sys.argv[1:2] == ["nccl-version"] and len(sys.argv) == 3:

@@ -10,7 +10,7 @@ import shutil
 from dataclasses import dataclass
 
 from lab.common.config import BACKENDS, COMPRESSIONS, FRAMEWORKS, ConfigError, RunConfig
-from lab.common.kit import NO_MPI_IN_PIP_TORCH
+from lab.common.kit import NO_MPI_IN_PIP_TORCH, horovod_gpu_path_problem
 
 
 class BenchError(Exception):
@@ -217,6 +217,10 @@ def check_request(s: BenchSettings, stack: dict) -> tuple[str, list[str]]:
         if not stack["horovod"].get(s.backend):
             raise BenchError(f"this Horovod was built without {s.backend}: rebuild it with "
                              f"docker/install-horovod.sh, or pick another --backend")
+        if s.device == "cuda":
+            problem = horovod_gpu_path_problem(stack["horovod"].get("gpu_operations"), s.backend)
+            if problem:
+                raise BenchError(problem)
         if s.backend == "mpi" and not stack.get("mpirun", shutil.which("mpirun") is not None):
             raise BenchError("--backend mpi needs mpirun on the PATH: install an MPI "
                              "(Debian: openmpi-bin)")

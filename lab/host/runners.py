@@ -132,12 +132,17 @@ class LocalRunner(Runner):
 
 def candidate_images(device: str, framework: str, backend: str) -> list[str]:
     """The tags bench looks for, best first: the CPU image for CPU runs (a GPU image
-    runs on a CPU too), for GPU runs the image whose GPU operations fit."""
+    runs on a CPU too); for GPU runs with Horovod only the image whose GPU operations
+    carry the back end (nccl: gpu-nccl, mpi: gpu-mpi; gloo fits neither and is refused
+    by the request check, lab.common.kit.horovod_gpu_path_problem); DDP brings its own
+    NCCL and Gloo, so either GPU image serves it."""
     from lab.host.docker_api import IMAGE_REPO
-    gpu = [f"{IMAGE_REPO}:gpu-nccl", f"{IMAGE_REPO}:gpu-mpi"]
-    if framework == "horovod" and backend == "mpi":
-        gpu.reverse()
-    return [f"{IMAGE_REPO}:cpu", *gpu] if device == "cpu" else gpu
+    nccl, mpi = f"{IMAGE_REPO}:gpu-nccl", f"{IMAGE_REPO}:gpu-mpi"
+    if device == "cpu":
+        return [f"{IMAGE_REPO}:cpu", nccl, mpi]
+    if framework == "horovod":
+        return [mpi] if backend == "mpi" else [nccl]
+    return [nccl, mpi]
 
 
 def choose_runner(*, where: str = "auto", nodes: int = 1, image: str = "", frozen: bool = False,

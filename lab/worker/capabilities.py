@@ -24,8 +24,11 @@ def collect() -> dict:
     if importlib.util.find_spec("horovod") is not None:
         try:
             import horovod.torch as hvd
+
+            from lab.common.kit import horovod_gpu_operations
             out["horovod"] = {"gloo": bool(hvd.gloo_built()), "mpi": bool(hvd.mpi_built()),
-                              "nccl": bool(hvd.nccl_built())}
+                              "nccl": bool(hvd.nccl_built()),
+                              "gpu_operations": horovod_gpu_operations(hvd)}
         except Exception as e:
             out["horovod_error"] = f"{type(e).__name__}: {e}"
     try:

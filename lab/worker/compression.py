@@ -126,8 +126,11 @@ class AllgatherOptimizer:
     buffer, encoded, all-gathered with hvd.allgather (int8), decoded and averaged,
     and written back before the wrapped optimizer steps."""
 
-    def __init__(self, optimizer, params, codec, hvd):
+    def __init__(self, optimizer, params, codec, hvd, device_payloads: bool = False):
         self.optimizer, self.params, self.codec, self.hvd = optimizer, list(params), codec, hvd
+        # True: Horovod takes GPU tensors as they are (NCCL or CUDA-aware MPI GPU
+        # operations); False: a GPU payload is copied to host memory first.
+        self.device_payloads = device_payloads
 
     def zero_grad(self):
         self.optimizer.zero_grad()
@@ -136,8 +139,8 @@ class AllgatherOptimizer:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         flat = torch.cat([g.reshape(-1) for g in grads])
         payload = self.codec.encode(flat)
-        gathered = self.hvd.allgather(payload.cpu() if payload.is_cuda and not self.hvd.nccl_built()
-                                      else payload)
+        gathered = self.hvd.allgather(payload if self.device_payloads or not payload.is_cuda
+                                      else payload.cpu())
         avg = average_gathered(self.codec, gathered.to(flat.device), flat.numel(), self.hvd.size())
         offset = 0
         for p, g in zip(self.params, grads):

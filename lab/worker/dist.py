@@ -10,7 +10,7 @@ import socket
 import torch
 
 from lab.common.config import ConfigError
-from lab.common.kit import NO_MPI_IN_PIP_TORCH
+from lab.common.kit import NO_MPI_IN_PIP_TORCH, horovod_gpu_operations, horovod_gpu_path_problem
 
 # How long a collective may wait for a peer before the job gives up (seconds). The
 # launchers end a job as soon as one rank dies; this bounds any case they miss.
@@ -61,6 +61,11 @@ class Horovod:
         if cfg.backend == "nccl" and not hvd.nccl_built():
             raise ConfigError("this Horovod was built without NCCL: rebuild it with "
                               "HOROVOD_GPU_OPERATIONS=NCCL, or use --backend gloo or mpi")
+        self.gpu_operations = horovod_gpu_operations(hvd)
+        if cfg.device == "cuda":
+            problem = horovod_gpu_path_problem(self.gpu_operations, cfg.backend)
+            if problem:
+                raise ConfigError(problem)
         if cfg.backend == "nccl":
             self.controller = "nccl"
 
@@ -72,7 +77,10 @@ class Horovod:
         if compression in codecs.CODECS:
             # 8-bit payloads are all-gathered, not all-reduced (int8 sums overflow).
             self.codec = codecs.CODECS[compression]()
-            return model, codecs.AllgatherOptimizer(optimizer, model.parameters(), self.codec, hvd)
+            # GPU payloads stay on the GPU where Horovod has GPU operations (NCCL, or
+            # CUDA-aware MPI under the MPI controller: the check above guarantees it).
+            return model, codecs.AllgatherOptimizer(optimizer, model.parameters(), self.codec, hvd,
+                                                    device_payloads=self.gpu_operations is not None)
         comp = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}[compression]
         optimizer = hvd.DistributedOptimizer(
             optimizer, named_parameters=model.named_parameters(), compression=comp)
