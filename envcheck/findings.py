@@ -4,6 +4,8 @@ Results."""
 from __future__ import annotations
 
 from envcheck.probes import FAIL, PASS, SKIP, WARN, Result
+from lab.common import versions
+from lab.common.versions import archs_cover, cuda_entry_for
 
 
 def _value(results: dict, name: str):
@@ -11,8 +13,10 @@ def _value(results: dict, name: str):
     return r.value if r is not None and r.status == PASS else None
 
 
-def find(host: dict, ranks: dict, np: int, in_image: bool) -> list[Result]:
-    """host, ranks: {probe name: Result}. np: the rank count asked for."""
+def find(host: dict, ranks: dict, np: int, in_image: bool,
+         visible: int | None = None) -> list[Result]:
+    """host, ranks: {probe name: Result}. np: the rank count asked for. visible: how many
+    GPUs the image was given (the host's CUDA_VISIBLE_DEVICES), None for all."""
     out = []
     hvd = _value(ranks, "horovod") or {}
     aware = _value(ranks, "mpi_cuda_build")
@@ -53,11 +57,41 @@ def find(host: dict, ranks: dict, np: int, in_image: bool) -> list[Result]:
                           torch_v.get("cuda_build"), "" if torch_v.get("cuda_available")
                           else "a CPU build of torch"))
 
+    name = "finding: the GPU images have code for these GPUs"
+    devices = (_value(host, "gpus") or {}).get("devices", [])
+    images = _value(host, "lab_images") or {}
+    missing, uncovered = {}, set()
+    for tag, labels in images.items():
+        archs = labels.get("cuda_archs")
+        if not archs:
+            continue
+        lacking = [d for d in devices if d.get("compute_capability")
+                   and not archs_cover(archs, d["compute_capability"])]
+        if lacking:
+            uncovered.update(d["compute_capability"] for d in lacking)
+            missing[tag] = {"built_for": archs, "gpus": sorted(
+                {f"{d.get('name', 'GPU')} ({d['compute_capability']})" for d in lacking})}
+    if missing:
+        matrix = versions.read()
+        entries = {cuda_entry_for(matrix, c) for c in uncovered}
+        fix = (f"build an image for them: invoke build --cuda {entries.pop()}"
+               if len(entries) == 1 and None not in entries
+               else "no one CUDA entry of the version matrix (docker/versions.env) covers them all")
+        out.append(Result(name, FAIL, missing,
+                          "; ".join(f"{t} is built for {v['built_for']}, not for {', '.join(v['gpus'])}"
+                                    for t, v in missing.items()) + f": {fix}"))
+    else:
+        checked = devices and any(v.get("cuda_archs") for v in images.values())
+        out.append(Result(name, PASS if checked else SKIP, None,
+                          "" if checked else "no GPU here, or no GPU image built"))
+
     name = "finding: the ranks see every GPU of the host"
-    if in_image and host_gpus and torch_v and gpus != host_gpus:
-        out.append(Result(name, FAIL, {"host": host_gpus, "in_image": gpus},
-                          f"NVML sees {host_gpus} GPU(s) on the host, torch sees {gpus} in the image: "
-                          f"check --gpus and CUDA_VISIBLE_DEVICES"))
+    expected = visible if visible is not None else host_gpus
+    if in_image and host_gpus and torch_v and gpus != expected:
+        given = "" if visible is None else f" (CUDA_VISIBLE_DEVICES gives it {visible})"
+        out.append(Result(name, FAIL, {"host": host_gpus, "given": expected, "in_image": gpus},
+                          f"NVML sees {host_gpus} GPU(s) on the host{given}, torch sees {gpus} in "
+                          f"the image: check --gpus and CUDA_VISIBLE_DEVICES"))
     else:
         out.append(Result(name, PASS if host_gpus else SKIP, {"host": host_gpus, "ranks": gpus},
                           "" if host_gpus else "no GPU on this host"))

@@ -24,7 +24,7 @@ from envcheck.probes import (
 GIB = 2**30
 # The labels of an image that doctor shows (lab.host.images writes them).
 IMAGE_FACTS = ("flavor", "torch_version", "horovod_version", "horovod_gpu_operations",
-               "cuda_version", "nccl_version", "kit_version")
+               "cuda_version", "cuda_archs", "nccl_version", "kit_version")
 
 
 def _docker():

@@ -167,3 +167,98 @@ def test_the_8bit_payload_stays_on_the_gpu_only_where_horovod_takes_gpu_memory(h
         h = adapters.Horovod(RunConfig(framework="horovod", backend=backend, device="cuda"))
         _, wrapped = h.wrap(model, opt, "int8")
         assert isinstance(wrapped, AllgatherOptimizer) and wrapped.device_payloads is on_device
+
+
+# The image must have code for the host's GPUs: a V100 (7.0) gets the CUDA 12.6 image,
+# since the CUDA 13 builds start at 7.5 (docker/versions.env says why).
+from lab.common import versions  # noqa: E402
+from lab.host import runners  # noqa: E402
+from lab.host.images import LABEL_PREFIX  # noqa: E402
+
+
+@pytest.mark.parametrize("archs,cc,runs", [
+    ("75,80,86,90,100,120", "7.0", False),   # V100 on the CUDA 13 list
+    ("70,75,80,86,90", "7.0", True),
+    ("75,80,86,90,100,120", "8.9", True),    # an sm_86 cubin runs on 8.9 (same major)
+    ("75,80,86,90,100,120", "12.1", True),
+    ("80,90", "8.0", True), ("80,90", "7.5", False),
+    ("75,80,86,90,100,120", "13.0", True),   # newer than the list: its highest PTX
+    ("80,90", "10.0", True),
+])
+def test_which_architectures_run_on_which_gpu(archs, cc, runs):
+    assert versions.archs_cover(archs, cc) is runs
+
+
+def test_the_matrix_names_the_cuda_entry_for_a_volta():
+    m = versions.read()
+    assert versions.cuda_entry_for(m, "7.0") == "12.6"
+    assert versions.cuda_entry_for(m, "9.0") == m["CUDA_DEFAULT"]
+    assert versions.cuda_entry_for(m, "6.1") is None
+
+
+class FakeImage:
+    def __init__(self, tag, archs):
+        self.tags, self.id, self.short_id = [tag], "sha256:" + tag, tag
+        self.labels = {LABEL_PREFIX + "cuda_archs": archs}
+
+
+@pytest.fixture
+def engine_with(monkeypatch):
+    import docker
+    from lab.host import docker_api
+
+    def make(images, capabilities):
+        class Images:
+            def get(self, tag):
+                if tag in images:
+                    return images[tag]
+                raise docker.errors.ImageNotFound(tag)
+        cli = type("Cli", (), {"images": Images()})()
+        monkeypatch.setattr(docker_api, "client", lambda *a, **k: cli)
+        monkeypatch.setattr(runners, "host_gpu_capabilities", lambda: capabilities)
+    return make
+
+
+def test_a_gpu_run_takes_the_image_with_code_for_its_gpus(engine_with, tmp_path):
+    m = versions.read()
+    new, old = FakeImage("dl-lab-kit:gpu-nccl", m["CUDA_13_0_ARCHS"]), \
+        FakeImage("dl-lab-kit:gpu-nccl-cu126", m["CUDA_12_6_ARCHS"])
+    kw = dict(device="cuda", framework="ddp", backend="nccl", results_dir=str(tmp_path))
+    engine_with({new.tags[0]: new, old.tags[0]: old}, ["7.0", "7.0"])
+    assert runners.choose_runner(**kw)[0].image is old
+    engine_with({new.tags[0]: new, old.tags[0]: old}, ["9.0"])
+    assert runners.choose_runner(**kw)[0].image is new
+    engine_with({new.tags[0]: new}, ["7.0"])
+    with pytest.raises(runners.RunnerError, match=r"no GPU code for compute capability 7\.0.*"
+                                                  r"invoke build --cuda 12\.6"):
+        runners.choose_runner(**kw)
+    # doctor takes it anyway and reports the finding instead.
+    assert runners.choose_runner(check_gpu_code=False, **kw)[0].image is new
+
+
+def test_doctor_finds_an_image_without_code_for_the_gpus():
+    from envcheck import findings
+    from envcheck.probes import FAIL, PASS, Result
+    m = versions.read()
+    host = {"gpus": Result("gpus", PASS, {"count": 2, "devices": [
+                {"name": "Tesla V100-SXM2-32GB", "compute_capability": "7.0"}] * 2}, ""),
+            "lab_images": Result("lab_images", PASS, {
+                "dl-lab-kit:gpu-nccl": {"cuda_archs": m["CUDA_13_0_ARCHS"]},
+                "dl-lab-kit:cpu": {"flavor": "cpu"}}, "")}
+    name = "finding: the GPU images have code for these GPUs"
+    got = {f.name: f for f in findings.find(host, {}, np=2, in_image=True)}[name]
+    assert got.status == FAIL and "invoke build --cuda 12.6" in got.fix
+    assert "Tesla V100-SXM2-32GB (7.0)" in got.fix
+    host["gpus"].value["devices"] = [{"name": "NVIDIA A100", "compute_capability": "8.0"}]
+    assert {f.name: f for f in findings.find(host, {}, np=2, in_image=True)}[name].status == PASS
+
+
+def test_doctor_expects_the_gpus_cuda_visible_devices_gives_the_image():
+    from envcheck import findings
+    from envcheck.probes import FAIL, PASS, Result
+    host = {"gpus": Result("gpus", PASS, {"count": 4}, "")}
+    ranks = {"torch": Result("torch", PASS, {"cuda_build": "13.0", "cuda_available": True,
+                                             "device_count": 2}, "")}
+    name = "finding: the ranks see every GPU of the host"
+    assert {f.name: f for f in findings.find(host, ranks, 2, True)}[name].status == FAIL
+    assert {f.name: f for f in findings.find(host, ranks, 2, True, visible=2)}[name].status == PASS

@@ -93,3 +93,34 @@ if __name__ == "__main__":
         sys.stdout.write(markdown())
     else:
         sys.exit("usage: python -m lab.common.versions --markdown")
+
+
+def archs_cover(archs: str, capability: str) -> bool:
+    """Whether code built for the compute capabilities `archs` (the matrix's list, as in
+    an image's cuda_archs label: "75,80,90") runs on a GPU of `capability` ("8.6").
+    CUDA's binary compatibility (CUDA C++ Programming Guide, "Binary Compatibility"): a
+    cubin for X.Y runs on X.Z for Z >= Y, never on another major; PTX is JIT-compiled for
+    any newer GPU, and the kit's builds carry PTX for the highest architecture of the
+    list (install-nccl-tests.sh; Horovod's cmake/build_utils.py does it itself)."""
+    have = [int(a) for a in archs.replace(" ", "").split(",") if a.isdigit()]
+    major, _, minor = capability.partition(".")
+    cc = int(major) * 10 + int(minor or 0)
+    if not have:
+        return True                      # nothing known: do not refuse
+    return any(a // 10 == cc // 10 and a <= cc for a in have) or cc > max(have)
+
+
+def cuda_entry_for(matrix: dict[str, str], capability: str) -> str | None:
+    """The first CUDA entry of the matrix (the default first) whose architectures cover
+    `capability`, e.g. '12.6' for a V100 (7.0)."""
+    entries = [matrix["CUDA_DEFAULT"]] if "CUDA_DEFAULT" in matrix else []
+    for key in matrix:
+        if key.startswith("CUDA_") and key.endswith("_ARCHS"):
+            cuda = key[5:-6].replace("_", ".")
+            if cuda not in entries:
+                entries.append(cuda)
+    for cuda in entries:
+        archs = matrix.get("CUDA_" + cuda.replace(".", "_") + "_ARCHS", "")
+        if archs and archs_cover(archs, capability):
+            return cuda
+    return None

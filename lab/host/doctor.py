@@ -50,7 +50,7 @@ def run(np: int = 2, where: str = "auto", image: str = "", frozen: bool = False,
         # The same choice as bench's; `note` says where the stack is checked.
         runner, note = choose_runner(where=where, image=image, frozen=frozen,
                                      device="cuda" if gpus else "cpu", framework="horovod",
-                                     results_dir=scratch, data_dir=None)
+                                     results_dir=scratch, data_dir=None, check_gpu_code=False)
         if runner.kind == "image":
             note = f"the stack is checked in the image {runner.tag} ({runner.image.short_id})"
         elif note:
@@ -63,6 +63,11 @@ def run(np: int = 2, where: str = "auto", image: str = "", frozen: bool = False,
         else:
             ranks = stack_in_image(runner, np)
     checks += ranks
-    found = findings.find(host_by_name, _results(ranks), np, in_image=runner.kind != "local")
+    visible = None
+    if runner.kind == "image" and gpus:
+        ids = runner.spec(["true"]).gpu_ids       # the host's CUDA_VISIBLE_DEVICES, if set
+        visible = len(ids) if ids else None
+    found = findings.find(host_by_name, _results(ranks), np, in_image=runner.kind != "local",
+                          visible=visible)
     checks += _dicts(found, "both")
     return checks, time.monotonic() - t0, notes

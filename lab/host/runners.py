@@ -130,29 +130,75 @@ class LocalRunner(Runner):
             self._running.stop()
 
 
-def candidate_images(device: str, framework: str, backend: str) -> list[str]:
+def candidate_images(device: str, framework: str, backend: str,
+                     cudas: list[str] | None = None) -> list[str]:
     """The tags bench looks for, best first: the CPU image for CPU runs (a GPU image
-    runs on a CPU too); for GPU runs with Horovod only the image whose GPU operations
+    runs on a CPU too); for GPU runs with Horovod only the images whose GPU operations
     carry the back end (nccl: gpu-nccl, mpi: gpu-mpi; gloo fits neither and is refused
     by the request check, lab.common.kit.horovod_gpu_path_problem); DDP brings its own
-    NCCL and Gloo, so either GPU image serves it."""
+    NCCL and Gloo, so any GPU image serves it. `cudas`: the matrix's CUDA entries, the
+    default first (its images are gpu-nccl, the others gpu-nccl-cu126 and so on)."""
     from lab.host.docker_api import IMAGE_REPO
-    nccl, mpi = f"{IMAGE_REPO}:gpu-nccl", f"{IMAGE_REPO}:gpu-mpi"
+    cudas = cudas or [""]
+
+    def gpu(ops):
+        return [f"{IMAGE_REPO}:gpu-{ops}" + (f"-cu{c.replace('.', '')}" if i else "")
+                for i, c in enumerate(cudas)]
     if device == "cpu":
-        return [f"{IMAGE_REPO}:cpu", nccl, mpi]
+        return [f"{IMAGE_REPO}:cpu", *gpu("nccl"), *gpu("mpi")]
     if framework == "horovod":
-        return [mpi] if backend == "mpi" else [nccl]
-    return [nccl, mpi]
+        return gpu("mpi") if backend == "mpi" else gpu("nccl")
+    return [*gpu("nccl"), *gpu("mpi")]
+
+
+def matrix_cudas() -> list[str]:
+    """The matrix's CUDA entries, its default first."""
+    from lab.common import versions
+    from lab.host.images import cuda_entries
+    m = versions.read()
+    rest = [c for c in cuda_entries(m) if c != m["CUDA_DEFAULT"]]
+    return [m["CUDA_DEFAULT"], *rest]
+
+
+def host_gpu_capabilities() -> list[str]:
+    """The compute capability of each GPU of this host (NVML), [] when none is seen or
+    NVML is missing. Never raises (envcheck's probe)."""
+    from envcheck.host import probe_gpus
+    r = probe_gpus()
+    return [d["compute_capability"] for d in (r.value or {}).get("devices", [])
+            if d.get("compute_capability")] if r.status == "PASS" else []
+
+
+def unfit_for(labels: dict, capabilities: list[str]) -> list[str]:
+    """The capabilities among `capabilities` that an image (its labels) has no code for."""
+    from lab.common.versions import archs_cover
+    from lab.host.images import LABEL_PREFIX
+    archs = (labels or {}).get(LABEL_PREFIX + "cuda_archs")
+    if not archs:
+        return []
+    return sorted({c for c in capabilities if not archs_cover(archs, c)})
+
+
+def no_code_sentence(tag: str, labels: dict, missing: list[str]) -> str:
+    from lab.common import versions
+    from lab.host.images import LABEL_PREFIX
+    entry = versions.cuda_entry_for(versions.read(), missing[0])
+    fix = (f"build one that has: invoke build --cuda {entry}" if entry else
+           "no CUDA entry of the matrix (docker/versions.env) covers it")
+    return (f"{tag} has no GPU code for compute capability {', '.join(missing)} (the GPUs here; "
+            f"it is built for {(labels or {}).get(LABEL_PREFIX + 'cuda_archs')}): {fix}")
 
 
 def choose_runner(*, where: str = "auto", nodes: int = 1, image: str = "", frozen: bool = False,
                   device: str = "cpu", framework: str = "auto", backend: str = "gloo",
                   results_dir: str = "results", data_dir: str | None = "data",
-                  echo=print) -> tuple[Runner, str | None]:
+                  check_gpu_code: bool = True, echo=print) -> tuple[Runner, str | None]:
     """(runner, a line saying where the ranks run or why not where asked). `nodes` > 1:
     the cluster's nodes. `auto`: the lab image when an engine and an image are there,
     else local processes with one line saying why; `image` (or a named image) insists on
-    the image; `local` never looks."""
+    the image; `local` never looks. For GPU runs the image must have code for the
+    host's GPUs (refused in one sentence, unless check_gpu_code is False: doctor
+    reports it as a finding instead)."""
     if where not in WHERE:
         raise RunnerError(f"where the job runs must be one of {', '.join(WHERE)}, not {where!r}")
     if nodes > 1:
@@ -164,7 +210,7 @@ def choose_runner(*, where: str = "auto", nodes: int = 1, image: str = "", froze
     from lab.host import docker_api
     from lab.host.container import ImageRunner
     tags = [image] if image else candidate_images(
-        device, "horovod" if framework == "auto" else framework, backend)
+        device, "horovod" if framework == "auto" else framework, backend, matrix_cudas())
     insist = where == "image" or bool(image)
     try:
         cli = docker_api.client()
@@ -174,6 +220,16 @@ def choose_runner(*, where: str = "auto", nodes: int = 1, image: str = "", froze
         return LocalRunner(results_dir, data_dir), (
             f"running as local processes: {e} (--local says so and skips the check)")
     img = docker_api.find_image(cli, tags)
+    if device == "cuda" and img is not None:
+        # The first image built that has code for every GPU here (a V100, 7.0, needs the
+        # CUDA 12.6 image: the CUDA 13 builds start at 7.5), else one sentence.
+        caps = host_gpu_capabilities()
+        fits = [i for i in (docker_api.find_image(cli, [t]) for t in tags)
+                if i is not None and not unfit_for(i.labels, caps)]
+        if not fits and check_gpu_code:
+            raise RunnerError(no_code_sentence(img.tags[0] if img.tags else tags[0], img.labels,
+                                               unfit_for(img.labels, caps)))
+        img = fits[0] if fits else img
     if img is None:
         if insist:
             raise RunnerError(f"no image {' or '.join(tags)} is built: run `invoke build`, "
