@@ -93,9 +93,47 @@ def _topology_level(pynvml, a, b) -> str:
     return names.get(int(level), f"level {int(level)}")
 
 
+def _nvlinks(pynvml, h) -> list[tuple[str, str]]:
+    """(kind, remote PCI bus id) of each active NVLink of a GPU; kind is "gpu",
+    "switch" or "unknown" (nvmlDeviceGetNvLinkRemoteDeviceType: GPU 0, IBMNPU 1,
+    SWITCH 2, nvml.h). Links are counted up to the bindings' NVML_NVLINK_MAX_LINKS (18 in
+    nvidia-ml-py 12.x, 36 in 13.x); a link number the GPU lacks ends the list."""
+    kinds = {getattr(pynvml, "NVML_NVLINK_DEVICE_TYPE_GPU", 0): "gpu",
+             getattr(pynvml, "NVML_NVLINK_DEVICE_TYPE_SWITCH", 2): "switch"}
+    out = []
+    for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
+        try:
+            if not pynvml.nvmlDeviceGetNvLinkState(h, link):
+                continue
+            bus = pynvml.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busId
+        except pynvml.NVMLError:
+            break
+        try:
+            kind = kinds.get(int(pynvml.nvmlDeviceGetNvLinkRemoteDeviceType(h, link)), "unknown")
+        except (pynvml.NVMLError, AttributeError):
+            kind = "unknown"              # older drivers or bindings
+        out.append((kind, bus.decode() if isinstance(bus, bytes) else bus))
+    return out
+
+
+def _nvlink_p2p(pynvml, a, b) -> bool | None:
+    """Whether NVML says a and b talk over NVLink, directly or through NVSwitch
+    (nvmlDeviceGetP2PStatus with NVML_P2P_CAPS_INDEX_NVLINK = 2; NVML_P2P_STATUS_OK = 0);
+    None when this NVML cannot say."""
+    try:
+        status = pynvml.nvmlDeviceGetP2PStatus(a, b, getattr(pynvml, "NVML_P2P_CAPS_INDEX_NVLINK", 2))
+    except (pynvml.NVMLError, AttributeError):
+        return None
+    return int(status) == getattr(pynvml, "NVML_P2P_STATUS_OK", 0)
+
+
 @probe("gpu_topology")
 def probe_gpu_topology(gpus: Result) -> Result:
-    """For each GPU pair: NVLink links between them, else the PCIe path (NVML)."""
+    """For each GPU pair: NVLink (direct links counted, or through NVSwitch), else the
+    PCIe path (NVML). On NVSwitch boards (HGX/DGX A100, H100, B200) every link of a GPU
+    ends at a switch, whose PCI bus id is no GPU's (NCCL's topology code, src/graph/
+    xml.cc, treats such a remote as NVSwitch too), so a pair's NVLink is read from NVML's
+    P2P status and the links' remote device type, not only from matching bus ids."""
     if gpus.status != PASS or gpus.value.get("count", 0) < 2:
         return Result("gpu_topology", SKIP, None, "fewer than two GPUs: no GPU-to-GPU link to describe")
     if gpus.value.get("source") != "NVML":
@@ -105,43 +143,88 @@ def probe_gpu_topology(gpus: Result) -> Result:
     try:
         n = pynvml.nvmlDeviceGetCount()
         hs = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
+        bus = [pynvml.nvmlDeviceGetPciInfo(h).busId for h in hs]
+        bus = [b.decode() if isinstance(b, bytes) else b for b in bus]
+        links = [_nvlinks(pynvml, h) for h in hs]
         pairs = {}
         for i in range(n):
             for j in range(i + 1, n):
-                links = 0
-                for link in range(18):
-                    try:
-                        if not pynvml.nvmlDeviceGetNvLinkState(hs[i], link):
-                            continue
-                        peer = pynvml.nvmlDeviceGetNvLinkRemotePciInfo(hs[i], link)
-                        if peer.busId == pynvml.nvmlDeviceGetPciInfo(hs[j]).busId:
-                            links += 1
-                    except pynvml.NVMLError:
-                        break
-                pairs[f"{i}-{j}"] = f"NVLink x{links}" if links else _topology_level(pynvml, hs[i], hs[j])
-        kinds = sorted(set(v.split(" x")[0] for v in pairs.values()))
+                direct = sum(1 for _, remote in links[i] if remote == bus[j])
+                switched = sum(1 for kind, _ in links[i] if kind == "switch")
+                p2p = _nvlink_p2p(pynvml, hs[i], hs[j])
+                if direct:
+                    pairs[f"{i}-{j}"] = f"NVLink x{direct}"
+                elif switched and p2p is not False:
+                    pairs[f"{i}-{j}"] = f"NVLink via NVSwitch ({switched} links from GPU {i})"
+                elif p2p:
+                    pairs[f"{i}-{j}"] = "NVLink"
+                else:
+                    pairs[f"{i}-{j}"] = _topology_level(pynvml, hs[i], hs[j])
+        kinds = sorted({v.split(" x")[0].split(" (")[0] for v in pairs.values()})
         return {"pairs": pairs, "summary": ", ".join(kinds)}
     finally:
         pynvml.nvmlShutdown()
 
 
+RUNTIME_HOOK = "nvidia-container-runtime-hook"
+RUNTIME_FIX = ("install the NVIDIA Container Toolkit so that dockerd finds "
+               f"{RUNTIME_HOOK} on its PATH, then restart the engine "
+               "(`sudo systemctl restart docker`)")
+
+
 @probe("gpu_container_runtime")
-def probe_gpu_runtime(gpus: Result) -> Result:
-    """GPUs reach containers through the NVIDIA runtime or CDI devices."""
+def probe_gpu_runtime(gpus: Result, images: Result | None = None) -> Result:
+    """Whether `--gpus` works: what decides it is the engine, which registers the "gpu"
+    capability only when nvidia-container-runtime-hook is on dockerd's PATH (moby
+    daemon/nvidia_linux.go, v20.10-v28.2; devices_nvidia_linux.go from v28.3; from
+    docker-v29.2 also through nvidia-cdi-hook and CDI); an "nvidia" runtime entry or CDI
+    spec files alone neither make nor prove it. So a container of a lab image is started
+    with every GPU (docker run --gpus all ... true), as bench's would be; without an image
+    the hook is looked for on this PATH (dockerd usually has the same)."""
+    name = "gpu_container_runtime"
     if gpus.status != PASS or not gpus.value.get("count"):
-        return Result("gpu_container_runtime", SKIP, None, "no GPU on this host")
+        return Result(name, SKIP, None, "no GPU on this host")
     c, why = _docker()
     if c is None:
-        return Result("gpu_container_runtime", SKIP, None, why)
-    info = c.info()
-    runtimes = sorted((info.get("Runtimes") or {}).keys())
-    cdi = [d for d in ("/etc/cdi", "/var/run/cdi") if os.path.isdir(d)
-           and any("nvidia" in f for f in os.listdir(d))]
-    if "nvidia" in runtimes or cdi:
-        return Result("gpu_container_runtime", PASS, {"runtimes": runtimes, "cdi": cdi})
-    return Result("gpu_container_runtime", FAIL, {"runtimes": runtimes},
-                  "containers cannot see the GPUs: install the NVIDIA Container Toolkit and run "
-                  "`sudo nvidia-ctk runtime configure --runtime=docker && sudo systemctl restart docker`")
+        return Result(name, SKIP, None, why)
+    tags = sorted((images.value or {}) if images is not None and images.status == PASS else {},
+                  key=lambda t: (":gpu" not in t, t))
+    if not tags:
+        import shutil
+        hook = shutil.which(RUNTIME_HOOK)
+        if hook:
+            return Result(name, PASS, {"tried": None, "hook": hook})
+        return Result(name, FAIL, {"tried": None, "hook": None},
+                      f"no {RUNTIME_HOOK} on the PATH and no lab image to try a GPU container "
+                      f"with: {RUNTIME_FIX}")
+    from docker.types import DeviceRequest
+
+    import docker
+    from lab.host.docker_api import MANAGED_BY
+    container = None
+    try:
+        container = c.containers.create(
+            tags[0], ["true"], labels={MANAGED_BY: "doctor"},
+            device_requests=[DeviceRequest(count=-1, capabilities=[["gpu"]])])
+        container.start()          # moby decides on the device request here
+        code = container.wait(timeout=60).get("StatusCode")
+    except docker.errors.APIError as e:
+        text = str(getattr(e, "explanation", None) or e).strip()
+        if "could not select device driver" in text:
+            return Result(name, FAIL, {"tried": tags[0]},
+                          f"the engine cannot give containers GPUs ({text}): {RUNTIME_FIX}")
+        return Result(name, FAIL, {"tried": tags[0]},
+                      f"a container with --gpus all did not start: {text[:300]}")
+    finally:
+        if container is not None:
+            try:
+                container.remove(force=True)
+            except docker.errors.APIError:
+                pass
+    if code != 0:
+        return Result(name, FAIL, {"tried": tags[0], "exit_code": code},
+                      f"a container with --gpus all started but `true` ended with {code}")
+    return Result(name, PASS, {"tried": tags[0]})
 
 
 @probe("shm")
@@ -221,5 +304,5 @@ def collect() -> list[Result]:
     gpus = probe_gpus()
     images = probe_lab_images()
     return [probe_os(), probe_cpu_model(), probe_docker_engine(), gpus, probe_gpu_topology(gpus),
-            probe_gpu_runtime(gpus), images, probe_driver_for_image(gpus, images), probe_shm(),
+            probe_gpu_runtime(gpus, images), images, probe_driver_for_image(gpus, images), probe_shm(),
             probe_memlock(gpus), probe_nccl_socket_ifname()]

@@ -1,7 +1,9 @@
 """`mpirun -np N python -m envcheck.mpi_hello [--gpu]`: every rank initialises MPI
 through its C library (ctypes; no mpi4py needed), answers with its rank, the world
-size and its host, asks Open MPI whether it has CUDA support at run time
-(MPIX_Query_cuda_support), and all-reduces a small buffer through MPI: host memory,
+size and its host, asks Open MPI for its CUDA support (MPIX_Query_cuda_support: in Open
+MPI 4.1 it returns the compile-time OPAL_CUDA_SUPPORT, ompi/mpiext/cuda/c/mpiext_cuda.c,
+so it tells the library's build, not what works at run time; Open MPI 5 asks its
+accelerator framework), and all-reduces a small buffer through MPI: host memory,
 or with --gpu a torch CUDA tensor's memory (which only a CUDA-aware MPI can read).
 Each rank prints one JSON line."""
 from __future__ import annotations
@@ -40,9 +42,9 @@ def main(argv=None) -> int:
     lib.MPI_Comm_rank(comm, ctypes.byref(rank))
     lib.MPI_Comm_size(comm, ctypes.byref(size))
     out = {"rank": rank.value, "size": size.value, "host": socket.gethostname(),
-           "implementation": impl, "cuda_support_runtime": None}
+           "implementation": impl, "cuda_support_query": None}
     if hasattr(lib, "MPIX_Query_cuda_support"):
-        out["cuda_support_runtime"] = bool(lib.MPIX_Query_cuda_support())
+        out["cuda_support_query"] = bool(lib.MPIX_Query_cuda_support())
     n = 4
     want = float(size.value * (size.value + 1) / 2)
     if gpu:

@@ -122,10 +122,15 @@ def parse_ompi_info_cuda(text: str) -> bool:
     return "true" in values
 
 
+# nccl-tests prints each number to fit its column (src/util.cu, getFloatStr and
+# writeBenchmarkLineBody, v2.18+): "%.2f", "%.1f", "%.0f", then e-notation ("%.1e": a time
+# of 10,000,000 us or more is 1.0e+07); #wrong is "%6g" (1,000,000 wrong elements print as
+# 1e+06) or N/A.
+_NUM = r"(\d+(?:\.\d*)?(?:[eE][+-]?\d+)?)"
 NCCL_TESTS_ROW = re.compile(
     r"^\s*(\d+)\s+(\d+)\s+(\w+)\s+(\w+)\s+(-?\d+)\s+"
-    r"([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)\s+"
-    r"([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)\s*$")
+    rf"{_NUM}\s+{_NUM}\s+{_NUM}\s+(\S+)\s+"
+    rf"{_NUM}\s+{_NUM}\s+{_NUM}\s+(\S+)\s*$")
 
 
 def parse_nccl_tests(text: str) -> dict:
@@ -139,7 +144,7 @@ def parse_nccl_tests(text: str) -> dict:
         if m:
             g = m.groups()
             def num(s):
-                return None if s in ("N/A",) else int(s)
+                return None if s in ("N/A",) else int(float(s))
             rows.append({"size_bytes": int(g[0]), "count": int(g[1]), "type": g[2],
                          "redop": g[3], "time_us": float(g[5]), "algbw_gbs": float(g[6]),
                          "busbw_gbs": float(g[7]), "wrong": num(g[8]),
@@ -207,8 +212,11 @@ def _vtuple(v: str) -> tuple:
 
 def driver_supports(driver: str, cuda: str, matrix: dict | None = None) -> tuple[str, str]:
     """(PASS|WARN|FAIL, sentence): whether a driver runs a CUDA toolkit's binaries. The
-    minimum driver and the minor-version compatibility floor of each CUDA entry are the
-    version matrix's (CUDA_X_Y_MIN_DRIVER, CUDA_X_Y_COMPAT_DRIVER)."""
+    driver of the toolkit's GA release and the minor-version compatibility floor of each
+    CUDA entry are the version matrix's (CUDA_X_Y_GA_DRIVER, CUDA_X_Y_COMPAT_DRIVER).
+    Between the two the lab image still starts: it sets NVIDIA_DISABLE_REQUIRE, without
+    which the container toolkit would refuse it ("unsatisfied condition: cuda>=12.6")
+    unless the driver is one of the branches nvidia/cuda's NVIDIA_REQUIRE_CUDA lists."""
     if matrix is None:
         from lab.common import versions
         try:
@@ -216,15 +224,17 @@ def driver_supports(driver: str, cuda: str, matrix: dict | None = None) -> tuple
         except OSError:
             matrix = {}
     prefix = "CUDA_" + cuda.replace(".", "_") + "_"
-    full = matrix.get(prefix + "MIN_DRIVER")
+    full = matrix.get(prefix + "GA_DRIVER")
     floor = matrix.get(prefix + "COMPAT_DRIVER")
     if full is None and floor is None:
         return WARN, f"no driver table entry for CUDA {cuda}"
     if full and _vtuple(driver) >= _vtuple(full):
-        return PASS, f"driver {driver} >= {full}, CUDA {cuda}'s minimum"
+        return PASS, f"driver {driver} >= {full}, the driver of CUDA {cuda}'s GA release"
     if floor and _vtuple(driver) >= _vtuple(floor):
-        return WARN, (f"driver {driver} is older than CUDA {cuda}'s {full} and runs it only "
-                      f"through minor-version compatibility: update the driver to {full} or newer")
+        return WARN, (f"driver {driver} is older than CUDA {cuda}'s GA driver {full} and runs "
+                      f"the image only through minor-version compatibility (no PTX JIT, so a GPU "
+                      f"newer than the image's architectures fails): update the driver to {full} "
+                      f"or newer")
     return FAIL, (f"driver {driver} is too old for CUDA {cuda} (needs {full or floor}): update "
                   f"the driver, or build the image for an older CUDA (--cuda)")
 

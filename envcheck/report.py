@@ -24,8 +24,8 @@ def short(name: str, value) -> str:
                 f"{big['algbw_gbs']:.3g} GB/s at {big['size_bytes'] / 2**20:g} MiB")
     if name == "mpi_hello" and isinstance(value, dict):
         return (f"{len(value['ranks'])}/{value['np']} ranks on {', '.join(value['hosts'])}; "
-                f"all-reduce {'OK' if value['allreduce_ok'] else 'WRONG'}; run-time CUDA support: "
-                f"{value['cuda_support_runtime']}")
+                f"all-reduce {'OK' if value['allreduce_ok'] else 'WRONG'}; MPIX_Query_cuda_support "
+                f"(the library's build): {value.get('cuda_support_query')}")
     if name == "horovod" and isinstance(value, dict):
         return (f"{value['version']}: {'/'.join(value.get('frameworks', []))}; controllers "
                 f"{'/'.join(value.get('controllers', []))}; ops {'/'.join(value.get('tensor_operations', []))}; "

@@ -1,7 +1,8 @@
 """Probes of the training stack, run where the ranks run (inside the lab image, or
 locally): torch and its CUDA, cuDNN and NCCL; Horovod's build; the MPI, its CUDA
-awareness in three steps (build flag, run-time query, a GPU buffer really
-all-reduced); an MPI hello over N ranks; nccl-tests' all_reduce_perf over the GPUs;
+awareness in three steps (ompi_info's build flag, the library's own answer to
+MPIX_Query_cuda_support, a GPU buffer really all-reduced: only the last is a run-time
+test); an MPI hello over N ranks; nccl-tests' all_reduce_perf over the GPUs;
 and a torch.distributed all-reduce sweep (Gloo on CPU, NCCL on GPU). Each returns a
 Result and never raises; torch and Horovod are imported inside the probes."""
 from __future__ import annotations
@@ -123,14 +124,15 @@ def _hello_lines(text: str) -> list[dict]:
 @probe("mpi_hello")
 def probe_mpi_hello(np: int = 2, timeout: float = 60) -> Result:
     """N ranks start under mpirun; each answers with its rank and host, and a small
-    host-memory all-reduce through MPI gives the right sum. Also asks Open MPI for its
-    run-time CUDA support (step 2 of 3)."""
+    host-memory all-reduce through MPI gives the right sum. Also reads the library's
+    MPIX_Query_cuda_support() (step 2 of 3: in Open MPI 4.1 a compile-time constant, so it
+    shows which library the ranks loaded, not that CUDA buffers work)."""
     text = run_command(_mpirun(np) + [sys.executable, "-m", "envcheck.mpi_hello"], timeout=timeout)
     answers = _hello_lines(text)
     ranks = sorted(a["rank"] for a in answers)
     value = {"np": np, "ranks": ranks, "hosts": sorted({a["host"] for a in answers}),
              "allreduce_ok": bool(answers) and all(a["allreduce"]["ok"] for a in answers),
-             "cuda_support_runtime": answers[0].get("cuda_support_runtime") if answers else None}
+             "cuda_support_query": answers[0].get("cuda_support_query") if answers else None}
     if ranks != list(range(np)):
         return Result("mpi_hello", FAIL, value, f"{len(answers)} of {np} ranks answered: "
                       f"check the MPI installation (mpirun -np {np} hostname)")

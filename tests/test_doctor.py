@@ -45,6 +45,21 @@ def test_nccl_tests_rows_among_nccl_debug_lines_and_garbage():
         probes.parse_nccl_tests("NCCL WARN something went wrong\n")
 
 
+def test_nccl_tests_numbers_too_wide_for_their_columns():
+    """nccl-tests (src/util.cu, v2.18+) prints a time of 10^7 us or more as "%7.1e" and
+    #wrong as "%6g": the 2x GH200 capture's last row as it would print with such values."""
+    text = (FIX / "nccl-tests-all-reduce-2x-gh200.txt").read_text()
+    last = [ln for ln in text.splitlines() if probes.NCCL_TESTS_ROW.match(ln)][-1]
+    f = last.split()
+    wide = (f"{f[0]:>12}  {f[1]:>12}  {f[2]:>8}  {f[3]:>6}  {f[4]:>6}  {'1.2e+07':>7}  {f[6]:>6}  "
+            f"{f[7]:>6}  {'1e+06':>6}  {'1.0e+07':>7}  {f[10]:>6}  {f[11]:>6}  {'1.04858e+06':>6}")
+    rows = probes.parse_nccl_tests(text.replace(last, wide))["rows"]
+    assert len(rows) == 8
+    assert rows[-1]["time_us"] == 1.2e7 and rows[-1]["inplace_time_us"] == 1.0e7
+    assert rows[-1]["wrong"] == 1_000_000 and rows[-1]["inplace_wrong"] == 1_048_580
+    assert rows[-1]["busbw_gbs"] == float(f[7])
+
+
 def test_nvidia_smi_table():
     out = probes.parse_nvidia_smi((FIX / "nvidia-smi-4x-a100.txt").read_text())
     assert out["driver"] == "555.42.02" and out["driver_cuda"] == "12.5" and out["count"] == 4

@@ -262,3 +262,90 @@ def test_doctor_expects_the_gpus_cuda_visible_devices_gives_the_image():
     name = "finding: the ranks see every GPU of the host"
     assert {f.name: f for f in findings.find(host, ranks, 2, True)}[name].status == FAIL
     assert {f.name: f for f in findings.find(host, ranks, 2, True, visible=2)}[name].status == PASS
+
+
+# NVLink topology through a fake pynvml: an 8-GPU NVSwitch board, an NVLink-bridged
+# pair, and a PCIe-only pair. The shapes come from real boards: on DGX A100 each A100
+# has 12 NVLinks, two to each of 6 NVSwitches, and NVML gives the switch's PCI bus id
+# as a link's remote (go-nvml issue #166; NCCL issue #1505's topology dump lists six
+# nvlink targets of PCI class 0x068000 per GPU); the GPUs sit at 07, 0F, 47, 4E, 87, 90,
+# B7 and BD. The constants are nvidia-ml-py 13.x's (pynvml.py): NVML_P2P_CAPS_INDEX_NVLINK
+# = 2, NVML_P2P_STATUS_OK = 0, device types GPU 0 / SWITCH 2, NVML_NVLINK_MAX_LINKS 36.
+class FakeNVMLError(Exception):
+    pass
+
+
+def fake_pynvml(gpu_bus, links, nvlink_p2p, ancestor=20):
+    """links[i]: [(device type, remote bus id)] of GPU i's active links."""
+    m = types.ModuleType("pynvml")
+    m.NVMLError = FakeNVMLError
+    m.NVML_P2P_CAPS_INDEX_NVLINK, m.NVML_P2P_STATUS_OK, m.NVML_P2P_STATUS_NOT_SUPPORTED = 2, 0, 5
+    m.NVML_NVLINK_DEVICE_TYPE_GPU, m.NVML_NVLINK_DEVICE_TYPE_SWITCH = 0, 2
+    m.NVML_NVLINK_MAX_LINKS = 36
+    m.nvmlInit = m.nvmlShutdown = lambda: None
+    m.nvmlDeviceGetCount = lambda: len(gpu_bus)
+    m.nvmlDeviceGetHandleByIndex = lambda i: i
+    m.nvmlDeviceGetPciInfo = lambda h: types.SimpleNamespace(busId=gpu_bus[h].encode())
+
+    def link(h, n):
+        if n >= 12 or n >= len(links[h]) and not links[h]:
+            raise FakeNVMLError("NVML_ERROR_INVALID_ARGUMENT" if n >= 12 else "NVML_ERROR_NOT_SUPPORTED")
+        return links[h][n] if n < len(links[h]) else None
+    m.nvmlDeviceGetNvLinkState = lambda h, n: 1 if link(h, n) else 0
+    m.nvmlDeviceGetNvLinkRemotePciInfo = lambda h, n: types.SimpleNamespace(busId=link(h, n)[1].encode())
+    m.nvmlDeviceGetNvLinkRemoteDeviceType = lambda h, n: link(h, n)[0]
+
+    def p2p(a, b, index):
+        assert index == 2
+        return 0 if nvlink_p2p else 5
+    m.nvmlDeviceGetP2PStatus = p2p
+    m.nvmlDeviceGetTopologyCommonAncestor = lambda a, b: ancestor
+    return m
+
+
+def topology(monkeypatch, module):
+    from envcheck import host
+    from envcheck.probes import PASS, Result
+    monkeypatch.setitem(sys.modules, "pynvml", module)
+    r = host.probe_gpu_topology(Result("gpus", PASS, {"count": module.nvmlDeviceGetCount(),
+                                                      "source": "NVML"}, ""))
+    assert r.status == PASS, r.fix
+    return r.value
+
+
+def test_nvlink_through_nvswitch_is_seen_on_an_8_gpu_board(monkeypatch):
+    gpus = [f"00000000:{b}:00.0" for b in ("07", "0F", "47", "4E", "87", "90", "B7", "BD")]
+    switches = [f"00000000:{b}:00.0" for b in ("C4", "C5", "C6", "C7", "C8", "C9")]
+    links = [[(2, switches[k // 2]) for k in range(12)] for _ in gpus]
+    v = topology(monkeypatch, fake_pynvml(gpus, links, nvlink_p2p=True))
+    assert len(v["pairs"]) == 28
+    assert all(p == "NVLink via NVSwitch (12 links from GPU " + k.split("-")[0] + ")"
+               for k, p in v["pairs"].items())
+    assert v["summary"] == "NVLink via NVSwitch"
+
+
+def test_an_nvlink_bridged_pair_counts_its_links(monkeypatch):
+    gpus = ["00000000:17:00.0", "00000000:65:00.0"]
+    links = [[(0, gpus[1])] * 4, [(0, gpus[0])] * 4]
+    v = topology(monkeypatch, fake_pynvml(gpus, links, nvlink_p2p=True))
+    assert v["pairs"] == {"0-1": "NVLink x4"}
+
+
+def test_a_pcie_pair_gives_its_pcie_path(monkeypatch):
+    gpus = ["00000000:17:00.0", "00000000:65:00.0"]
+    v = topology(monkeypatch, fake_pynvml(gpus, [[], []], nvlink_p2p=False, ancestor=30))
+    assert v["pairs"] == {"0-1": "PCIe host bridge"}
+
+
+def test_without_an_image_the_runtime_probe_looks_for_the_hook(monkeypatch):
+    import shutil
+
+    from envcheck import host
+    from envcheck.probes import FAIL, PASS, Result
+    monkeypatch.setattr(host, "_docker", lambda: (object(), None))
+    gpus = Result("gpus", PASS, {"count": 1}, "")
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    r = host.probe_gpu_runtime(gpus, Result("lab_images", "WARN", None, ""))
+    assert r.status == FAIL and "nvidia-container-runtime-hook" in r.fix
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/" + name)
+    assert host.probe_gpu_runtime(gpus, None).status == PASS

@@ -367,7 +367,20 @@ def test_doctor_checks_the_stack_inside_the_cpu_image(image):
     assert all(r["algbw_gbs"] > 0 for r in sweep["value"]["rows"])
     assert checks[("image", "shm")]["value"]["bytes"] >= 2**30       # bench's 2 GB, not 64 MB
     assert checks[("image", "mpi_cuda_build")]["value"] is False     # Debian's Open MPI
+    assert checks[("image", "mpi_hello")]["value"]["cuda_support_query"] is False
     assert bench_containers(client) == []
+
+
+def test_gpu_images_start_on_drivers_of_minor_version_compatibility(gpu_image):
+    """The container toolkit would refuse drivers below nvidia/cuda's NVIDIA_REQUIRE_CUDA
+    that run the image (12.x from 525.60.13): the image turns that check off, and
+    doctor's driver check says PASS, WARN or FAIL from the matrix instead."""
+    from envcheck import probes
+    _, _, img = gpu_image
+    env = dict(e.split("=", 1) for e in img.attrs["Config"]["Env"])
+    assert env.get("NVIDIA_DISABLE_REQUIRE") == "true"
+    assert probes.driver_supports("535.104.05", "12.6")[0] == "WARN"
+    assert probes.driver_supports("520.61.05", "12.6")[0] == "FAIL"
 
 
 def test_doctor_sees_the_gpu_images_cuda_aware_mpi_and_one_nccl(gpu_image):
@@ -375,6 +388,9 @@ def test_doctor_sees_the_gpu_images_cuda_aware_mpi_and_one_nccl(gpu_image):
     rc, checks = doctor_json(GPU_IMAGES[ops])
     assert checks[("image", "mpi_cuda_build")]["value"] is True
     assert checks[("image", "mpi_hello")]["status"] == "PASS"
+    # Open MPI 4.1's MPIX_Query_cuda_support() says yes on a machine with no GPU and no
+    # driver: the build's constant, which is why doctor does not call it a run-time test.
+    assert checks[("image", "mpi_hello")]["value"]["cuda_support_query"] is True
     hvd = checks[("image", "horovod")]["value"]
     assert hvd["gpu_operations"] == ops
     nccl = checks[("image", "nccl")]
@@ -394,7 +410,10 @@ import io  # noqa: E402
 import re  # noqa: E402
 import tarfile  # noqa: E402
 
-PRIVATE_KEY = re.compile(rb"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----")
+# A key, not the marker alone (ssh-keygen and libssh2 hold the marker as a string): the
+# BEGIN line, optional PEM headers, then at least two lines of base64 (RFC 7468's form).
+PRIVATE_KEY = re.compile(rb"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----\r?\n"
+                         rb"(?:[A-Za-z-]+: [^\n]*\n)*\r?\n?(?:[A-Za-z0-9+/=]{16,}\r?\n){2,}")
 HOST_KEY_NAME = re.compile(r"(^|/)etc/ssh/ssh_host_[a-z0-9]+_key$")
 
 
@@ -453,12 +472,15 @@ def test_the_layer_scan_finds_a_key_that_a_later_layer_deleted(tmp_path):
                 info.size = len(data)
                 t.addfile(info, io.BytesIO(data))
         return buf.getvalue()
-    key = b"-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----\n"
+    key = (b"-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAA\n"
+           b"AAAAABAAAAMwAAAAtzc2gtZWQyNTUxOQAAACDH2Vx6dWfl\n-----END OPENSSH PRIVATE KEY-----\n")
     layers = {"a/layer.tar": layer({"etc/ssh/ssh_host_ed25519_key": b"x" * 10,
                                     "etc/ssh/ssh_host_ed25519_key.pub": b"ssh-ed25519 AAAA",
                                     "root/notes.txt": b"hello"}),
               "blobs/sha256/b": layer({"etc/ssh/.wh.ssh_host_ed25519_key": b"",
-                                       "opt/app/secret.pem": key}),
+                                       "opt/app/secret.pem": key,
+                                       # a program that only names the format
+                                       "usr/bin/ssh-keygen": b"\0-----BEGIN OPENSSH PRIVATE KEY-----\n\0%s\0"}),
               "manifest.json": b"[]" * 600}
     save = io.BytesIO()
     with tarfile.open(fileobj=save, mode="w") as t:
@@ -487,3 +509,20 @@ def test_no_built_image_holds_a_private_key_in_any_layer():
         proc.kill()
         proc.wait()
     assert not found, f"private keys in the layers of {tags}: {found}"
+
+
+def test_gpu_runtime_probe_tries_a_real_gpu_container(image):
+    """This engine has no nvidia-container-runtime-hook, so moby registers no "gpu"
+    capability and refuses the device request with its own words; the probe says so
+    and what to install, and leaves no container behind. (The GPU count is given: this
+    machine has none, and the probe's answer depends only on the engine.)"""
+    from envcheck import host
+    from envcheck.probes import FAIL, PASS, Result
+    client, _ = image
+    before = {c.id for c in client.containers.list(all=True)}
+    r = host.probe_gpu_runtime(Result("gpus", PASS, {"count": 1}, ""),
+                               Result("lab_images", PASS, {IMAGE: {}}, ""))
+    assert r.status == FAIL and r.value == {"tried": IMAGE}
+    assert 'could not select device driver "" with capabilities: [[gpu]]' in r.fix
+    assert "nvidia-container-runtime-hook" in r.fix
+    assert {c.id for c in client.containers.list(all=True)} == before

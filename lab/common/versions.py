@@ -42,7 +42,7 @@ def notes(text: str) -> dict[str, str]:
 
 VARIANT_FIELDS = (("BASE_IMAGE", "base image"), ("TORCH_INDEX_URL", "torch index"),
                   ("NCCL_VERSION", "NCCL (torch's wheel)"), ("CUDNN_VERSION", "cuDNN (torch's wheel)"),
-                  ("ARCHS", "compute capabilities"), ("MIN_DRIVER", "minimum driver"),
+                  ("ARCHS", "compute capabilities"), ("GA_DRIVER", "driver of the toolkit's GA release"),
                   ("COMPAT_DRIVER", "minor-version compatibility from driver"))
 
 
