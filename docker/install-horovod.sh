@@ -19,7 +19,10 @@
 #   (torch >= 2.1 needs C++17);
 # - the two includes gcc >= 13 needs and upstream added after 0.28.1 (horovod PR #3957,
 #   commit ff4ca09d): <stdexcept> in horovod/common/common.h (std::logic_error) and
-#   <string> in horovod/common/group_table.h (std::string). gcc 12 compiles without them.
+#   <string> in horovod/common/group_table.h (std::string). gcc 12 compiles without them;
+# - the bundled flatbuffers' span::count_ loses its const (gcc 14: "assignment of
+#   read-only member 'flatbuffers::span<T, Extent>::count_'" in its operator=, seen
+#   building on Debian 13), as flatbuffers itself did (google/flatbuffers PR #7227).
 # Python >= 3.12 has no distutils, which horovod/torch/CMakeLists.txt (distutils.sysconfig,
 # line 37, its failure silently ignored) and horovod/runner/js_run.py (distutils.spawn,
 # imported by horovodrun) use: setuptools' shim provides it (the default since
@@ -66,6 +69,11 @@ add_include() {  # FILE AFTER NEW: put "#include NEW" after the line "#include A
 }
 add_include horovod/common/common.h '<memory>' '<stdexcept>'
 add_include horovod/common/group_table.h '<queue>' '<string>'
+span="$src/third_party/flatbuffers/include/flatbuffers/stl_emulation.h"
+if ! grep -q '^  size_type count_;' "$span"; then
+    grep -q '^  const size_type count_;' "$span" || die "unexpected source: no const span::count_ in $span"
+    sed -i 's/^  const size_type count_;/  size_type count_;/' "$span"
+fi
 "$PYTHON" -c 'from distutils.sysconfig import get_python_inc; from distutils.spawn import find_executable' 2>/dev/null \
     || die "$PYTHON has no distutils (Python >= 3.12 dropped it) and Horovod's build and horovodrun need it: install setuptools==$SETUPTOOLS_VERSION into it (its shim provides distutils)"
 
