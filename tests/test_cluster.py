@@ -126,14 +126,16 @@ def records_of(out: str):
     return results.read_records(m.group(1))[0]
 
 
-@pytest.mark.parametrize("framework,backend", [("horovod", "gloo"), ("horovod", "mpi"), ("ddp", "gloo")])
-def test_bench_runs_across_two_nodes(up, framework, backend):
-    cp = invoke("bench", "--nodes", "2", "--np", "2", "--framework", framework, "--backend", backend,
+# The README's commands: Horovod over Gloo with 4 ranks (node1:2,node2:2), DDP with 2.
+@pytest.mark.parametrize("framework,backend,np", [("horovod", "gloo", 4), ("horovod", "mpi", 2),
+                                                  ("ddp", "gloo", 2)])
+def test_bench_runs_across_two_nodes(up, framework, backend, np):
+    cp = invoke("bench", "--nodes", "2", "--np", str(np), "--framework", framework, "--backend", backend,
                 "--max-steps", "15")
     assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-2000:]
     [r] = records_of(cp.stdout)
-    assert r["status"] == "ok" and sorted(r["world"]["hosts"]) == ["node1", "node2"]
-    assert r["world"]["nodes"] == 2 and r["world"]["devices_per_node"] == 1
+    assert r["status"] == "ok" and sorted(set(r["world"]["hosts"])) == ["node1", "node2"]
+    assert r["world"]["nodes"] == 2 and r["world"]["devices_per_node"] == np // 2
     assert r["manifest"]["image"]["labels"]["org.dl-lab-kit.flavor"] == "cpu"
 
 

@@ -123,9 +123,11 @@ def test_digits_and_synthetic_need_no_network(stack, tmp_path, no_network_mirror
                          epochs=10, batch_size=32, data_dir=str(tmp_path / "nodata"))
     assert outcome.failed == 0, "\n".join(lines[-20:])
     assert outcome.records[0]["figures"]["test_accuracy"] > 0.5  # real digits are learnable
-    synth, _ = run(stack, tmp_path, None, framework="ddp", data="synthetic", np=[1], epochs=1,
-                   max_steps=10, data_dir=str(tmp_path / "nodata"))
+    synth, lines = run(stack, tmp_path, None, framework="ddp", data="synthetic", np=[1], epochs=1,
+                       max_steps=10, data_dir=str(tmp_path / "nodata"))
     assert synth.failed == 0
+    said = "\n".join(lines)
+    assert "test accuracy n/a (synthetic data)" in said and "accuracy n/a (synthetic data);" in said
 
 
 def test_mnist_without_network_is_one_sentence(tmp_path, no_network_mirrors):

@@ -104,7 +104,25 @@ def run(s: BenchSettings, echo=print, stack: dict | None = None,
                              f"or leave --results-dir out when running from the checkout")
         s = dataclasses.replace(s, data_dir=runner.data_dir or s.data_dir)
     stack = stack if stack is not None else probe_stack(runner)
-    framework, notes = check_request(s, stack)
+    try:
+        framework, notes = check_request(s, stack)
+    except BenchError as e:
+        # `where: auto` means wherever the request can run: when the image's stack
+        # refuses it (CI's CPU image has no torchvision, say) and this machine's accepts
+        # it, the ranks run here, and the output says why.
+        if not (runner.kind == "image" and s.where == "auto" and not s.image):
+            raise
+        from lab.host.runners import LocalRunner
+        local = LocalRunner(s.results_dir, s.data_dir)
+        local_stack = probe_stack(local)
+        try:
+            framework, notes = check_request(s, local_stack)
+        except BenchError:
+            raise e from None
+        where_note = (f"running as local processes: the image {runner.tag} cannot run this "
+                      f"({e}), this machine can")
+        runner, stack = local, local_stack
+        echo(where_note)
     for n in notes:
         echo(n)
     if where_note and runner.kind != "local":

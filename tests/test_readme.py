@@ -1,0 +1,171 @@
+"""Every command the README shows, accounted for: run here as written (with the small
+sizes the README names for the slow ones), run by another test (named, and checked to
+exist), or not runnable on this machine (with the reason). A command added to the README
+without a line here fails the first test, and a line whose command left the README fails
+it too."""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lab.common import results
+from tests.conftest import make_mnist_like
+
+REPO = Path(__file__).resolve().parent.parent
+README = REPO / "README.md"
+SWEEP = ("invoke bench --local --np 1,2 --framework horovod,ddp --backend gloo,mpi "
+         "--compression none,fp16,int8,int8-naive --data digits --epochs 8 --batch-size 32 "
+         "--run-id cpu-sweep")
+# The small sizes the README gives for the slow commands ("Running experiments").
+SMALL = ["--epochs", "1", "--max-steps", "8"]
+
+RUN = {   # command -> arguments the test adds (results go to a temporary folder)
+    "bash docker/setup-venv.sh && .venv/bin/invoke bench --np 2": [],
+    "invoke bench --np 1,2 --framework horovod --backend gloo": [],
+    "invoke bench --np 2 --framework horovod --backend mpi": [],
+    "invoke bench --np 2 --framework ddp --model resnet50 --batch-size 16 --max-steps 20":
+        ["--batch-size", "8", "--max-steps", "7"],
+    "invoke bench --np 2 --data mnist --epochs 10": [*SMALL, "--data-dir", "{mnist}"],
+    "invoke bench --help": None,
+    SWEEP: SMALL,
+    "invoke report results/cpu-sweep": None,
+    "invoke bench --run-id cpu-sweep --resume ...": None,
+}
+COVERED = {   # command -> the test that runs it
+    "invoke build --gpu-ops NCCL": ".ci/run (invoke build --flavor gpu --gpu-ops NCCL on a local CUDA base)",
+    "invoke build --gpu-ops MPI": ".ci/run (invoke build --flavor gpu --gpu-ops MPI on a local CUDA base)",
+    "invoke build --flavor cpu": ".ci/run (invoke build --flavor cpu on a debootstrapped base)",
+    "docker compose up -d":
+        "tests/test_cluster.py::test_a_cluster_started_by_plain_compose_in_another_folder_is_the_one_bench_uses",
+    "invoke up --nodes 2": "tests/test_cluster.py::up",
+    "invoke bench --nodes 2 --np 4 --framework horovod --backend gloo":
+        "tests/test_cluster.py::test_bench_runs_across_two_nodes",
+    "invoke bench --nodes 2 --np 2 --framework horovod --backend mpi --link 1gbit":
+        "tests/test_cluster.py::test_link_shaping_is_applied_and_recorded",
+    "invoke bench --nodes 2 --np 2 --framework ddp": "tests/test_cluster.py::test_bench_runs_across_two_nodes",
+    "docker compose exec -u lab node1 ssh node2 hostname":
+        "tests/test_cluster.py::test_the_nodes_publish_no_port_and_trust_only_the_clusters_key",
+    "invoke down": "tests/test_cluster.py::up",
+    "docker compose down -v":
+        "tests/test_cluster.py::test_a_cluster_started_by_plain_compose_in_another_folder_is_the_one_bench_uses",
+    "invoke clean": "tests/test_image.py::test_clean_removes_what_a_killed_bench_left",
+    "invoke doctor": "tests/test_image.py::test_doctor_checks_the_stack_inside_the_cpu_image",
+    "invoke doctor --np 4 --json": "tests/test_image.py::test_doctor_checks_the_stack_inside_the_cpu_image",
+    "invoke doctor --local": "tests/test_doctor.py::test_doctor_on_this_machine_without_a_gpu",
+    "python -m envcheck": "tests/test_doctor.py::test_report_completes_when_probes_fail_on_purpose",
+}
+NOT_HERE = {   # command -> why it cannot run on this machine
+    "invoke bench --np 4 --framework ddp --backend nccl --device cuda": "needs 4 GPUs; none here",
+    "invoke build --gpu-ops NCCL --cuda 12.6": "its base, nvidia/cuda:12.6.3, cannot be pulled here "
+                                               "(no registry) and this machine's toolkit is 13.0",
+    "invoke build --flavor cpu --extra-ca proxy-ca.pem --wheelhouse ./wheels --base-image my/debian:12":
+        "an example naming a user's own files and base image; .ci/run passes --extra-ca, "
+        "--wheelhouse and --base-image with this machine's",
+}
+
+
+def readme_commands() -> list[str]:
+    """The commands in the README's shell blocks, continuation lines joined, comments cut."""
+    out = []
+    for block in re.findall(r"```(?:sh|bash)?\n(.*?)```", README.read_text(), re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            cmd = re.sub(r"\s+", " ", line.split("#")[0]).strip()
+            if re.match(r"(invoke|\.venv/bin/invoke|bash docker/setup-venv\.sh|docker|python|pip)\b", cmd):
+                out.append(cmd)
+    return out
+
+
+def test_every_readme_command_is_run_covered_or_explained():
+    commands = readme_commands()
+    planned = {**RUN, **COVERED, **NOT_HERE}
+    assert [c for c in commands if c not in planned] == [], "README commands without a plan here"
+    assert [c for c in planned if c not in commands] == [], "plans for commands the README lost"
+
+
+@pytest.mark.parametrize("command", sorted(COVERED))
+def test_the_covering_test_exists(command):
+    where = COVERED[command]
+    if where.startswith(".ci/run"):
+        flags = re.findall(r"--[\w-]+(?: [A-Za-z]+)?", where)
+        ci = (REPO / ".ci/run").read_text()
+        assert "invoke build" in ci and all(f.split()[0] in ci for f in flags), where
+        return
+    path, name = where.split("::")
+    assert re.search(rf"^def {name}\(", (REPO / path).read_text(), re.M), where
+
+
+def invoke(args, cwd=REPO, timeout=900):
+    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def bench_args(command: str) -> list[str]:
+    return command.split(" && ")[-1].split()[1:]           # after `invoke` / `.venv/bin/invoke`
+
+
+def with_flags(args: list[str], extra: list[str]) -> list[str]:
+    """args with each "--flag value" pair of extra replacing the README's value (invoke
+    takes a flag once), or appended."""
+    args = list(args)
+    for flag, value in zip(extra[::2], extra[1::2]):
+        if flag in args:
+            args[args.index(flag) + 1] = value
+        else:
+            args += [flag, value]
+    return args
+
+
+def records(out: str) -> list[dict]:
+    paths = re.findall(r"records: (\S+results\.jsonl)", out)
+    assert paths, out[-3000:]
+    return results.read_records(paths[-1])[0]
+
+
+@pytest.mark.parametrize("command", [c for c, extra in RUN.items() if extra is not None and c != SWEEP])
+def test_readme_bench_commands_run_to_a_table(command, tmp_path):
+    extra = [a.replace("{mnist}", str(make_mnist_like(tmp_path / "mnist", 768, 256)))
+             for a in RUN[command]]
+    cp = invoke(with_flags(bench_args(command), [*extra, "--results-dir", str(tmp_path / "results")]))
+    assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-3000:]
+    assert "Traceback" not in cp.stdout + cp.stderr
+    assert re.search(r"^\| model +\| framework", cp.stdout, re.M), cp.stdout[-3000:]
+    recs = records(cp.stdout)
+    assert recs and all(r["status"] in ("ok", "skipped") for r in recs)
+    assert any(r["status"] == "ok" for r in recs)
+    if "resnet50" in command:
+        assert all(r["config"]["model"] == "resnet50" for r in recs if r["status"] == "ok")
+
+
+def test_bench_help_names_every_flag():
+    cp = invoke(["bench", "--help"], timeout=120)
+    assert cp.returncode == 0 and "Traceback" not in cp.stderr
+    for flag in ("--np", "--framework", "--backend", "--model", "--data", "--epochs",
+                 "--compression", "--resume", "--run-id", "--results-dir", "--nodes"):
+        assert flag in cp.stdout, flag
+
+
+def test_the_readme_sweep_its_report_and_its_resume(tmp_path):
+    res = tmp_path / "results"
+    args = with_flags(bench_args(SWEEP), [*SMALL, "--results-dir", str(res)])
+    cp = invoke(args, timeout=1800)
+    assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-3000:]
+    recs, _ = results.read_records(res / "cpu-sweep" / results.RESULTS_FILE)
+    ok = [r for r in recs if r["status"] == "ok"]
+    skipped = [r for r in recs if r["status"] == "skipped"]
+    # Horovod over Gloo and MPI and DDP over Gloo, 4 compressions, np 1 and 2; DDP has no
+    # MPI back end in pip's torch, so those combinations are skipped, with the reason.
+    assert len(ok) == 3 * 4 * 2, [(r["status"], r["config"]) for r in recs]
+    assert skipped and all(r["config"]["framework"] == "ddp" and r["config"]["backend"] == "mpi"
+                           for r in skipped)
+    cp = invoke(["report", str(res / "cpu-sweep")], timeout=300)
+    assert cp.returncode == 0, cp.stdout[-2000:] + cp.stderr[-2000:]
+    for name in ("report.md", "throughput.png", "speedup.png"):
+        assert (res / "cpu-sweep" / name).stat().st_size > 0, name
+    # "--resume ...": the same lists again, and nothing new runs.
+    cp = invoke([*args, "--resume"], timeout=600)
+    assert cp.returncode == 0, cp.stdout[-2000:] + cp.stderr[-2000:]
+    again, _ = results.read_records(res / "cpu-sweep" / results.RESULTS_FILE)
+    assert len([r for r in again if r["status"] == "ok"]) == len(ok)
