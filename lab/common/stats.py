@@ -1,0 +1,111 @@
+"""Statistics of repeated runs: the median, its spread (min-max below BOOTSTRAP_FROM
+repeats, a 95% bootstrap interval from there), the speedup of two medians with an
+interval carried through, and the mark for a row whose repeats disagree. Standard
+library only; every random draw comes from a seeded generator, so a table is the same
+each time it is made from the same records."""
+from __future__ import annotations
+
+import random
+import statistics
+from dataclasses import dataclass
+
+BOOTSTRAP_FROM = 5      # repeats from which the interval is a bootstrap one
+LEVEL = 0.95            # the bootstrap interval's coverage
+RESAMPLES = 2000        # bootstrap resamples
+SEED = 0                # the generator's seed: same records, same table
+NOISY = 0.10            # (max - min) / median above this marks a row as noisy
+
+
+@dataclass(frozen=True)
+class Summary:
+    n: int
+    median: float
+    low: float
+    high: float
+    kind: str            # "single run", "min-max" or "95% bootstrap"
+
+    @property
+    def relative_spread(self) -> float:
+        return (self.high - self.low) / self.median if self.median else 0.0
+
+    def overlaps(self, other: "Summary") -> bool:
+        return self.low <= other.high and other.low <= self.high
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if len(sorted_values) == 1:
+        return sorted_values[0]
+    pos = q * (len(sorted_values) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def bootstrap(values: list[float], stat=statistics.median, level: float = LEVEL,
+              resamples: int = RESAMPLES, seed: int = SEED) -> tuple[float, float]:
+    """The percentile bootstrap interval of `stat` over `values`."""
+    if not values:
+        raise ValueError("no values")
+    rng = random.Random(seed)
+    n = len(values)
+    draws = sorted(stat([values[rng.randrange(n)] for _ in range(n)]) for _ in range(resamples))
+    tail = (1 - level) / 2
+    return _quantile(draws, tail), _quantile(draws, 1 - tail)
+
+
+def summarize(values: list[float], seed: int = SEED) -> Summary:
+    """The median of the repeats and their spread."""
+    values = [float(v) for v in values]
+    if not values:
+        raise ValueError("no values to summarize")
+    med = statistics.median(values)
+    if len(values) == 1:
+        return Summary(1, med, med, med, "single run")
+    if len(values) < BOOTSTRAP_FROM:
+        return Summary(len(values), med, min(values), max(values), "min-max")
+    lo, hi = bootstrap(values, seed=seed)
+    return Summary(len(values), med, lo, hi, "95% bootstrap")
+
+
+def ratio(numerator: list[float], denominator: list[float], seed: int = SEED) -> Summary:
+    """The ratio of two medians (a speedup: throughput at np over throughput at 1) with
+    an interval carried through: below BOOTSTRAP_FROM repeats on either side, the
+    extremes (min / max to max / min: every ratio the repeats allow); from there, a
+    bootstrap of the ratio, both samples drawn independently."""
+    num, den = [float(v) for v in numerator], [float(v) for v in denominator]
+    if not num or not den or min(den) <= 0:
+        raise ValueError("a ratio needs values on both sides and a positive denominator")
+    med = statistics.median(num) / statistics.median(den)
+    if len(num) == 1 and len(den) == 1:
+        return Summary(1, med, med, med, "single run")
+    if min(len(num), len(den)) < BOOTSTRAP_FROM:
+        return Summary(min(len(num), len(den)), med, min(num) / max(den), max(num) / min(den),
+                       "min-max")
+    rng = random.Random(seed)
+    draws = []
+    for _ in range(RESAMPLES):
+        a = statistics.median([num[rng.randrange(len(num))] for _ in num])
+        b = statistics.median([den[rng.randrange(len(den))] for _ in den])
+        draws.append(a / b)
+    draws.sort()
+    tail = (1 - LEVEL) / 2
+    return Summary(min(len(num), len(den)), med, _quantile(draws, tail),
+                   _quantile(draws, 1 - tail), "95% bootstrap")
+
+
+def noisy(values: list[float], threshold: float = NOISY) -> bool:
+    """Whether repeats differ by more than `threshold` of their median."""
+    if len(values) < 2:
+        return False
+    med = statistics.median(values)
+    return med > 0 and (max(values) - min(values)) / med > threshold
+
+
+def interleaved(combinations: list, repeats: int) -> list[tuple[int, object]]:
+    """(repeat index, combination) in the order a sweep runs them: every combination
+    once, then every one again, so that a drift of the machine's speed falls on all of
+    them alike rather than on the ones that happened to run last."""
+    if repeats < 1:
+        raise ValueError("repeats must be at least 1")
+    return [(r, c) for r in range(repeats) for c in combinations]
