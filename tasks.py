@@ -30,6 +30,7 @@ BENCH_HELP = {
              "1,2 sweeps",
     "resume": "with --run-id: run only the sweep's combinations that have no ok record yet",
     "link": "with --nodes: limit each node's link, RATE[/DELAY] such as 1gbit or 100mbit/1ms",
+    "repeat": "runs of each combination, interleaved (all once, then all again); tables give medians and spread",
 }
 
 
@@ -38,7 +39,7 @@ def bench(c, np=None, framework=None, backend=None, model=None, data=None, data_
           device=None, epochs=None, batch_size=None, compression=None, warmup_steps=None,
           max_steps=None, threads=None, results_dir=None, run_id=None, timeout_s=None,
           ceiling=False, local=False, image=None, frozen=False, fault=None, nodes=None,
-          link=None, resume=False):
+          link=None, resume=False, repeat=None):
     """Run data-parallel training (one run, or a sweep over lists), record it and print the table."""
     flags = {k: v for k, v in locals().items() if k not in ("c", "resume")}
     from lab.host.bench import render

@@ -1,6 +1,7 @@
 """Sweeps: lists of frameworks, back ends, compressions and node counts run as a cross
 product into one results directory; what cannot run here is skipped with the reason
 recorded; --resume runs only what has no ok record yet."""
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -73,3 +74,38 @@ def test_link_is_checked_for_every_combination_of_a_local_sweep(tmp_path):
     assert [r["status"] for r in recs] == ["skipped", "skipped"], cp.stdout[-2000:]
     assert "--link shapes the links" in recs[0]["error"]["reason"]
     assert recs[0]["world"]["nodes"] == 1 and recs[1]["world"]["nodes"] == 2
+
+
+def test_repeats_are_interleaved_counted_by_resume_and_each_has_its_start_up(tmp_path):
+    cp, recs = sweep(tmp_path, "--backend", "gloo", "--compression", "none,fp16", "--repeat", "2")
+    assert cp.returncode == 0, cp.stdout[-2000:] + cp.stderr[-2000:]
+    # Every combination once, then every one again.
+    assert [(r["config"]["compression"], r["config"]["repeat"]) for r in recs] == [
+        ("none", 0), ("fp16", 0), ("none", 1), ("fp16", 1)]
+    assert re.search(r"-- run 1 of 4 \(ddp over gloo, none, np 1, repeat 1 of 2\): \d+ s so far\n", cp.stdout)
+    assert re.search(r"-- run 4 of 4 \(ddp over gloo, fp16, np 1, repeat 2 of 2\): .* so far, "
+                     r"about .* left", cp.stdout)
+    for r in recs:
+        f = r["figures"]
+        phases = f["startup_phases_s"]
+        assert set(phases) == {"launcher", "imports", "rendezvous", "setup", "warmup"}
+        assert all(v is not None and v >= 0 for v in phases.values())
+        # The phases are consecutive spans from launch to the first timed step.
+        assert sum(phases.values()) == pytest.approx(f["startup_s"], abs=0.01)
+    before = [r["record_id"] for r in recs]
+    # --resume with a third repeat runs only repeat 3 of each combination.
+    cp, recs = sweep(tmp_path, "--backend", "gloo", "--compression", "none,fp16", "--repeat", "3",
+                     "--resume")
+    assert cp.returncode == 0, cp.stdout[-2000:] + cp.stderr[-2000:]
+    assert "ddp over gloo, compression none, 1 node(s), repeat 2: already recorded" in cp.stdout
+    new = [r for r in recs if r["record_id"] not in before]
+    assert [(r["config"]["compression"], r["config"]["repeat"]) for r in new] == [("none", 2), ("fp16", 2)]
+    assert "-- run 2 of 2" in cp.stdout
+
+
+def test_repeat_must_be_at_least_one(tmp_path):
+    cp, _ = subprocess.run([sys.executable, "-m", "invoke", "bench", "--local", "--repeat", "0",
+                            "--results-dir", str(tmp_path)], cwd=REPO, capture_output=True,
+                           text=True, timeout=120), None
+    assert cp.returncode == 2 and "--repeat is how many times" in cp.stderr
+    assert "Traceback" not in cp.stderr

@@ -52,6 +52,8 @@ class RunConfig:
     fault: str = ""               # "RANK:STEP" makes that rank raise at that step (tests)
     attempt: str = ""             # names this launch's failures/ folder (set by bench)
     link: str = ""                # the cluster's link shaping, RATE[/DELAY] (bench --link)
+    repeat: int = 0               # which repeat of its combination this run is (bench --repeat)
+    launched_at: float = 0.0      # when bench started the launcher (Unix time; 0: unknown)
 
     def check(self) -> None:
         """Raise ConfigError for values no run could use (needs nothing installed)."""
@@ -139,7 +141,8 @@ class RunConfig:
     def as_record(self) -> dict:
         """The configuration as stored in a results record."""
         d = dataclasses.asdict(self)
-        for private in ("fault", "attempt", "results_dir", "run_id", "expected_np", "data_dir"):
+        for private in ("fault", "attempt", "results_dir", "run_id", "expected_np", "data_dir",
+                        "launched_at"):
             d.pop(private)
         return d
 

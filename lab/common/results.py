@@ -28,7 +28,8 @@ SCHEMA = {
     "config": ("object", "the run's configuration: model, framework, backend, device, data, "
                "epochs, batch_size (per rank), test_batch_size, lr (before scaling), momentum, "
                "compression, seed, warmup_steps, max_steps, synthetic_size, threads, link (the "
-               "simulated cluster's link shaping, RATE[/DELAY], empty when none)"),
+               "simulated cluster's link shaping, RATE[/DELAY], empty when none), repeat (which "
+               "repeat of its combination, from 0: bench --repeat)"),
     "world.np": ("int", "number of processes (ranks); on every record, whatever its status"),
     "world.nodes": ("int", "number of distinct hosts the ranks ran on (failed and skipped "
                     "records: the hosts asked for); on every record"),
@@ -55,6 +56,13 @@ SCHEMA = {
     "figures.peak_memory_bytes": ("list[int]", "peak memory per rank: CUDA memory allocated "
                                   "on a GPU, maximum resident set size on the CPU"),
     "figures.lr_used": ("float", "learning rate after scaling by the world size"),
+    "figures.startup_s": ("float or null", "seconds from bench starting the launcher to the first "
+                          "timed step, for the slowest rank; null when the job was not started "
+                          "by bench"),
+    "figures.startup_phases_s": ("object", "that rank's start-up by phase, seconds: launcher (until "
+                                 "its Python ran the worker), imports (torch), rendezvous (the "
+                                 "framework and its process group), setup (data, model, first "
+                                 "broadcast), warmup (the warm-up steps)"),
     "epochs": ("list[object]", "per epoch: epoch, train_loss, test_accuracy, epoch_time_s, "
                "shard_sizes (samples each rank trained on; the shards are disjoint by "
                "construction)"),

@@ -82,9 +82,32 @@ def job_env(s: BenchSettings) -> dict[str, str]:
     return env
 
 
+class Progress:
+    """"run k of N" before each run, with the time so far and an estimate of the rest
+    (the mean time of the runs so far, times the runs left)."""
+
+    def __init__(self, total: int, echo=print):
+        self.total, self.done, self.echo, self.t0 = total, 0, echo, time.monotonic()
+
+    def start(self, label: str) -> None:
+        elapsed = time.monotonic() - self.t0
+        rest = (f", about {_duration(elapsed / self.done * (self.total - self.done))} left"
+                if self.done else "")
+        self.done += 1
+        self.echo(f"-- run {self.done} of {self.total} ({label}): {_duration(elapsed)} so far{rest}")
+
+
+def _duration(seconds: float) -> str:
+    m, s = divmod(int(round(seconds)), 60)
+    return f"{m} min {s:02d} s" if m else f"{s} s"
+
+
 def run(s: BenchSettings, echo=print, stack: dict | None = None,
-        runner: Runner | None = None) -> Outcome:
-    """Check the request, then run one job per process count into one results directory."""
+        runner: Runner | None = None, repeats: list[int] | None = None,
+        progress: Progress | None = None) -> Outcome:
+    """Check the request, then run one job per process count into one results directory,
+    --repeat times, interleaved (every process count once, then again). `repeats`: which
+    repeat indices to run (a sweep runs one at a time); default all of them."""
     nps = parse_np(s.np)
     s = dataclasses.replace(s, np=nps)
     check_settings(s)
@@ -142,11 +165,18 @@ def run(s: BenchSettings, echo=print, stack: dict | None = None,
             raise BenchError(str(e)) from None
     failed = 0
     ceilings: dict[int, dict] = {}
+    repeats = list(range(s.repeat)) if repeats is None else repeats
+    progress = progress or Progress(len(repeats) * len(nps), echo)
     try:
-        for i, np in enumerate(nps):
+        # Interleaved: every process count once, then every one again (a drift of the
+        # machine's speed falls on all of them alike).
+        for rep, np in [(r, n) for r in repeats for n in nps]:
             cfg = dataclasses.replace(base_config(s, framework), run_id=run_id, expected_np=np,
-                                      attempt=f"{i:03d}-{framework}-{s.backend}-{s.compression}"
-                                              f"-n{s.nodes}-np{np}", link=s.link)
+                                      attempt=f"{nps.index(np):03d}-{framework}-{s.backend}-"
+                                              f"{s.compression}-n{s.nodes}-np{np}-r{rep}",
+                                      link=s.link, repeat=rep)
+            progress.start(f"{framework} over {s.backend}, {s.compression}, np {np}"
+                           + (f", repeat {rep + 1} of {s.repeat}" if s.repeat > 1 else ""))
             failed += run_one(s, cfg, np, runner, rfile, echo, ceilings)
     finally:
         if shaped:
@@ -172,6 +202,9 @@ def check_steps(s: BenchSettings, framework: str, nps: list[int]) -> None:
 def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, echo,
             ceilings: dict) -> int:
     """One launch of `np` ranks; 0 when it wrote its record, 1 when it failed (recorded)."""
+    ceiling_before = measure_ceiling(s, np, runner) if s.ceiling else None
+    # The launch time goes to the ranks, which measure their start-up against it.
+    cfg = dataclasses.replace(cfg, launched_at=round(time.time(), 3))
     inside = dataclasses.replace(cfg, results_dir=runner.results_in,
                                  data_dir=runner.data_in or cfg.data_dir)
     try:
@@ -181,7 +214,6 @@ def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, ec
     echo(f"== {cfg.framework} over {s.backend}, {np} process(es): "
          f"{' '.join(next(iter(commands.values())))}")
     before = len(results.read_records(rfile)[0])
-    ceiling_before = measure_ceiling(s, np, runner) if s.ceiling else None
     started = results.now_iso()
     t0 = time.monotonic()
     watch = LauncherWatch(echo)

@@ -48,6 +48,7 @@ class BenchSettings:
     frozen: bool = False             # in the image: its own copy of the kit, not the checkout
     nodes: int = 1                   # >1: on the simulated cluster's nodes (compose.yaml)
     link: str = ""                   # with nodes: shape each node's link, RATE[/DELAY]
+    repeat: int = 1                  # runs of each combination (invoke.yaml holds the default)
 
 
 def parse_np(spec) -> list[int]:
@@ -100,7 +101,7 @@ def whole(name: str, value) -> int:
 
 
 INT_FIELDS = ("epochs", "batch_size", "warmup_steps", "max_steps", "threads", "synthetic_size",
-              "seed")
+              "seed", "repeat")
 
 
 def settings_from_flags(flags: dict, defaults: dict) -> tuple[BenchSettings, dict[str, list]]:
@@ -148,6 +149,8 @@ RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 def check_settings(s: BenchSettings) -> None:
     """What is wrong with the settings themselves, before anything else is looked at;
     the results folder is made here (an unusable one is one sentence, not a traceback)."""
+    if s.repeat < 1:
+        raise BenchError(f"--repeat is how many times each combination runs, at least 1: not {s.repeat}")
     if s.timeout_s < 0:
         raise BenchError(f"--timeout-s is seconds per run, 0 for no limit: not {s.timeout_s:g}")
     if s.run_id and (not RUN_ID.match(s.run_id) or ".." in s.run_id):

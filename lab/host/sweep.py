@@ -9,8 +9,8 @@ import itertools
 import os
 import shutil
 
-from lab.common import results
-from lab.host.bench import Outcome, probe_stack, run
+from lab.common import results, stats
+from lab.host.bench import Outcome, Progress, probe_stack, run
 from lab.host.request import (
     SWEEP_FIELDS,
     BenchError,
@@ -70,45 +70,54 @@ def sweep_plan(base: BenchSettings, lists: dict) -> list[BenchSettings]:
     return plans
 
 
-def done_key(framework, backend, compression, nodes, np, link="") -> tuple:
-    return (framework, backend, compression, int(nodes), int(np), link or "")
+def done_key(framework, backend, compression, nodes, np, link="", repeat=0) -> tuple:
+    return (framework, backend, compression, int(nodes), int(np), link or "", int(repeat))
 
 
 def finished(rfile) -> set:
-    """Combinations that already have an ok record in a results file (for --resume)."""
+    """Runs that already have an ok record in a results file (for --resume): each
+    combination, process count and repeat index."""
     out = set()
     for r in results.read_records(rfile)[0]:
         if r.get("status") == "ok":
             c = r["config"]
             out.add(done_key(c["framework"], c["backend"], c["compression"], r["world"]["nodes"],
-                             r["world"]["np"], c.get("link", "")))
+                             r["world"]["np"], c.get("link", ""), c.get("repeat", 0)))
     return out
 
 
 def run_sweep(base: BenchSettings, lists: dict, resume: bool = False, echo=print) -> list[Outcome]:
-    """Every combination into one results directory. A combination that cannot run here
-    is skipped with the reason printed and recorded; with resume, combinations that
-    already have an ok record in that directory are not run again."""
+    """Every combination into one results directory, --repeat times, interleaved: every
+    combination once, then every one again. A combination that cannot run here is
+    skipped with the reason printed and recorded (once); with resume, runs that already
+    have an ok record in that directory (combination, process count, repeat) are not run
+    again."""
     if resume and not base.run_id:
         raise BenchError("--resume continues a sweep: give its --run-id (the results folder's name)")
     run_id = base.run_id or results.new_run_id()
     base = dataclasses.replace(base, run_id=run_id)
     rfile = results.run_dir(base.results_dir, run_id) / results.RESULTS_FILE
-    outcomes = []
+    have = finished(rfile) if resume else set()
+
+    def label(s):
+        return f"{s.framework} over {s.backend}, compression {s.compression}, {s.nodes} node(s)"
+
+    todo = []
+    for rep, (i, s) in stats.interleaved(list(enumerate(sweep_plan(base, lists))), base.repeat):
+        nps = [n for n in parse_np(s.np) if done_key(s.framework, s.backend, s.compression,
+                                                     s.nodes, n, s.link, rep) not in have]
+        if nps:
+            todo.append((rep, i, dataclasses.replace(s, np=nps)))
+        else:
+            echo(f"-- {label(s)}" + (f", repeat {rep + 1}" if base.repeat > 1 else "")
+                 + ": already recorded, not run again (--resume)")
+    progress = Progress(sum(len(s.np) for _, _, s in todo), echo)
+    outcomes, skipped = [], set()
     stacks: dict = {}
     local = LocalRunner(base.results_dir, base.data_dir)
-    for s in sweep_plan(base, lists):
-        label = f"{s.framework} over {s.backend}, compression {s.compression}, {s.nodes} node(s)"
-        nps = parse_np(s.np)
-        if resume:
-            have = finished(rfile)
-            nps = [n for n in nps if done_key(s.framework, s.backend, s.compression, s.nodes, n,
-                                              s.link) not in have]
-            if not nps:
-                echo(f"-- {label}: already recorded, not run again (--resume)")
-                continue
-        s = dataclasses.replace(s, np=nps)
-        reason = None
+    for rep, i, s in todo:
+        if i in skipped:
+            continue
         try:
             stack = runner = None
             if s.nodes == 1 and s.where == "local":
@@ -117,13 +126,16 @@ def run_sweep(base: BenchSettings, lists: dict, resume: bool = False, echo=print
                 if "local" not in stacks:
                     stacks["local"] = probe_stack(local)
                 stack = stacks["local"]
-            outcomes.append(run(s, echo=echo, stack=stack, runner=runner))
+            outcomes.append(run(s, echo=echo, stack=stack, runner=runner, repeats=[rep],
+                                progress=progress))
             continue
         except BenchError as e:
             reason = str(e)
-        echo(f"-- skipped {label}: {reason}")
+        skipped.add(i)
+        progress.total -= sum(len(t[2].np) for t in todo if t[1] == i and t[0] >= rep)
+        echo(f"-- skipped {label(s)}: {reason}")
         os.makedirs(rfile.parent, exist_ok=True)
-        for n in nps:
+        for n in s.np:
             cfg = dataclasses.replace(base_config(s, s.framework if s.framework != "auto" else "ddp"),
                                       run_id=run_id, expected_np=n, link=s.link)
             results.append_record(rfile, results.make_record(

@@ -15,8 +15,32 @@ import sys
 import time
 import traceback
 
-from lab.common import results
-from lab.common.config import ConfigError, parse_args
+# When this rank's Python began running the worker (wall clock, so that it compares with
+# the launch time bench passes in --launched-at; the ranks of one job share a clock).
+PROCESS_T0 = time.time()
+
+from lab.common import results  # noqa: E402
+from lab.common.config import ConfigError, parse_args  # noqa: E402
+
+# Wall-clock marks of this rank's start-up (lab.worker.train.startup_phases).
+MARKS: dict[str, float] = {"process": PROCESS_T0}
+STARTUP_PHASES = ("launcher", "imports", "rendezvous", "setup", "warmup")
+
+
+def startup_phases(marks: dict[str, float], launched_at: float) -> dict[str, float | None]:
+    """Where a rank's start-up went, in seconds: launcher (from bench starting the
+    launcher until the rank's Python runs the worker: the launcher, the container, the
+    interpreter), imports (torch), rendezvous (the framework's import and its process
+    group or hvd.init), setup (data, model, the first broadcast), warmup (the
+    --warmup-steps steps), and total (launch to the first timed step)."""
+    def span(a, b):
+        return marks[b] - marks[a] if a in marks and b in marks else None
+    out = {"launcher": marks["process"] - launched_at if launched_at else None,
+           "imports": span("process", "torch"), "rendezvous": span("torch", "group"),
+           "setup": span("group", "first_step"), "warmup": span("first_step", "first_timed")}
+    out["total"] = (marks["first_timed"] - launched_at
+                    if launched_at and "first_timed" in marks else None)
+    return {k: (None if v is None else round(v, 3)) for k, v in out.items()}
 
 
 class InjectedFault(RuntimeError):
@@ -101,6 +125,10 @@ def train(cfg, d, log=print) -> dict | None:
                     os.kill(os.getpid(), signal.SIGKILL)
                 raise InjectedFault(f"fault injected at step {global_step} (--fault {cfg.fault})")
             j = s % batches
+            if global_step == 0:
+                MARKS["first_step"] = time.time()
+            if global_step == cfg.warmup_steps:
+                MARKS["first_timed"] = time.time()
             t0 = time.perf_counter()
             optimizer.zero_grad()  # set_to_none by default; Horovod takes no argument
             loss = loss_fn(model(xs[j * b:(j + 1) * b]), ys[j * b:(j + 1) * b])
@@ -134,7 +162,8 @@ def train(cfg, d, log=print) -> dict | None:
 
     summary = d.allgather_object({"host": dist.hostname(), "timed_s": sum(step_times),
                                   "timed_steps": len(step_times),
-                                  "peak_memory": _peak_memory(device)})
+                                  "peak_memory": _peak_memory(device),
+                                  "startup": startup_phases(MARKS, cfg.launched_at)})
     if d.rank != 0:
         return None
     if not step_times:
@@ -142,6 +171,8 @@ def train(cfg, d, log=print) -> dict | None:
                           f"{cfg.warmup_steps}; run more steps or lower --warmup-steps")
     hosts = [p["host"] for p in summary]
     stats = metrics.step_stats(step_times)
+    # The job's start-up is its slowest rank's: no step is timed before every rank is in.
+    slowest = max(summary, key=lambda p: p["startup"]["total"] or 0.0)["startup"]
     record = results.make_record(
         "ok", run_id=cfg.run_id, config=cfg.as_record(), np=d.size, nodes=len(set(hosts)),
         started_at=started,
@@ -157,6 +188,8 @@ def train(cfg, d, log=print) -> dict | None:
             "final_loss": epochs[-1]["train_loss"],
             "peak_memory_bytes": [p["peak_memory"] for p in summary],
             "lr_used": lr,
+            "startup_s": slowest["total"],
+            "startup_phases_s": {k: slowest[k] for k in STARTUP_PHASES},
             **_communication(cfg.compression, model, d.size, getattr(d, "codec", None)),
         },
         epochs=epochs,
@@ -198,8 +231,11 @@ def main(argv=None) -> int:
     d = None
     try:
         cfg.check()
+        import torch  # noqa: F401 - timed apart from the framework's start
+        MARKS["torch"] = time.time()
         from lab.worker import dist
         d = dist.create(cfg)
+        MARKS["group"] = time.time()
         rank = d.rank
         record = train(cfg, d)
         if record is not None:
