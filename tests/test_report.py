@@ -210,4 +210,54 @@ def test_accuracy_on_synthetic_data_is_not_a_figure():
     [row] = summary.rows([r])
     assert row["accuracy"] is None
     assert summary.render([row]).splitlines()[-1].rstrip(" |").endswith("n/a")
-    assert report.result_rows([r], across=False)[0][-1] == "n/a"
+    assert report.result_rows([r], across=False)[0][report.RESULT_HEADERS.index("accuracy")] == "n/a"
+
+
+def repeats(framework, np, tputs, step_s=0.02, acc=0.9):
+    out = []
+    for i, t in enumerate(tputs):
+        r = rec(framework, "gloo", np, step_s, t, acc)
+        r["config"]["repeat"] = i
+        r["record_id"] += f"r{i}"
+        out.append(r)
+    return out
+
+
+def test_repeats_are_one_row_with_their_median_and_min_max():
+    from lab.report import summary
+    records = repeats("ddp", 1, [1000.0, 1100.0, 1050.0]) + repeats("ddp", 2, [1850.0, 2000.0, 1900.0])
+    table = summary.rows(records)
+    assert [(r["np"], r["runs"]) for r in table] == [(1, 3), (2, 3)]
+    row = table[1]
+    assert row["throughput (img/s)"] == 1900.0
+    assert row["speedup"] == pytest.approx(1900 / 1050)
+    sp = row["speedup_summary"]
+    assert (sp.low, sp.high) == (pytest.approx(1850 / 1100), pytest.approx(2000 / 1000))
+    text = summary.render(table)
+    assert "1,900 (1,850-2,000)" in text and "1.81 (1.68-2.00)" in text and "90% (84%-100%)" in text
+    assert "medians of 3 repeated runs" in text and "lowest and highest run" in text
+    assert "*" not in text.split("\n\n")[0]           # spreads of 9.5% and 7.9%: not noisy
+    # A row whose runs differ by more than 10% of the median is marked and explained.
+    noisy = repeats("ddp", 1, [1000.0, 1300.0, 1050.0])
+    text = summary.render(summary.rows(noisy))
+    assert "1,050 (1,000-1,300) *" in text
+    assert "* ddp over gloo, none, np 1: its 3 runs differ by 29% of their median" in text
+
+
+def test_five_repeats_give_a_bootstrap_interval():
+    from lab.report import summary
+    records = repeats("ddp", 1, [1000.0, 1010.0, 990.0, 1005.0, 995.0])
+    [row] = summary.rows(records)
+    assert row["throughput_summary"].kind == "95% bootstrap"
+    assert "a 95% bootstrap interval of the median" in summary.render([row])
+
+
+def test_the_analysis_does_not_call_overlapping_intervals_a_difference():
+    records = (repeats("ddp", 1, [1000.0, 1100.0]) + repeats("ddp", 2, [1800.0, 2000.0])
+               + repeats("horovod", 1, [1000.0, 1100.0]) + repeats("horovod", 2, [1850.0, 1950.0]))
+    text = " ".join(report.analysis(records))
+    assert "scaled best" in text and "do not tell them apart" in text
+    apart = (repeats("ddp", 1, [1000.0, 1010.0]) + repeats("ddp", 2, [1900.0, 1910.0])
+             + repeats("horovod", 1, [1000.0, 1010.0]) + repeats("horovod", 2, [1200.0, 1210.0]))
+    text = " ".join(report.analysis(apart))
+    assert "scaled best" in text and "do not tell them apart" not in text

@@ -7,6 +7,7 @@ Pure functions build each table from records; `write` is the edge that reads the
 records and writes the files."""
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
 from pathlib import Path
 
@@ -119,8 +120,8 @@ def result_rows(records: list[dict], across: bool) -> list[list]:
     step, throughput, speedup) plus efficiency and accuracy; failed and skipped runs are
     rows that say so."""
     rows = []
-    table = summary.rows(records)
-    for rec, row in zip(records, table):
+    for row in summary.rows(records):
+        rec = row["record"]
         nodes = rec["world"]["nodes"]
         if (nodes > 1) != across:
             continue
@@ -128,18 +129,19 @@ def result_rows(records: list[dict], across: bool) -> list[list]:
             f" / {row['compression']}" if row.get("compression") not in (None, "none") else "")
         if "failed" in row:
             rows.append([label, nodes, "", row["np"], f"{row.get('status', 'failed').upper()}: "
-                         f"{row['failed'][:120]}", "", "", "", ""])
+                         f"{row['failed'][:120]}", "", "", "", "", 1])
             continue
         rows.append([label, row["servers"], row["devices per server"], row["np"],
-                     f"{row['time per step (ms)']:.2f}", f"{row['throughput (img/s)']:,.0f}",
-                     "n/a" if row.get("speedup") is None else f"{row['speedup']:.2f}",
-                     "n/a" if row.get("efficiency") is None else f"{row['efficiency']:.0%}",
-                     "n/a" if row.get("accuracy") is None else f"{row['accuracy']:.2%}"])
+                     f"{row['time per step (ms)']:.2f}", summary.with_spread(row, "throughput (img/s)"),
+                     summary.with_spread(row, "speedup"), summary.with_spread(row, "efficiency"),
+                     "n/a" if row.get("accuracy") is None else f"{row['accuracy']:.2%}",
+                     row.get("runs", 1)])
     return rows
 
 
 RESULT_HEADERS = ["framework / back end", "servers", "devices per server", "workers",
-                  "time per step (ms)", "throughput (img/s)", "speedup", "efficiency", "accuracy"]
+                  "time per step (ms)", "throughput (img/s)", "speedup", "efficiency", "accuracy",
+                  "runs"]
 
 
 def compression_rows(records: list[dict]) -> list[list]:
@@ -188,15 +190,14 @@ def failure_rows(records: list[dict]) -> list[list]:
 
 def series(records: list[dict]) -> dict:
     """(setup label, framework, backend, compression, nodes>1) -> sorted [(workers,
-    throughput)], the best ok run per worker count."""
-    best = defaultdict(dict)
+    throughput)], the median of the ok runs (the repeats) per worker count."""
+    runs = defaultdict(lambda: defaultdict(list))
     for r in ok(records):
         c = r["config"]
         key = (setup_label(r, records), c["framework"], c["backend"], c["compression"],
                r["world"]["nodes"] > 1)
-        n, t = r["world"]["np"], r["figures"]["throughput_img_s"]
-        best[key][n] = max(best[key].get(n, 0.0), t)
-    return {k: sorted(v.items()) for k, v in best.items()}
+        runs[key][r["world"]["np"]].append(r["figures"]["throughput_img_s"])
+    return {k: sorted((n, statistics.median(ts)) for n, ts in v.items()) for k, v in runs.items()}
 
 
 def plot(records: list[dict], out_dir: Path) -> list[str]:
@@ -260,17 +261,26 @@ def analysis(records: list[dict]) -> list[str]:
     out = []
     good = ok(records)
     eff = []
-    for r, row in zip(records, summary.rows(records)):
+    table = summary.rows(records)
+    for row in table:
+        r = row["record"]
         if r.get("status") == "ok" and row.get("efficiency") is not None and r["world"]["np"] > 1:
             eff.append((row["efficiency"], r, row))
     if eff:
         top_np = max(r["world"]["np"] for _, r, _ in eff)
-        at_top = [(e, r) for e, r, _ in eff if r["world"]["np"] == top_np]
-        e, r = max(at_top, key=lambda x: x[0])
+        at_top = sorted(((e, r, row) for e, r, row in eff if r["world"]["np"] == top_np),
+                        key=lambda x: -x[0])
+        e, r, row = at_top[0]
         c = r["config"]
-        out.append(f"At {top_np} workers, {setup_label(r, records)}{c['framework']} over {c['backend']}"
-                   f"{' with ' + c['compression'] if c['compression'] != 'none' else ''} scaled best: "
-                   f"{e:.0%} efficiency ({r['figures']['throughput_img_s']:,.0f} images/s).")
+        text = (f"At {top_np} workers, {setup_label(r, records)}{c['framework']} over {c['backend']}"
+                f"{' with ' + c['compression'] if c['compression'] != 'none' else ''} scaled best: "
+                f"{e:.0%} efficiency ({row['throughput (img/s)']:,.0f} images/s")
+        # A difference is called one only when the intervals of the repeats do not overlap.
+        tied = [x for x in at_top[1:] if row["speedup_summary"].overlaps(x[2]["speedup_summary"])]
+        if row["speedup_summary"].n > 1 and tied:
+            text += (f"; its speedup interval overlaps {len(tied)} other setup(s)' at this count, "
+                     f"so the runs do not tell them apart")
+        out.append(text + ").")
         low = sorted(((e2, r2) for e2, r2, _ in eff if e2 < 0.8 and r2 is not r),
                      key=lambda x: x[1]["world"]["np"])
         for e, r in low[:3]:
@@ -282,14 +292,15 @@ def analysis(records: list[dict]) -> list[str]:
     # compute-to-communication: a worker's step at np=1 is compute; what the step gains
     # with more workers is communication and waiting.
     base = {}
-    for r in good:
-        if r["world"]["np"] == 1:
-            base[summary.config_key(r)] = r["figures"]["step_time_mean_s"]
+    for row in table:
+        if "failed" not in row and row["np"] == 1:
+            base[summary.config_key(row["record"])] = row["time per step (ms)"] / 1000
     ratios = []
-    for r in good:
-        b = base.get(summary.config_key(r))
+    for row in table:
+        r = row["record"]
+        b = base.get(summary.config_key(r)) if "failed" not in row else None
         if b and r["world"]["np"] > 1:
-            comm = r["figures"]["step_time_mean_s"] - b
+            comm = row["time per step (ms)"] / 1000 - b
             if comm > 0:
                 ratios.append((b / comm, r, b, comm))
     for ratio, r, b, comm in sorted(ratios, key=lambda x: (x[1]["config"]["framework"],

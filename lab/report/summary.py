@@ -2,7 +2,9 @@
 step, throughput, speedup), computed from records alone."""
 from __future__ import annotations
 
-from lab.common import metrics
+import statistics
+
+from lab.common import metrics, stats
 from lab.report import markdown
 
 COLUMNS = ("model", "framework", "back end", "compression", "servers", "devices per server", "np",
@@ -26,41 +28,114 @@ def config_key(record: dict) -> tuple:
     return tuple(c.get(k) for k in _SAME)
 
 
+def group_key(record: dict) -> tuple:
+    """Runs that are repeats of one another: the same configuration, process count,
+    servers and link."""
+    return (config_key(record), record["world"]["np"], record["world"]["nodes"],
+            record.get("config", {}).get("link", "") or "")
+
+
 def rows(records: list[dict]) -> list[dict]:
-    """One row per record, in order; speedup and efficiency against the fastest
-    one-process ok run of the same configuration among these records."""
-    baselines: dict[tuple, float] = {}
-    for r in records:
-        if r.get("status") == "ok" and r["world"]["np"] == 1:
-            key = config_key(r)
-            baselines[key] = max(baselines.get(key, 0.0), r["figures"]["throughput_img_s"])
-    out = []
+    """One row per configuration and process count (its repeats together: the median,
+    and its spread in "throughput" and "speedup", lab.common.stats), in the order the
+    records first appear; a failed or skipped record is a row of its own. Speedup and
+    efficiency are against the one-process runs of the same configuration: the ratio of
+    the medians, its interval carried through."""
+    good = [r for r in records if r.get("status") == "ok"]
+    groups: dict[tuple, list[dict]] = {}
+    for r in good:
+        groups.setdefault(group_key(r), []).append(r)
+    baselines: dict[tuple, list[float]] = {}
+    for r in good:
+        if r["world"]["np"] == 1:
+            baselines.setdefault(config_key(r), []).append(r["figures"]["throughput_img_s"])
+    out, done = [], set()
     for r in records:
         c = r.get("config", {})
         row = {"model": c.get("model"), "framework": c.get("framework"),
                "back end": c.get("backend"), "compression": c.get("compression"),
-               "np": r["world"]["np"]}
+               "np": r["world"]["np"], "record": r}
         if r.get("status") != "ok":
             row.update({"servers": r["world"]["nodes"], "devices per server": None,
                         "failed": r.get("error", {}).get("reason", "failed"),
-                        "status": r.get("status", "failed")})
+                        "status": r.get("status", "failed"), "records": [r]})
             out.append(row)
             continue
-        w, f = r["world"], r["figures"]
-        row.update({"servers": w["nodes"], "devices per server": w["devices_per_node"],
-                    "time per step (ms)": f["step_time_mean_s"] * 1000,
-                    "throughput (img/s)": f["throughput_img_s"],
-                    "accuracy": accuracy(r)})
+        key = group_key(r)
+        if key in done:
+            continue
+        done.add(key)
+        runs = groups[key]
+        tput = [x["figures"]["throughput_img_s"] for x in runs]
+        thr = stats.summarize(tput)
+        accs = [accuracy(x) for x in runs]
+        row.update({"servers": r["world"]["nodes"], "devices per server": r["world"]["devices_per_node"],
+                    "records": runs, "runs": len(runs),
+                    "time per step (ms)": statistics.median(
+                        x["figures"]["step_time_mean_s"] for x in runs) * 1000,
+                    "throughput (img/s)": thr.median, "throughput_summary": thr,
+                    "accuracy": None if None in accs else statistics.median(accs),
+                    "noisy": thr.relative_spread if stats.noisy(tput) else None})
         base = baselines.get(config_key(r))
         if base:
-            s = metrics.speedup(f["throughput_img_s"], base)
-            row["speedup"] = s
-            row["efficiency"] = metrics.efficiency(s, w["np"])
+            sp = stats.ratio(tput, base)
+            row["speedup"], row["speedup_summary"] = sp.median, sp
+            row["efficiency"] = metrics.efficiency(sp.median, r["world"]["np"])
         out.append(row)
     return out
 
 
+def _num(v: float, col: str) -> str:
+    if col == "throughput (img/s)":
+        return f"{v:,.0f}" if v >= 100 else f"{v:.2f}"
+    if col == "speedup":
+        return f"{v:.2f}"
+    return f"{v:.0%}"
+
+
+def with_spread(row: dict, col: str) -> str:
+    """The median, then its spread in brackets when there are repeats; * marks a noisy row."""
+    v = row.get(col)
+    if v is None:
+        return "n/a"
+    summ = row.get({"throughput (img/s)": "throughput_summary", "speedup": "speedup_summary",
+                    "efficiency": "speedup_summary"}[col])
+    scale = 1 / row["np"] if col == "efficiency" else 1
+    text = _num(v, col)
+    if summ is not None and summ.n > 1:
+        text += f" ({_num(summ.low * scale, col)}-{_num(summ.high * scale, col)})"
+    if col == "throughput (img/s)" and row.get("noisy"):
+        text += " *"
+    return text
+
+
+def footnotes(table_rows: list[dict]) -> list[str]:
+    """What the brackets mean and which rows are noisy, for under a table."""
+    out = []
+    kinds = sorted({r["throughput_summary"].kind for r in table_rows
+                    if r.get("throughput_summary") is not None and r["throughput_summary"].n > 1})
+    if kinds:
+        ns = sorted({r["runs"] for r in table_rows if r.get("runs", 1) > 1})
+        out.append(f"Figures are medians of {'/'.join(map(str, ns))} repeated runs; in brackets "
+                   + " or ".join({"min-max": "the lowest and highest run (fewer than "
+                                             f"{stats.BOOTSTRAP_FROM} repeats)",
+                                  "95% bootstrap": "a 95% bootstrap interval of the median"}[k]
+                                 for k in kinds)
+                   + "; a speedup's interval is carried through from both medians' runs.")
+    for r in table_rows:
+        if r.get("noisy"):
+            summ = r["throughput_summary"]
+            out.append(f"* {r['framework']} over {r['back end']}, {r['compression']}, np {r['np']}: "
+                       f"its {summ.n} runs differ by {r['noisy']:.0%} of their median "
+                       f"(more than {stats.NOISY:.0%}: the machine's speed changed between them), "
+                       f"so read this row as noise-prone.")
+    return out
+
+
 def render(table_rows: list[dict]) -> str:
+    repeated = any(r.get("runs", 1) > 1 for r in table_rows)
+    columns = COLUMNS + (("runs",) if repeated else ())
+
     def cell(row, col):
         if "failed" in row and col not in ("model", "framework", "back end", "compression", "np",
                                            "servers"):
@@ -71,17 +146,17 @@ def render(table_rows: list[dict]) -> str:
                     + (reason if len(reason) <= 70 else reason[:67] + "..."))
         if "failed" in row and col == "servers":
             return "" if row.get("servers") is None else str(row["servers"])
+        if col in ("throughput (img/s)", "speedup", "efficiency"):
+            return with_spread(row, col)
         v = row.get(col)
         if v is None:
-            return "n/a" if col in ("speedup", "efficiency", "accuracy") else ""
+            return "n/a" if col == "accuracy" else ""
         if col == "time per step (ms)":
             return f"{v:.2f}"
-        if col == "throughput (img/s)":
-            return f"{v:,.0f}" if v >= 100 else f"{v:.2f}"
-        if col in ("speedup",):
-            return f"{v:.2f}"
-        if col in ("efficiency", "accuracy"):
+        if col == "accuracy":
             return f"{v:.1%}"
         return str(v)
 
-    return markdown.table(COLUMNS, [[cell(r, c) for c in COLUMNS] for r in table_rows])
+    table = markdown.table(columns, [[cell(r, c) for c in columns] for r in table_rows])
+    notes = footnotes(table_rows)
+    return table + ("\n\n" + "\n".join(notes) if notes else "")
