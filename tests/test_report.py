@@ -261,3 +261,47 @@ def test_the_analysis_does_not_call_overlapping_intervals_a_difference():
              + repeats("horovod", 1, [1000.0, 1010.0]) + repeats("horovod", 2, [1200.0, 1210.0]))
     text = " ".join(report.analysis(apart))
     assert "scaled best" in text and "do not tell them apart" not in text
+
+
+def test_the_curves_have_a_panel_per_setup_and_back_end_with_error_bars():
+    """Read from the figures' artists: panels, colours by framework, line styles by
+    compression, error bars as wide as the repeats' spread, an ideal line per panel."""
+    import matplotlib.pyplot as plt
+    from matplotlib.container import ErrorbarContainer
+
+    def mk(fw, be, np, tputs, comp="none"):
+        out = []
+        for i, t in enumerate(tputs):
+            r = rec(fw, be, np, 0.02, t, 0.9, compression=comp)
+            r["config"]["repeat"] = i
+            r["record_id"] += f"r{i}"
+            out.append(r)
+        return out
+    records = (mk("ddp", "gloo", 1, [1000.0, 1100.0, 1050.0]) + mk("ddp", "gloo", 2, [1850.0, 2000.0, 1900.0])
+               + mk("horovod", "gloo", 1, [900.0, 1000.0]) + mk("horovod", "gloo", 2, [1500.0, 1700.0])
+               + mk("horovod", "gloo", 1, [950.0], "fp16") + mk("horovod", "gloo", 2, [1400.0], "fp16")
+               + mk("horovod", "mpi", 1, [1000.0]) + mk("horovod", "mpi", 2, [1800.0]))
+    figs = report.figures(records)
+    assert set(figs) == {"throughput.png", "speedup.png"}
+    try:
+        ax_gloo, ax_mpi = [a for a in figs["throughput.png"].axes if a.get_visible()]
+        assert (ax_gloo.get_title(), ax_mpi.get_title()) == ("gloo", "mpi")
+        bars = {c.get_label(): c for c in ax_gloo.containers if isinstance(c, ErrorbarContainer)}
+        assert set(bars) == {"ddp, none", "horovod, none", "horovod, fp16"}
+        ddp = bars["ddp, none"]
+        assert ddp.lines[0].get_color() == report.FRAMEWORK_COLORS["ddp"]
+        assert bars["horovod, fp16"].lines[0].get_linestyle() == "--"
+        assert list(ddp.lines[0].get_ydata()) == [1050.0, 1900.0]          # medians
+        # The np=2 bar spans the repeats' min-max, 1,850 to 2,000.
+        segments = ddp.lines[2][0].get_segments()
+        assert [tuple(p[1] for p in seg) for seg in segments][1] == pytest.approx((1850.0, 2000.0))
+        # Speedup panel: its bar at np=2 spans 1850/1100 .. 2000/1000; an ideal line y = x.
+        sp_gloo = [a for a in figs["speedup.png"].axes if a.get_visible()][0]
+        sbars = {c.get_label(): c for c in sp_gloo.containers if isinstance(c, ErrorbarContainer)}
+        seg = sbars["ddp, none"].lines[2][0].get_segments()[1]
+        assert (seg[0][1], seg[1][1]) == pytest.approx((1850 / 1100, 2000 / 1000))
+        assert any(list(line.get_xdata()) == [1, 2] and list(line.get_ydata()) == [1, 2]
+                   for line in sp_gloo.get_lines())
+    finally:
+        for f in figs.values():
+            plt.close(f)
