@@ -31,9 +31,10 @@ CUDA_ARCHS="$(cuda_archs_for "$nvcc")"
 [[ -n "$CUDA_ARCHS" ]] || die "the matrix has no architecture list for this CUDA toolkit ($("$nvcc" --version | tail -n1)): set CUDA_ARCHS"
 gencode=""
 for a in ${CUDA_ARCHS//,/ }; do gencode+=" -gencode=arch=compute_$a,code=sm_$a"; done
-# PTX for the highest architecture too, so a newer GPU than the list knows JIT-compiles
-# it (nccl-tests' own default, src/Makefile, ends the same way).
-gencode+=" -gencode=arch=compute_$a,code=compute_$a"
+# PTX for the highest architecture too, so a GPU newer than the list JIT-compiles it
+# (nccl-tests' own default, src/common.mk, ends the same way).
+highest="$(tr ',' '\n' <<<"$CUDA_ARCHS" | sort -n | tail -n1)"
+gencode+=" -gencode=arch=compute_$highest,code=compute_$highest"
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT

@@ -66,12 +66,19 @@ def find(host: dict, ranks: dict, np: int, in_image: bool,
         if not archs:
             continue
         lacking = [d for d in devices if d.get("compute_capability")
-                   and not archs_cover(archs, d["compute_capability"])]
+                   and not archs_cover(archs, d["compute_capability"], labels.get("cuda_ptx") == "1")]
         if lacking:
             uncovered.update(d["compute_capability"] for d in lacking)
             missing[tag] = {"built_for": archs, "gpus": sorted(
                 {f"{d.get('name', 'GPU')} ({d['compute_capability']})" for d in lacking})}
-    if missing:
+    fitting = [t for t, labels in images.items() if labels.get("cuda_archs") and t not in missing]
+    if missing and fitting:
+        # Another built image has the code: bench takes that one; this is for information.
+        out.append(Result(name, PASS, {"fits": fitting, "no_code": missing},
+                          f"bench uses {', '.join(fitting)}; "
+                          + "; ".join(f"{t} has no code for {', '.join(v['gpus'])}"
+                                      for t, v in missing.items())))
+    elif missing:
         matrix = versions.read()
         entries = {cuda_entry_for(matrix, c) for c in uncovered}
         fix = (f"build an image for them: invoke build --cuda {entries.pop()}"

@@ -24,7 +24,7 @@ from envcheck.probes import (
 GIB = 2**30
 # The labels of an image that doctor shows (lab.host.images writes them).
 IMAGE_FACTS = ("flavor", "torch_version", "horovod_version", "horovod_gpu_operations",
-               "cuda_version", "cuda_archs", "nccl_version", "kit_version")
+               "cuda_version", "cuda_archs", "cuda_ptx", "nccl_version", "kit_version")
 
 
 def _docker():
@@ -96,8 +96,9 @@ def _topology_level(pynvml, a, b) -> str:
 def _nvlinks(pynvml, h) -> list[tuple[str, str]]:
     """(kind, remote PCI bus id) of each active NVLink of a GPU; kind is "gpu",
     "switch" or "unknown" (nvmlDeviceGetNvLinkRemoteDeviceType: GPU 0, IBMNPU 1,
-    SWITCH 2, nvml.h). Links are counted up to the bindings' NVML_NVLINK_MAX_LINKS (18 in
-    nvidia-ml-py 12.x, 36 in 13.x); a link number the GPU lacks ends the list."""
+    SWITCH 2, nvml.h). Every link number up to the bindings' NVML_NVLINK_MAX_LINKS (12 in
+    nvidia-ml-py 11.x, 18 in 12.x, 36 in 13.x) is asked; one that errs (not supported,
+    past the GPU's count) is skipped, as NCCL's topology code (src/graph/xml.cc) does."""
     kinds = {getattr(pynvml, "NVML_NVLINK_DEVICE_TYPE_GPU", 0): "gpu",
              getattr(pynvml, "NVML_NVLINK_DEVICE_TYPE_SWITCH", 2): "switch"}
     out = []
@@ -107,7 +108,7 @@ def _nvlinks(pynvml, h) -> list[tuple[str, str]]:
                 continue
             bus = pynvml.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busId
         except pynvml.NVMLError:
-            break
+            continue
         try:
             kind = kinds.get(int(pynvml.nvmlDeviceGetNvLinkRemoteDeviceType(h, link)), "unknown")
         except (pynvml.NVMLError, AttributeError):
@@ -200,7 +201,11 @@ def probe_gpu_runtime(gpus: Result, images: Result | None = None) -> Result:
     from docker.types import DeviceRequest
 
     import docker
+    from lab.host import docker_api
     from lab.host.docker_api import MANAGED_BY
+    # Starting a container with every GPU can take longer than the 10 s the other probes
+    # allow (driver initialisation without persistence mode).
+    c = docker_api.client(timeout=120)
     container = None
     try:
         container = c.containers.create(

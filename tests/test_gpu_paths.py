@@ -176,30 +176,33 @@ from lab.host import runners  # noqa: E402
 from lab.host.images import LABEL_PREFIX  # noqa: E402
 
 
-@pytest.mark.parametrize("archs,cc,runs", [
-    ("75,80,86,90,100,120", "7.0", False),   # V100 on the CUDA 13 list
-    ("70,75,80,86,90", "7.0", True),
-    ("75,80,86,90,100,120", "8.9", True),    # an sm_86 cubin runs on 8.9 (same major)
-    ("75,80,86,90,100,120", "12.1", True),
-    ("80,90", "8.0", True), ("80,90", "7.5", False),
-    ("75,80,86,90,100,120", "13.0", True),   # newer than the list: its highest PTX
-    ("80,90", "10.0", True),
+@pytest.mark.parametrize("archs,cc,ptx,runs", [
+    ("75,80,86,90,100,120", "7.0", True, False),   # V100 on the CUDA 13 list
+    ("70,75,80,86,90", "7.0", False, True),
+    ("75,80,86,90,100,120", "8.9", True, True),    # an sm_86 cubin runs on 8.9 (same major)
+    ("75,80,86,90,100,120", "12.1", True, True),
+    ("80,90", "8.0", False, True), ("80,90", "7.5", True, False),
+    ("75,80,86,90,100,120", "13.0", True, True),   # newer than the list: its highest PTX
+    ("70,75,80,86,90", "10.0", False, False),      # the 12.6 wheels carry no PTX
+    ("70,75,80,86,90", "10.0", True, True),
 ])
-def test_which_architectures_run_on_which_gpu(archs, cc, runs):
-    assert versions.archs_cover(archs, cc) is runs
+def test_which_architectures_run_on_which_gpu(archs, cc, ptx, runs):
+    assert versions.archs_cover(archs, cc, ptx) is runs
 
 
 def test_the_matrix_names_the_cuda_entry_for_a_volta():
     m = versions.read()
     assert versions.cuda_entry_for(m, "7.0") == "12.6"
+    assert versions.cuda_entry_for(m, "10.0") == m["CUDA_DEFAULT"]
+    assert m["CUDA_12_6_PTX"] == "0" and m["CUDA_13_0_PTX"] == "1"
     assert versions.cuda_entry_for(m, "9.0") == m["CUDA_DEFAULT"]
     assert versions.cuda_entry_for(m, "6.1") is None
 
 
 class FakeImage:
-    def __init__(self, tag, archs):
+    def __init__(self, tag, archs, ptx="0"):
         self.tags, self.id, self.short_id = [tag], "sha256:" + tag, tag
-        self.labels = {LABEL_PREFIX + "cuda_archs": archs}
+        self.labels = {LABEL_PREFIX + "cuda_archs": archs, LABEL_PREFIX + "cuda_ptx": ptx}
 
 
 @pytest.fixture
@@ -221,13 +224,19 @@ def engine_with(monkeypatch):
 
 def test_a_gpu_run_takes_the_image_with_code_for_its_gpus(engine_with, tmp_path):
     m = versions.read()
-    new, old = FakeImage("dl-lab-kit:gpu-nccl", m["CUDA_13_0_ARCHS"]), \
-        FakeImage("dl-lab-kit:gpu-nccl-cu126", m["CUDA_12_6_ARCHS"])
+    new, old = FakeImage("dl-lab-kit:gpu-nccl", m["CUDA_13_0_ARCHS"], m["CUDA_13_0_PTX"]), \
+        FakeImage("dl-lab-kit:gpu-nccl-cu126", m["CUDA_12_6_ARCHS"], m["CUDA_12_6_PTX"])
     kw = dict(device="cuda", framework="ddp", backend="nccl", results_dir=str(tmp_path))
     engine_with({new.tags[0]: new, old.tags[0]: old}, ["7.0", "7.0"])
     assert runners.choose_runner(**kw)[0].image is old
     engine_with({new.tags[0]: new, old.tags[0]: old}, ["9.0"])
     assert runners.choose_runner(**kw)[0].image is new
+    # A GPU newer than both lists: only the image whose torch carries PTX runs on it.
+    engine_with({old.tags[0]: old, new.tags[0]: new}, ["12.1"])
+    assert runners.choose_runner(**kw)[0].image is new
+    engine_with({old.tags[0]: old}, ["10.0"])
+    with pytest.raises(runners.RunnerError, match=r"no GPU code for compute capability 10\.0"):
+        runners.choose_runner(**kw)
     engine_with({new.tags[0]: new}, ["7.0"])
     with pytest.raises(runners.RunnerError, match=r"no GPU code for compute capability 7\.0.*"
                                                   r"invoke build --cuda 12\.6"):
@@ -249,8 +258,13 @@ def test_doctor_finds_an_image_without_code_for_the_gpus():
     got = {f.name: f for f in findings.find(host, {}, np=2, in_image=True)}[name]
     assert got.status == FAIL and "invoke build --cuda 12.6" in got.fix
     assert "Tesla V100-SXM2-32GB (7.0)" in got.fix
+    # With the CUDA 12.6 image built too, bench takes that one: no FAIL, just the fact.
+    host["lab_images"].value["dl-lab-kit:gpu-nccl-cu126"] = {"cuda_archs": m["CUDA_12_6_ARCHS"]}
+    got = {f.name: f for f in findings.find(host, {}, np=2, in_image=True)}[name]
+    assert got.status == PASS and "bench uses dl-lab-kit:gpu-nccl-cu126" in got.fix
     host["gpus"].value["devices"] = [{"name": "NVIDIA A100", "compute_capability": "8.0"}]
-    assert {f.name: f for f in findings.find(host, {}, np=2, in_image=True)}[name].status == PASS
+    got = {f.name: f for f in findings.find(host, {}, np=2, in_image=True)}[name]
+    assert got.status == PASS and not got.fix
 
 
 def test_doctor_expects_the_gpus_cuda_visible_devices_gives_the_image():
@@ -329,6 +343,20 @@ def test_an_nvlink_bridged_pair_counts_its_links(monkeypatch):
     links = [[(0, gpus[1])] * 4, [(0, gpus[0])] * 4]
     v = topology(monkeypatch, fake_pynvml(gpus, links, nvlink_p2p=True))
     assert v["pairs"] == {"0-1": "NVLink x4"}
+
+
+def test_a_link_nvml_cannot_read_is_skipped_not_the_end(monkeypatch):
+    """NVML errs on a link that is not supported; the links after it still count."""
+    gpus = ["00000000:17:00.0", "00000000:65:00.0"]
+    m = fake_pynvml(gpus, [[(0, gpus[1])] * 5, [(0, gpus[0])] * 5], nvlink_p2p=True)
+    state = m.nvmlDeviceGetNvLinkState
+
+    def gap(h, n):
+        if n == 0:
+            raise FakeNVMLError("NVML_ERROR_NOT_SUPPORTED")
+        return state(h, n)
+    m.nvmlDeviceGetNvLinkState = gap
+    assert topology(monkeypatch, m)["pairs"] == {"0-1": "NVLink x4"}
 
 
 def test_a_pcie_pair_gives_its_pcie_path(monkeypatch):

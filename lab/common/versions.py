@@ -42,7 +42,7 @@ def notes(text: str) -> dict[str, str]:
 
 VARIANT_FIELDS = (("BASE_IMAGE", "base image"), ("TORCH_INDEX_URL", "torch index"),
                   ("NCCL_VERSION", "NCCL (torch's wheel)"), ("CUDNN_VERSION", "cuDNN (torch's wheel)"),
-                  ("ARCHS", "compute capabilities"), ("GA_DRIVER", "driver of the toolkit's GA release"),
+                  ("ARCHS", "compute capabilities"), ("PTX", "PTX for newer GPUs (torch's wheels)"), ("GA_DRIVER", "driver of the toolkit's GA release"),
                   ("COMPAT_DRIVER", "minor-version compatibility from driver"))
 
 
@@ -95,19 +95,20 @@ if __name__ == "__main__":
         sys.exit("usage: python -m lab.common.versions --markdown")
 
 
-def archs_cover(archs: str, capability: str) -> bool:
+def archs_cover(archs: str, capability: str, ptx: bool = False) -> bool:
     """Whether code built for the compute capabilities `archs` (the matrix's list, as in
     an image's cuda_archs label: "75,80,90") runs on a GPU of `capability` ("8.6").
     CUDA's binary compatibility (CUDA C++ Programming Guide, "Binary Compatibility"): a
     cubin for X.Y runs on X.Z for Z >= Y, never on another major; PTX is JIT-compiled for
-    any newer GPU, and the kit's builds carry PTX for the highest architecture of the
-    list (install-nccl-tests.sh; Horovod's cmake/build_utils.py does it itself)."""
+    any newer GPU, so `ptx` (the image carries PTX for its highest architecture: the
+    matrix's CUDA_X_Y_PTX, from torch's wheels; the kit's own builds always add it) lets
+    a GPU newer than the list run."""
     have = [int(a) for a in archs.replace(" ", "").split(",") if a.isdigit()]
     major, _, minor = capability.partition(".")
     cc = int(major) * 10 + int(minor or 0)
     if not have:
         return True                      # nothing known: do not refuse
-    return any(a // 10 == cc // 10 and a <= cc for a in have) or cc > max(have)
+    return any(a // 10 == cc // 10 and a <= cc for a in have) or (ptx and cc > max(have))
 
 
 def cuda_entry_for(matrix: dict[str, str], capability: str) -> str | None:
@@ -120,7 +121,8 @@ def cuda_entry_for(matrix: dict[str, str], capability: str) -> str | None:
             if cuda not in entries:
                 entries.append(cuda)
     for cuda in entries:
-        archs = matrix.get("CUDA_" + cuda.replace(".", "_") + "_ARCHS", "")
-        if archs and archs_cover(archs, capability):
+        prefix = "CUDA_" + cuda.replace(".", "_") + "_"
+        archs = matrix.get(prefix + "ARCHS", "")
+        if archs and archs_cover(archs, capability, matrix.get(prefix + "PTX") == "1"):
             return cuda
     return None

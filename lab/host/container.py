@@ -43,10 +43,15 @@ class JobSpec:
 
 
 def visible_gpus(environ) -> list[str] | None:
-    """The host's CUDA_VISIBLE_DEVICES as the device ids a container is given (indices,
-    GPU-/MIG- UUIDs: what Docker's --gpus device= and the NVIDIA container toolkit's
-    NVIDIA_VISIBLE_DEVICES accept), or None when it is unset (every GPU). Inside, the
-    devices are numbered from 0 again, so the variable itself is not passed on."""
+    """The host's CUDA_VISIBLE_DEVICES as the device ids a container is given, or None
+    when it is unset (every GPU). Inside, the devices are numbered from 0 again, so the
+    variable itself is not passed on. What passes through: indices, full GPU- and MIG-
+    UUIDs (libnvidia-container compares whole names: CUDA's abbreviated UUID prefixes
+    fail there, loudly). Two caveats: the toolkit reads an index in NVML's (PCI bus)
+    order, CUDA in CUDA_DEVICE_ORDER's (fastest first by default), so on a host with
+    mixed GPU models give UUIDs or set CUDA_DEVICE_ORDER=PCI_BUS_ID; and CUDA stops at
+    the first entry that is not a device (a negative index here; an index past the last
+    GPU is passed on and the toolkit refuses it as an unknown device)."""
     value = environ.get("CUDA_VISIBLE_DEVICES")
     if value is None:
         return None

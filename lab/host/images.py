@@ -129,6 +129,7 @@ def labels(s: BuildSettings, args: dict[str, str], matrix: dict[str, str],
         out[LABEL_PREFIX + "cuda_version"] = s.cuda or matrix["CUDA_DEFAULT"]
         out[LABEL_PREFIX + "cudnn_version"] = matrix[v + "CUDNN_VERSION"]
         out[LABEL_PREFIX + "cuda_archs"] = matrix[v + "ARCHS"]
+        out[LABEL_PREFIX + "cuda_ptx"] = matrix.get(v + "PTX", "0")
         if not s.nccl_tests:
             out.pop(LABEL_PREFIX + "nccl_tests_version", None)
             out.pop(LABEL_PREFIX + "nccl_tests_commit", None)

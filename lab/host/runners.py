@@ -176,7 +176,8 @@ def unfit_for(labels: dict, capabilities: list[str]) -> list[str]:
     archs = (labels or {}).get(LABEL_PREFIX + "cuda_archs")
     if not archs:
         return []
-    return sorted({c for c in capabilities if not archs_cover(archs, c)})
+    ptx = (labels or {}).get(LABEL_PREFIX + "cuda_ptx") == "1"
+    return sorted({c for c in capabilities if not archs_cover(archs, c, ptx)})
 
 
 def no_code_sentence(tag: str, labels: dict, missing: list[str]) -> str:
