@@ -305,3 +305,11 @@ def test_the_curves_have_a_panel_per_setup_and_back_end_with_error_bars():
     finally:
         for f in figs.values():
             plt.close(f)
+
+
+def test_the_one_process_row_is_the_baseline_speedup_1_without_an_interval():
+    from lab.report import summary
+    table = summary.rows(repeats("ddp", 1, [1000.0, 1300.0, 1050.0]))
+    assert table[0]["speedup"] == 1.0 and table[0]["efficiency"] == 1.0
+    line = summary.render(table).splitlines()[2]
+    assert "| 1.00 " in line and "| 100% " in line and "1.00 (" not in line

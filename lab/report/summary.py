@@ -77,7 +77,12 @@ def rows(records: list[dict]) -> list[dict]:
                     "accuracy": None if None in accs else statistics.median(accs),
                     "noisy": thr.relative_spread if stats.noisy(tput) else None})
         base = baselines.get(config_key(r))
-        if base:
+        if base and r["world"]["np"] == 1:
+            # The baseline itself: 1 by definition (its spread is in its throughput).
+            sp = stats.Summary(len(runs), 1.0, 1.0, 1.0, "baseline")
+            row["speedup"], row["speedup_summary"] = 1.0, sp
+            row["efficiency"] = 1.0
+        elif base:
             sp = stats.ratio(tput, base)
             row["speedup"], row["speedup_summary"] = sp.median, sp
             row["efficiency"] = metrics.efficiency(sp.median, r["world"]["np"])
@@ -102,7 +107,7 @@ def with_spread(row: dict, col: str) -> str:
                     "efficiency": "speedup_summary"}[col])
     scale = 1 / row["np"] if col == "efficiency" else 1
     text = _num(v, col)
-    if summ is not None and summ.n > 1:
+    if summ is not None and summ.n > 1 and summ.kind != "baseline":
         text += f" ({_num(summ.low * scale, col)}-{_num(summ.high * scale, col)})"
     if col == "throughput (img/s)" and row.get("noisy"):
         text += " *"
