@@ -159,10 +159,12 @@ def test_report_of_nothing_is_one_sentence(tmp_path):
         assert cp.returncode == 2 and words in cp.stderr and "Traceback" not in cp.stderr
 
 
-def test_the_example_report_is_what_its_records_give(tmp_path):
-    """The README's example (tests/fixtures/example-report) regenerates from its records."""
+@pytest.mark.parametrize("example", ["example-report", "example-report-b"])
+def test_the_example_report_is_what_its_records_give(tmp_path, example):
+    """The README's examples (tests/fixtures/example-report and the second run of the
+    same sweep, example-report-b) regenerate from their records."""
     import shutil
-    src = Path(__file__).parent / "fixtures" / "example-report"
+    src = Path(__file__).parent / "fixtures" / example
     run = tmp_path / "cpu-sweep"
     run.mkdir()
     shutil.copy(src / results.RESULTS_FILE, run / results.RESULTS_FILE)

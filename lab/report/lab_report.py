@@ -144,14 +144,34 @@ RESULT_HEADERS = ["framework / back end", "servers", "devices per server", "work
                   "runs"]
 
 
+def _median_record(runs: list[dict]) -> dict:
+    """One record standing for a combination's repeats: the first, with its timing
+    figures replaced by the repeats' medians (accuracy and bytes: the first run's
+    median too, they are the same from run to run when nothing but timing varies)."""
+    if len(runs) == 1:
+        return runs[0]
+    figs = dict(runs[0]["figures"])
+    for k in ("throughput_img_s", "step_time_mean_s", "test_accuracy"):
+        vals = [r["figures"][k] for r in runs if r["figures"].get(k) is not None]
+        if vals:
+            figs[k] = statistics.median(vals)
+    return {**runs[0], "figures": figs}
+
+
+def _compression_groups(records: list[dict]) -> dict:
+    """(setup, framework, backend, np, nodes) -> {compression: median record}."""
+    runs = defaultdict(lambda: defaultdict(list))
+    for r in ok(records):
+        c = r["config"]
+        runs[(setup_key(r), c["framework"], c["backend"], r["world"]["np"],
+              r["world"]["nodes"])][c["compression"]].append(r)
+    return {k: {comp: _median_record(rs) for comp, rs in v.items()} for k, v in runs.items()}
+
+
 def compression_rows(records: list[dict]) -> list[list]:
     """Per framework, back end and worker count: each compression's time, throughput,
     accuracy and bytes per step, with the saving against uncompressed."""
-    groups = defaultdict(dict)
-    for r in ok(records):
-        c = r["config"]
-        groups[(setup_key(r), c["framework"], c["backend"], r["world"]["np"],
-                r["world"]["nodes"])][c["compression"]] = r
+    groups = _compression_groups(records)
     rows = []
     for key in sorted(groups, key=str):
         comps = groups[key]
@@ -244,8 +264,11 @@ def figures(records: list[dict]) -> dict:
         for ax, ((setup, backend, across), series_) in zip(axes.flat, data.items()):
             xmax = max(n for pts in series_.values() for n, _, _ in pts)
             ideal_drawn = False
-            for (fw, comp), pts in series_.items():
-                xs = [n for n, _, _ in pts]
+            for k, ((fw, comp), pts) in enumerate(series_.items()):
+                # Series side by side at each worker count, so their error bars do not
+                # hide one another.
+                dx = (k - (len(series_) - 1) / 2) * 0.03
+                xs = [n + dx for n, _, _ in pts]
                 if name == "throughput.png":
                     ys = [t.median for _, t, _ in pts]
                     lo = [t.median - t.low for _, t, _ in pts]
@@ -256,7 +279,7 @@ def figures(records: list[dict]) -> dict:
                     pts = [p for p in pts if p[2] is not None]
                     if not pts:
                         continue
-                    xs = [n for n, _, _ in pts]
+                    xs = [n + dx for n, _, _ in pts]
                     ys = [sp.median for _, _, sp in pts]
                     lo = [sp.median - sp.low for _, _, sp in pts]
                     hi = [sp.high - sp.median for _, _, sp in pts]
@@ -309,7 +332,6 @@ def plot(records: list[dict], out_dir: Path) -> list[str]:
 def analysis(records: list[dict]) -> list[str]:
     """Sentences computed from the figures; none is written without its numbers."""
     out = []
-    good = ok(records)
     eff = []
     table = summary.rows(records)
     for row in table:
@@ -362,12 +384,8 @@ def analysis(records: list[dict]) -> list[str]:
                    f"{r['world']['np']} workers: {b * 1000:.1f} ms of compute (the 1-worker step) "
                    f"against {comm * 1000:.1f} ms more per step for communication and waiting, "
                    f"a compute-to-communication ratio of {ratio:.2f}.")
-    # compression
-    groups = defaultdict(dict)
-    for r in good:
-        c = r["config"]
-        groups[(setup_key(r), c["framework"], c["backend"], r["world"]["np"],
-                r["world"]["nodes"])][c["compression"]] = r
+    # compression (medians of the repeats)
+    groups = _compression_groups(records)
     for (_, fw, be, n, _nodes), comps in sorted(groups.items(), key=str):
         plain = comps.get("none")
         if not plain or n < 2 or summary.accuracy(plain) is None:
