@@ -31,6 +31,11 @@ BENCH_HELP = {
     "resume": "with --run-id: run only the sweep's combinations that have no ok record yet",
     "link": "with --nodes: limit each node's link, RATE[/DELAY] such as 1gbit or 100mbit/1ms",
     "repeat": "runs of each combination, interleaved (all once, then all again); tables give medians and spread",
+    "strategy": "how the work is spread: ddp (data parallel, the default), zero1, fsdp, pipeline, "
+                "model-parallel, deepspeed, rpc-pipeline or dataparallel (GPUs); a comma list sweeps",
+    "micro-batches": "pipeline, rpc-pipeline: micro-batches per batch (default 4)",
+    "schedule": "pipeline: gpipe or 1f1b",
+    "zero-stage": "deepspeed: ZeRO stage 0, 1, 2 or 3",
 }
 
 
@@ -39,8 +44,9 @@ def bench(c, np=None, framework=None, backend=None, model=None, data=None, data_
           device=None, epochs=None, batch_size=None, compression=None, warmup_steps=None,
           max_steps=None, threads=None, results_dir=None, run_id=None, timeout_s=None,
           ceiling=False, local=False, image=None, frozen=False, fault=None, nodes=None,
-          link=None, resume=False, repeat=None):
-    """Run data-parallel training (one run, or a sweep over lists), record it and print the table."""
+          link=None, resume=False, repeat=None, strategy=None, micro_batches=None, schedule=None,
+          zero_stage=None):
+    """Run distributed training (one run, or a sweep over lists), record it and print the table."""
     flags = {k: v for k, v in locals().items() if k not in ("c", "resume")}
     from lab.host.bench import render
     from lab.host.request import BenchError, settings_from_flags

@@ -15,6 +15,23 @@ BACKENDS = ("gloo", "mpi", "nccl")
 DEVICES = ("cpu", "cuda")
 DATASETS = ("mnist", "synthetic", "digits")
 COMPRESSIONS = ("none", "fp16", "int8", "int8-naive")   # lab.worker.compression has the 8-bit ones
+# How the work is spread over the processes (lab.worker.strategies): data parallelism by
+# the framework (ddp: Horovod's DistributedOptimizer or torch's DDP), sharded data
+# parallelism (zero1, fsdp, deepspeed), the model cut into stages (pipeline,
+# model-parallel: one micro-batch; rpc-pipeline over torch.distributed.rpc), and one
+# process over several GPUs (dataparallel).
+STRATEGIES = ("ddp", "zero1", "fsdp", "pipeline", "model-parallel", "deepspeed", "rpc-pipeline",
+              "dataparallel")
+# Strategies in which each rank trains on its own shard of the data; in the others every
+# stage sees the same batches, and the batch is the pipeline's.
+DATA_PARALLEL_STRATEGIES = ("ddp", "zero1", "fsdp", "deepspeed")
+# Strategies run by torch.distributed.run (framework ddp) rather than by the framework's
+# own data parallelism; dataparallel is one process (framework none).
+TORCH_STRATEGIES = ("zero1", "fsdp", "pipeline", "model-parallel", "deepspeed", "rpc-pipeline")
+PIPELINE_SCHEDULES = ("gpipe", "1f1b")
+# Layers a model is cut into stages by (lab.worker.models.sequential_layers; a test
+# checks the two agree): at most that many stages.
+PIPELINE_LAYERS = {"mnist": 13, "resnet50": 23}
 FAULT_MODES = ("raise", "kill")   # --fault RANK:STEP[:MODE]: an exception, or SIGKILL to itself
 # scikit-learn's bundled digits: 1,797 images, 300 of them held out for testing.
 DIGITS_SAMPLES, DIGITS_TEST = 1797, 300
@@ -54,12 +71,18 @@ class RunConfig:
     link: str = ""                # the cluster's link shaping, RATE[/DELAY] (bench --link)
     repeat: int = 0               # which repeat of its combination this run is (bench --repeat)
     launched_at: float = 0.0      # when bench started the launcher (Unix time; 0: unknown)
+    strategy: str = "ddp"         # how the work is spread (STRATEGIES)
+    micro_batches: int = 0        # pipeline: micro-batches per batch (0: 4; model-parallel: 1)
+    schedule: str = "gpipe"       # pipeline: gpipe or 1f1b
+    zero_stage: int = 0           # deepspeed: ZeRO stage 0..3
+    devices: int = 0              # dataparallel: GPUs of its one process (0: all it sees)
 
     def check(self) -> None:
         """Raise ConfigError for values no run could use (needs nothing installed)."""
         for name, allowed in (("model", MODELS), ("framework", FRAMEWORKS),
                               ("backend", BACKENDS), ("device", DEVICES),
-                              ("data", DATASETS), ("compression", COMPRESSIONS)):
+                              ("data", DATASETS), ("compression", COMPRESSIONS),
+                              ("strategy", STRATEGIES), ("schedule", PIPELINE_SCHEDULES)):
             value = getattr(self, name)
             if value not in allowed:
                 raise ConfigError(
@@ -79,6 +102,58 @@ class RunConfig:
                               "use --framework horovod or ddp, or --compression none")
         if self.fault:
             self.fault_plan()
+        self.check_strategy()
+
+    def check_strategy(self) -> None:
+        """The strategy's own rules: which framework runs it, what it takes."""
+        if not 0 <= self.zero_stage <= 3:
+            raise ConfigError(f"--zero-stage is DeepSpeed's ZeRO stage, 0 to 3: not {self.zero_stage}")
+        if self.micro_batches < 0:
+            raise ConfigError("--micro-batches cannot be negative")
+        if self.strategy in TORCH_STRATEGIES and self.framework != "ddp":
+            raise ConfigError(f"the {self.strategy} strategy runs on torch.distributed, started by "
+                              f"torch.distributed.run: use --framework ddp (or leave it out)")
+        if self.strategy == "dataparallel" and self.framework != "none":
+            raise ConfigError("the dataparallel strategy is one process over the GPUs: "
+                              "use --framework none (or leave it out)")
+        if self.strategy == "dataparallel" and self.device != "cuda":
+            raise ConfigError("the dataparallel strategy (nn.DataParallel) spreads one process "
+                              "over GPUs: add --device cuda, or use --strategy ddp on CPUs")
+        if self.strategy != "ddp" and self.compression != "none":
+            raise ConfigError(f"gradient compression is for the ddp strategy, not "
+                              f"{self.strategy}: use --compression none")
+        if self.strategy == "model-parallel" and self.micro_batches not in (0, 1):
+            raise ConfigError("model-parallel is the pipeline with one micro-batch: use "
+                              "--strategy pipeline for --micro-batches")
+        m = self.pipeline_micro_batches()
+        if m and self.batch_size % m:
+            raise ConfigError(f"--batch-size {self.batch_size} does not split into "
+                              f"{m} micro-batches: make it a multiple of --micro-batches")
+
+    def check_world(self, world: int) -> None:
+        """The strategy's rules that depend on the number of processes."""
+        if self.strategy in ("pipeline", "model-parallel", "rpc-pipeline"):
+            layers = PIPELINE_LAYERS[self.model]
+            if world > layers:
+                raise ConfigError(f"{self.model} has {layers} layers to cut into stages, fewer than "
+                                  f"{world} processes: lower --np")
+            if self.strategy == "pipeline" and self.schedule == "1f1b" \
+                    and self.pipeline_micro_batches() < world:
+                raise ConfigError(f"the 1f1b schedule needs at least as many micro-batches as "
+                                  f"stages ({world}): raise --micro-batches or use --schedule gpipe")
+
+    def pipeline_micro_batches(self) -> int:
+        """Micro-batches per batch of a pipelined strategy; 0 for the others."""
+        if self.strategy == "model-parallel":
+            return 1
+        if self.strategy in ("pipeline", "rpc-pipeline"):
+            return self.micro_batches or 4
+        return 0
+
+    def data_world(self, world: int) -> int:
+        """Among how many ranks the training data is split: all of them for data
+        parallelism, one for a pipeline (every stage sees the same batches)."""
+        return world if self.strategy in DATA_PARALLEL_STRATEGIES else 1
 
     def fault_plan(self) -> tuple[int, int, str]:
         """--fault RANK:STEP[:MODE] -> (rank, step, mode); (-1, -1, "") without one."""
@@ -120,7 +195,7 @@ class RunConfig:
 
     def check_timing(self, train_size: int, world: int) -> None:
         """ConfigError when no step would be timed: all of them within --warmup-steps."""
-        steps = self.steps_per_epoch(train_size, world) * self.epochs
+        steps = self.steps_per_epoch(train_size, self.data_world(world)) * self.epochs
         if steps <= self.warmup_steps:
             raise ConfigError(f"with {world} rank(s) a run takes {steps} step(s) per rank "
                               f"({self.epochs} epoch(s)) and --warmup-steps {self.warmup_steps} "

@@ -172,10 +172,13 @@ def run(s: BenchSettings, echo=print, stack: dict | None = None,
         # machine's speed falls on all of them alike).
         for rep, np in [(r, n) for r in repeats for n in nps]:
             cfg = dataclasses.replace(base_config(s, framework), run_id=run_id, expected_np=np,
-                                      attempt=f"{nps.index(np):03d}-{framework}-{s.backend}-"
-                                              f"{s.compression}-n{s.nodes}-np{np}-r{rep}",
+                                      attempt=f"{nps.index(np):03d}-{s.strategy}-{framework}-"
+                                              f"{s.backend}-{s.compression}-n{s.nodes}-np{np}-r{rep}",
                                       link=s.link, repeat=rep)
-            progress.start(f"{framework} over {s.backend}, {s.compression}, np {np}"
+            if s.strategy == "dataparallel":   # one process over np GPUs
+                cfg = dataclasses.replace(cfg, expected_np=1, devices=np)
+            progress.start((f"{s.strategy}, " if s.strategy != "ddp" else "")
+                           + f"{framework} over {s.backend}, {s.compression}, np {np}"
                            + (f", repeat {rep + 1} of {s.repeat}" if s.repeat > 1 else ""))
             failed += run_one(s, cfg, np, runner, rfile, echo, ceilings)
     finally:
@@ -208,7 +211,7 @@ def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, ec
     inside = dataclasses.replace(cfg, results_dir=runner.results_in,
                                  data_dir=runner.data_in or cfg.data_dir)
     try:
-        commands = runner.commands(cfg.framework, s.backend, np, inside.to_args())
+        commands = runner.commands(cfg.framework, s.backend, cfg.expected_np, inside.to_args())
     except (RunnerError, HostsError) as e:
         raise BenchError(str(e)) from None
     echo(f"== {cfg.framework} over {s.backend}, {np} process(es): "

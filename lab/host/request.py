@@ -9,7 +9,15 @@ import re
 import shutil
 from dataclasses import dataclass
 
-from lab.common.config import BACKENDS, COMPRESSIONS, FRAMEWORKS, ConfigError, RunConfig
+from lab.common.config import (
+    BACKENDS,
+    COMPRESSIONS,
+    FRAMEWORKS,
+    STRATEGIES,
+    TORCH_STRATEGIES,
+    ConfigError,
+    RunConfig,
+)
 from lab.common.kit import NO_MPI_IN_PIP_TORCH, horovod_gpu_path_problem
 
 
@@ -18,7 +26,7 @@ class BenchError(Exception):
 
 
 _RUN = RunConfig()  # the run's own defaults live in RunConfig alone
-SWEEP_FIELDS = ("framework", "backend", "compression", "nodes")
+SWEEP_FIELDS = ("strategy", "framework", "backend", "compression", "nodes")
 
 
 @dataclass
@@ -49,6 +57,10 @@ class BenchSettings:
     nodes: int = 1                   # >1: on the simulated cluster's nodes (compose.yaml)
     link: str = ""                   # with nodes: shape each node's link, RATE[/DELAY]
     repeat: int = 1                  # runs of each combination (invoke.yaml holds the default)
+    strategy: str = _RUN.strategy    # how the work is spread (lab.common.config.STRATEGIES)
+    micro_batches: int = _RUN.micro_batches
+    schedule: str = _RUN.schedule
+    zero_stage: int = _RUN.zero_stage
 
 
 def parse_np(spec) -> list[int]:
@@ -101,7 +113,7 @@ def whole(name: str, value) -> int:
 
 
 INT_FIELDS = ("epochs", "batch_size", "warmup_steps", "max_steps", "threads", "synthetic_size",
-              "seed", "repeat")
+              "seed", "repeat", "micro_batches", "zero_stage")
 
 
 def settings_from_flags(flags: dict, defaults: dict) -> tuple[BenchSettings, dict[str, list]]:
@@ -124,6 +136,7 @@ def settings_from_flags(flags: dict, defaults: dict) -> tuple[BenchSettings, dic
         except (TypeError, ValueError):
             raise BenchError(f"--timeout-s takes a number of seconds, not {values['timeout_s']!r}") from None
     lists = {
+        "strategy": parse_list("strategy", values.pop("strategy", _RUN.strategy), STRATEGIES),
         "framework": parse_list("framework", values.pop("framework", "auto"), ("auto", *FRAMEWORKS)),
         "backend": parse_list("backend", values.pop("backend", _RUN.backend), BACKENDS),
         "compression": parse_list("compression", values.pop("compression", _RUN.compression),
@@ -165,14 +178,23 @@ def check_settings(s: BenchSettings) -> None:
                          f"({e.strerror or e}): give a folder that can be created and written") from None
 
 
-def resolve_framework(requested: str, stack: dict) -> tuple[str, str | None]:
-    """auto -> horovod when it imports, else ddp (with a note saying so)."""
+def resolve_framework(requested: str, stack: dict, strategy: str = "ddp") -> tuple[str, str | None]:
+    """auto -> the framework a strategy runs on (torch.distributed.run's ddp for the torch
+    strategies, none for dataparallel's one process); for ddp, horovod when it imports,
+    else ddp (with a note saying so)."""
     if requested != "auto":
         return requested, None
+    if strategy != "ddp":
+        return framework_of(strategy), None
     if "horovod" in stack:
         return "horovod", None
     return "ddp", ("Horovod is not installed, so the framework is DDP (torch.distributed.run); "
                    "build Horovod with docker/install-horovod.sh to use it")
+
+
+def framework_of(strategy: str) -> str:
+    """The framework a strategy other than ddp runs on."""
+    return "ddp" if strategy in TORCH_STRATEGIES else ("none" if strategy == "dataparallel" else "ddp")
 
 
 def base_config(s: BenchSettings, framework: str) -> RunConfig:
@@ -180,7 +202,8 @@ def base_config(s: BenchSettings, framework: str) -> RunConfig:
                      data=s.data, data_dir=s.data_dir, epochs=s.epochs, batch_size=s.batch_size,
                      compression=s.compression, warmup_steps=s.warmup_steps,
                      max_steps=s.max_steps, synthetic_size=s.synthetic_size, threads=s.threads,
-                     seed=s.seed, results_dir=s.results_dir, fault=s.fault)
+                     seed=s.seed, results_dir=s.results_dir, fault=s.fault, strategy=s.strategy,
+                     micro_batches=s.micro_batches, schedule=s.schedule, zero_stage=s.zero_stage)
 
 
 def check_request(s: BenchSettings, stack: dict) -> tuple[str, list[str]]:
@@ -188,13 +211,17 @@ def check_request(s: BenchSettings, stack: dict) -> tuple[str, list[str]]:
     if "torch_error" in stack or "torch" not in stack:
         raise BenchError(f"torch does not import ({stack.get('torch_error', 'not installed')}): "
                          f"install the training extra, pip install -e '.[train]'")
-    framework, note = resolve_framework(s.framework, stack)
+    framework, note = resolve_framework(s.framework, stack, s.strategy)
     notes = [note] if note else []
     try:
-        base_config(s, framework).check()
+        cfg = base_config(s, framework)
+        cfg.check()
+        for n in s.np:
+            cfg.check_world(n)
     except ConfigError as e:
         raise BenchError(str(e)) from None
-    if framework == "none" and any(n != 1 for n in s.np):
+    check_strategy_stack(s.strategy, stack)
+    if framework == "none" and s.strategy != "dataparallel" and any(n != 1 for n in s.np):
         raise BenchError("--framework none runs one process: use --np 1, "
                          "or --framework horovod or ddp")
     if s.device == "cuda":
@@ -235,3 +262,14 @@ def check_request(s: BenchSettings, stack: dict) -> tuple[str, list[str]]:
                          f"({stack.get('torchvision_error', 'not installed')}): install the "
                          f"torchvision built for torch {stack['torch']}")
     return framework, notes
+
+
+def check_strategy_stack(strategy: str, stack: dict) -> None:
+    """What a strategy needs from the ranks' stack beyond torch."""
+    if strategy == "deepspeed" and "deepspeed" not in stack:
+        raise BenchError(f"the deepspeed strategy needs DeepSpeed, which does not import where the "
+                         f"ranks run ({stack.get('deepspeed_error', 'not installed')}): "
+                         f"pip install -e '.[deepspeed]', or use the lab image")
+    if strategy == "rpc-pipeline" and not stack.get("rpc", True):
+        raise BenchError("this torch has no torch.distributed.rpc (rpc.is_available() is False; "
+                         "RPC is in maintenance mode upstream): use --strategy pipeline")

@@ -17,6 +17,7 @@ from lab.host.request import (
     BenchSettings,
     base_config,
     check_settings,
+    framework_of,
     is_sweep,
     parse_np,
 )
@@ -70,8 +71,9 @@ def sweep_plan(base: BenchSettings, lists: dict) -> list[BenchSettings]:
     return plans
 
 
-def done_key(framework, backend, compression, nodes, np, link="", repeat=0) -> tuple:
-    return (framework, backend, compression, int(nodes), int(np), link or "", int(repeat))
+def done_key(framework, backend, compression, nodes, np, link="", repeat=0, strategy="ddp") -> tuple:
+    return (strategy or "ddp", framework, backend, compression, int(nodes), int(np), link or "",
+            int(repeat))
 
 
 def finished(rfile) -> set:
@@ -82,7 +84,8 @@ def finished(rfile) -> set:
         if r.get("status") == "ok":
             c = r["config"]
             out.add(done_key(c["framework"], c["backend"], c["compression"], r["world"]["nodes"],
-                             r["world"]["np"], c.get("link", ""), c.get("repeat", 0)))
+                             r["world"]["np"], c.get("link", ""), c.get("repeat", 0),
+                             c.get("strategy", "ddp")))
     return out
 
 
@@ -100,12 +103,13 @@ def run_sweep(base: BenchSettings, lists: dict, resume: bool = False, echo=print
     have = finished(rfile) if resume else set()
 
     def label(s):
-        return f"{s.framework} over {s.backend}, compression {s.compression}, {s.nodes} node(s)"
+        how = f"strategy {s.strategy}, " if s.strategy != "ddp" else ""
+        return f"{how}{s.framework} over {s.backend}, compression {s.compression}, {s.nodes} node(s)"
 
     todo = []
     for rep, (i, s) in stats.interleaved(list(enumerate(sweep_plan(base, lists))), base.repeat):
         nps = [n for n in parse_np(s.np) if done_key(s.framework, s.backend, s.compression,
-                                                     s.nodes, n, s.link, rep) not in have]
+                                                     s.nodes, n, s.link, rep, s.strategy) not in have]
         if nps:
             todo.append((rep, i, dataclasses.replace(s, np=nps)))
         else:
@@ -136,7 +140,8 @@ def run_sweep(base: BenchSettings, lists: dict, resume: bool = False, echo=print
         echo(f"-- skipped {label(s)}: {reason}")
         os.makedirs(rfile.parent, exist_ok=True)
         for n in s.np:
-            cfg = dataclasses.replace(base_config(s, s.framework if s.framework != "auto" else "ddp"),
+            framework = s.framework if s.framework != "auto" else framework_of(s.strategy)
+            cfg = dataclasses.replace(base_config(s, framework),
                                       run_id=run_id, expected_np=n, link=s.link)
             results.append_record(rfile, results.make_record(
                 "skipped", run_id=run_id, config=cfg.as_record(), np=n, nodes=s.nodes,

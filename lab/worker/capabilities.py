@@ -36,6 +36,19 @@ def collect() -> dict:
         out["torchvision"] = torchvision.__version__
     except Exception as e:
         out["torchvision_error"] = f"{type(e).__name__}: {e}".splitlines()[0]
+    try:
+        import torch.distributed.rpc as rpc
+        out["rpc"] = bool(rpc.is_available())
+    except Exception:
+        out["rpc"] = False
+    # DeepSpeed is not imported here (seconds, and it logs): installed is what is probed;
+    # a DeepSpeed that then fails to import is the rank's one-sentence failure.
+    if importlib.util.find_spec("deepspeed") is not None:
+        try:
+            from importlib.metadata import version
+            out["deepspeed"] = version("deepspeed")
+        except Exception as e:
+            out["deepspeed_error"] = f"{type(e).__name__}: {e}"
     out["mpirun"] = shutil.which("mpirun") is not None
     return out
 

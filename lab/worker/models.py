@@ -58,3 +58,64 @@ def build(name: str, channels: int, classes: int) -> tuple[nn.Module, callable]:
     if name == "resnet50":
         return resnet50(channels, classes), F.cross_entropy
     raise ValueError(f"unknown model {name!r}")
+
+
+def sequential_layers(name: str, model: nn.Module) -> list[nn.Module]:
+    """The model as a list of modules applied one after the other, computing what its
+    forward computes, so that it can be cut into pipeline stages. The modules are the
+    model's own (same parameters), with the functional steps of forward as modules."""
+    if name == "mnist":
+        # MnistNet.forward, step by step (F.dropout's default p is 0.5, as nn.Dropout's).
+        return [model.conv1, nn.MaxPool2d(2), nn.ReLU(), model.conv2, model.conv2_drop,
+                nn.MaxPool2d(2), nn.ReLU(), nn.Flatten(1), model.fc1, nn.ReLU(), nn.Dropout(),
+                model.fc2, nn.LogSoftmax(dim=1)]
+    if name == "resnet50":
+        # torchvision's ResNet.forward (_forward_impl): the stem, every bottleneck block of
+        # layer1..layer4 on its own, the pooling, flatten(x, 1), fc.
+        m = model
+        blocks = [b for layer in (m.layer1, m.layer2, m.layer3, m.layer4) for b in layer]
+        return [m.conv1, m.bn1, m.relu, m.maxpool, *blocks, m.avgpool, nn.Flatten(1), m.fc]
+    raise ValueError(f"unknown model {name!r}")
+
+
+def layer_costs(layers: list[nn.Module], sample: torch.Tensor) -> list[int]:
+    """Each layer's multiply-accumulates for one sample, counted on the convolutions and
+    linear layers it holds from the shapes a forward pass produces: the same on every
+    rank (nothing is timed), so every rank cuts the model at the same places."""
+    costs = []
+    x = sample
+    with torch.no_grad():
+        for layer in layers:
+            macs = [0]
+
+            def count(mod, inputs, out):
+                if isinstance(mod, (nn.Conv2d, nn.Linear)):
+                    macs[0] += out[0].numel() * mod.weight[0].numel()
+            hooks = [m.register_forward_hook(count) for m in layer.modules()]
+            try:
+                x = layer(x)
+            finally:
+                for h in hooks:
+                    h.remove()
+            costs.append(macs[0])
+    return costs
+
+
+def cut_points(costs: list[int], stages: int) -> list[tuple[int, int]]:
+    """Cut a list of layer costs into `stages` contiguous, non-empty ranges whose costs
+    are as even as a greedy cut at the running total's k/stages marks makes them:
+    [(start, end), ...]."""
+    n = len(costs)
+    if not 1 <= stages <= n:
+        raise ValueError(f"{n} layers cannot be cut into {stages} stages")
+    total = sum(costs) or 1
+    bounds, run, start = [], 0, 0
+    for i, c in enumerate(costs):
+        run += c
+        left_stages = stages - len(bounds) - 1
+        # Close a stage once its share is reached, keeping a layer for each stage left.
+        if left_stages and (run >= total * (len(bounds) + 1) / stages or n - i - 1 == left_stages):
+            bounds.append((start, i + 1))
+            start = i + 1
+    bounds.append((start, n))
+    return bounds

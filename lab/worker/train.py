@@ -65,24 +65,12 @@ def _peak_memory(device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 
 
-def _evaluate(model, split, idx, batch, device):
-    import torch
-    model.eval()
-    correct = 0
-    with torch.no_grad():
-        for start in range(0, len(idx), batch):
-            sel = idx[start:start + batch].to(device)
-            out = model(split.images[sel])
-            correct += int((out.argmax(1) == split.labels[sel]).sum())
-    return correct, len(idx)
-
-
 def train(cfg, d, log=print) -> dict | None:
     """Train and measure; return the record on rank 0 (None elsewhere)."""
     import torch
 
     from lab.common import metrics
-    from lab.worker import data, dist, manifest, models
+    from lab.worker import data, dist, manifest, models, strategies
 
     started = results.now_iso()
     torch.set_num_threads(cfg.threads)
@@ -98,24 +86,27 @@ def train(cfg, d, log=print) -> dict | None:
     torch.manual_seed(cfg.seed)
     ds = data.load(cfg)
     train_split, test_split = ds.train.to(device), ds.test.to(device)
+    strategy = strategies.create(cfg, d, device)
+    strategy.sample_shape = (ds.channels, ds.size, ds.size)
     model, loss_fn = models.build(cfg.model, ds.channels, ds.classes)
-    model.to(device)
-    lr = cfg.lr * d.size  # the usual linear scaling with the number of workers
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=cfg.momentum)
-    model, optimizer = d.wrap(model, optimizer, cfg.compression)
+    strategy.build(model, loss_fn)
+    del model
     fault_rank, fault_step, fault_mode = cfg.fault_plan()
-    steps = cfg.steps_per_epoch(len(train_split), d.size)
+    # Data-parallel strategies split the data over the ranks; a pipeline's stages all
+    # see the same batches (strategy.data_world is 1).
+    steps = cfg.steps_per_epoch(len(train_split), strategy.data_world)
 
     step_times: list[float] = []
     epochs = []
     global_step = 0
     b = cfg.batch_size
     for epoch in range(cfg.epochs):
-        idx = data.shard_indices(len(train_split), d.rank, d.size, epoch, cfg.seed)
+        idx = data.shard_indices(len(train_split), strategy.data_rank, strategy.data_world,
+                                 epoch, cfg.seed)
         batches = min(steps, len(idx) // b)   # fewer than steps: synthetic data, cycled
         xs = train_split.images[idx[:batches * b].to(device)]
         ys = train_split.labels[idx[:batches * b].to(device)]
-        model.train()
+        strategy.train_mode(True)
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         _sync(device)
         epoch_start = time.perf_counter()
@@ -130,32 +121,30 @@ def train(cfg, d, log=print) -> dict | None:
             if global_step == cfg.warmup_steps:
                 MARKS["first_timed"] = time.time()
             t0 = time.perf_counter()
-            optimizer.zero_grad()  # set_to_none by default; Horovod takes no argument
-            loss = loss_fn(model(xs[j * b:(j + 1) * b]), ys[j * b:(j + 1) * b])
-            loss.backward()
-            optimizer.step()
-            loss_sum += loss.detach()
+            loss = strategy.step(xs[j * b:(j + 1) * b], ys[j * b:(j + 1) * b])
+            if loss is not None:
+                loss_sum += loss
             _sync(device)
             if global_step >= cfg.warmup_steps:
                 step_times.append(time.perf_counter() - t0)
             global_step += 1
         epoch_time = time.perf_counter() - epoch_start
 
-        correct, total = _evaluate(dist.unwrap(model), test_split,
-                                   data.eval_indices(len(test_split), d.rank, d.size),
-                                   cfg.test_batch_size, device)
+        correct, total = strategy.evaluate(test_split, cfg.test_batch_size)
         # Shards are disjoint by construction (data.shard_indices; tests/test_data.py).
-        parts = d.allgather_object({"loss": float(loss_sum) / steps, "correct": correct,
-                                    "total": total, "samples": steps * b})
-        shard_sizes = [p["samples"] for p in parts]
+        # A pipeline's loss is its last stage's: only ranks that computed one count.
+        parts = d.allgather_object({"loss": float(loss_sum) / steps if loss is not None else None,
+                                    "correct": correct, "total": total, "samples": steps * b})
+        losses = [p["loss"] for p in parts if p["loss"] is not None]
+        shard_sizes = [p["samples"] for p in parts][:strategy.data_world]
         ep = {"epoch": epoch + 1,
-              "train_loss": sum(p["loss"] for p in parts) / len(parts),
+              "train_loss": sum(losses) / len(losses),
               "test_accuracy": sum(p["correct"] for p in parts) / max(1, sum(p["total"] for p in parts)),
               "epoch_time_s": epoch_time,
               "shard_sizes": shard_sizes}
         epochs.append(ep)
         if d.rank == 0:
-            rate = d.size * steps * b / epoch_time
+            rate = strategy.images_per_step() * steps / epoch_time
             log(f"epoch {ep['epoch']}/{cfg.epochs}: loss {ep['train_loss']:.4f}, "
                 f"test accuracy {_accuracy_text(cfg, ep['test_accuracy'])}, {epoch_time:.2f} s, "
                 f"{rate:,.0f} images/s", flush=True)
@@ -163,7 +152,11 @@ def train(cfg, d, log=print) -> dict | None:
     summary = d.allgather_object({"host": dist.hostname(), "timed_s": sum(step_times),
                                   "timed_steps": len(step_times),
                                   "peak_memory": _peak_memory(device),
+                                  "held": strategy.holdings(),
+                                  "digest": strategy.parameter_digest(),
                                   "startup": startup_phases(MARKS, cfg.launched_at)})
+    figures = strategy.figures()
+    strategy.close()
     if d.rank != 0:
         return None
     if not step_times:
@@ -174,12 +167,14 @@ def train(cfg, d, log=print) -> dict | None:
     # The job's start-up is its slowest rank's: no step is timed before every rank is in.
     slowest = max(summary, key=lambda p: p["startup"]["total"] or 0.0)["startup"]
     record = results.make_record(
-        "ok", run_id=cfg.run_id, config=cfg.as_record(), np=d.size, nodes=len(set(hosts)),
+        "ok", run_id=cfg.run_id, config=cfg.as_record(), np=strategy.workers(), nodes=len(set(hosts)),
         started_at=started,
-        world={"hosts": hosts, "devices_per_node": d.local_size, "controller": d.controller},
+        world={"hosts": hosts, "devices_per_node": strategy.devices_per_node(),
+               "controller": d.controller},
         figures={
             "throughput_img_s": metrics.global_throughput(
-                b, d.size, [p["timed_s"] for p in summary], min(p["timed_steps"] for p in summary)),
+                b, strategy.data_world, [p["timed_s"] for p in summary],
+                min(p["timed_steps"] for p in summary)),
             "step_time_mean_s": stats["mean_s"],
             "step_time_p50_s": stats["p50_s"],
             "step_time_p95_s": stats["p95_s"],
@@ -187,30 +182,20 @@ def train(cfg, d, log=print) -> dict | None:
             "test_accuracy": epochs[-1]["test_accuracy"],
             "final_loss": epochs[-1]["train_loss"],
             "peak_memory_bytes": [p["peak_memory"] for p in summary],
-            "lr_used": lr,
+            "held_bytes": [p["held"] for p in summary],
+            # Replicated strategies: the ranks' parameters after training, digested; equal
+            # digests show the replicas agree (None where a rank holds one stage).
+            "parameter_digests": [p["digest"] for p in summary],
+            "batch_semantics": strategy.batch_semantics(),
+            "lr_used": strategy.lr(),
             "startup_s": slowest["total"],
             "startup_phases_s": {k: slowest[k] for k in STARTUP_PHASES},
-            **_communication(cfg.compression, model, d.size, getattr(d, "codec", None)),
+            **figures,
         },
         epochs=epochs,
         step_times_s=[round(t, 7) for t in step_times],
         manifest=manifest.collect(hosts))
     return record
-
-
-def _communication(compression: str, model, size: int, codec=None) -> dict:
-    """Gradient bytes per step: what a rank hands to the collective, and an estimate of
-    what it sends (lab.worker.compression.bytes_per_step)."""
-    from lab.worker import dist
-    from lab.worker.compression import bytes_per_step
-    n = sum(p.numel() for p in dist.unwrap(model).parameters())
-    b = bytes_per_step(compression, n, size)
-    out = {"gradient_values": n, "payload_bytes_per_step": b["payload_bytes"],
-           "wire_bytes_per_step_estimate": b["wire_bytes_estimate"], "collective": b["collective"]}
-    if codec is not None and codec.stats["values"]:
-        # rank 0's share of nonzero gradient values its codec sent as 0 (all steps)
-        out["codec_zeroed_fraction"] = codec.stats["zeroed"] / codec.stats["values"]
-    return out
 
 
 def failure_path(cfg, rank) -> str:

@@ -1,0 +1,183 @@
+"""The strategy interface, data parallelism by the framework (`ddp`), and one process
+over several GPUs (`dataparallel`)."""
+from __future__ import annotations
+
+import torch
+
+from lab.common.config import ConfigError
+from lab.worker import data
+from lab.worker.strategies import memory
+
+
+class Strategy:
+    """Data parallelism: every rank holds the whole model and trains on its own shard;
+    the subclasses change how the model and optimizer are wrapped, or how a step runs."""
+
+    name = "ddp"
+    # The model's forward is itself a collective (FSDP, ZeRO-3): every rank must run
+    # the same number of evaluation batches.
+    lockstep_eval = False
+    # Every rank holds (or can gather) the whole model, and all must agree after a step.
+    replicated = True
+
+    def __init__(self, cfg, d, device):
+        self.cfg, self.d, self.device = cfg, d, device
+        self.model = self.optimizer = self.loss_fn = None
+
+    # -- what the training loop asks
+    @property
+    def data_world(self) -> int:
+        """Among how many ranks the training data is split."""
+        return self.cfg.data_world(self.d.size)
+
+    @property
+    def data_rank(self) -> int:
+        return self.d.rank if self.data_world > 1 else 0
+
+    def lr(self) -> float:
+        """The usual linear scaling of the learning rate with the data-parallel width."""
+        return self.cfg.lr * self.data_world
+
+    def new_optimizer(self, params):
+        return torch.optim.SGD(params, lr=self.lr(), momentum=self.cfg.momentum)
+
+    def build(self, model: torch.nn.Module, loss_fn) -> None:
+        self.loss_fn = loss_fn
+        self.model = model.to(self.device)
+        self.optimizer = self.new_optimizer(self.model.parameters())
+
+    def step(self, x, y) -> torch.Tensor | None:
+        """One training step on this rank's batch; the loss (detached) where this rank
+        computes one."""
+        self.optimizer.zero_grad()  # set_to_none by default; Horovod takes no argument
+        loss = self.loss_fn(self.model(x), y)
+        loss.backward()
+        self.optimizer.step()
+        return loss.detach()
+
+    def train_mode(self, training: bool) -> None:
+        self.model.train(training)
+
+    def eval_module(self) -> torch.nn.Module:
+        return getattr(self.model, "module", self.model)
+
+    def evaluate(self, split, batch: int) -> tuple[int, int]:
+        """(correct, total) over this rank's share of the test set."""
+        model = self.eval_module()
+        idx = data.eval_indices(len(split), self.d.rank, self.d.size)
+        batches = -(-len(idx) // batch)
+        if self.lockstep_eval:   # the most any rank has, so that every rank calls forward alike
+            batches = -(-(-(-len(split) // self.d.size)) // batch)
+        model.eval()
+        correct = 0
+        with torch.no_grad():
+            for i in range(batches):
+                sel = idx[i * batch:(i + 1) * batch].to(self.device)
+                if len(sel) == 0:   # a lock-step pass with nothing left to count
+                    model(split.images[:1])
+                    continue
+                out = model(split.images[sel])
+                correct += int((out.argmax(1) == split.labels[sel]).sum())
+        return correct, len(idx)
+
+    def holdings(self) -> dict[str, int]:
+        """This rank's bytes in parameters, gradients and optimizer state, measured."""
+        return memory.holdings(self.model.parameters(), self.optimizer)
+
+    def parameter_digest(self) -> str | None:
+        """A digest of the whole model's parameters as this rank sees them (a sharded
+        parameter gathered whole: a collective, so every rank calls it); None where a
+        rank holds only its part of the model."""
+        if not self.replicated:
+            return None
+        import hashlib
+        h = hashlib.sha256()
+        for p in self.eval_module().parameters():
+            t = p.full_tensor() if hasattr(p, "full_tensor") else p
+            h.update(t.detach().float().cpu().contiguous().numpy().tobytes())
+        return h.hexdigest()[:16]
+
+    def images_per_step(self) -> int:
+        """Images the whole job trains on per step."""
+        return self.cfg.batch_size * self.data_world
+
+    def batch_semantics(self) -> str:
+        b, n = self.cfg.batch_size, self.data_world
+        return f"{b} per process ({b * n} in all)" if n > 1 else f"{b} in all"
+
+    def devices_per_node(self) -> int:
+        return self.d.local_size
+
+    def workers(self) -> int:
+        """What the tables count as workers: the processes (a GPU or a CPU core each)."""
+        return self.d.size
+
+    def figures(self) -> dict:
+        """Figures of this strategy for the record."""
+        return {}
+
+    def close(self) -> None:
+        """Called on every rank once the last figures are gathered."""
+
+
+class DataParallel(Strategy):
+    """`ddp`: the framework's data parallelism (Horovod's DistributedOptimizer, torch's
+    DistributedDataParallel), with gradient compression."""
+
+    def build(self, model, loss_fn) -> None:
+        super().build(model, loss_fn)
+        self.model, self.optimizer = self.d.wrap(self.model, self.optimizer, self.cfg.compression)
+
+    def figures(self) -> dict:
+        """Gradient bytes per step: what a rank hands to the collective, and an estimate
+        of what it sends (lab.worker.compression.bytes_per_step)."""
+        from lab.worker.compression import bytes_per_step
+        n = sum(p.numel() for p in self.eval_module().parameters())
+        b = bytes_per_step(self.cfg.compression, n, self.d.size)
+        out = {"gradient_values": n, "payload_bytes_per_step": b["payload_bytes"],
+               "wire_bytes_per_step_estimate": b["wire_bytes_estimate"],
+               "collective": b["collective"]}
+        codec = getattr(self.d, "codec", None)
+        if codec is not None and codec.stats["values"]:
+            # rank 0's share of nonzero gradient values its codec sent as 0 (all steps)
+            out["codec_zeroed_fraction"] = codec.stats["zeroed"] / codec.stats["values"]
+        return out
+
+
+class SingleProcessDataParallel(Strategy):
+    """`dataparallel`: torch.nn.DataParallel, one process whose every step scatters the
+    batch over the GPUs, runs a replica of the model on each and gathers the outputs on
+    the first (PyTorch's DataParallel docs). The batch is the whole step's, split over
+    the GPUs. GPU only; untested here (no GPU)."""
+
+    name = "dataparallel"
+
+    def __init__(self, cfg, d, device):
+        super().__init__(cfg, d, device)
+        visible = torch.cuda.device_count()
+        self.gpus = cfg.devices or visible
+        if self.gpus > visible:
+            raise ConfigError(f"--np {self.gpus} asks DataParallel for {self.gpus} GPUs and torch "
+                              f"sees {visible}: lower --np")
+
+    def build(self, model, loss_fn) -> None:
+        super().build(model, loss_fn)
+        # The module must sit on device_ids[0] before DataParallel replicates it.
+        self.model = torch.nn.DataParallel(self.model, device_ids=list(range(self.gpus)))
+
+    def holdings(self) -> dict[str, int]:
+        # The replicas live only during a step; what the process keeps is on GPU 0.
+        return memory.holdings(self.eval_module().parameters(), self.optimizer)
+
+    def batch_semantics(self) -> str:
+        return f"{self.cfg.batch_size} in all, split over {self.gpus} GPUs"
+
+    def devices_per_node(self) -> int:
+        return self.gpus
+
+    def workers(self) -> int:
+        return self.gpus
+
+    def figures(self) -> dict:
+        return {"max_memory_allocated_per_gpu": [int(torch.cuda.max_memory_allocated(i))
+                                                 for i in range(self.gpus)]}

@@ -1,0 +1,114 @@
+"""The model cut into one stage per process: `pipeline` (torch.distributed.pipelining,
+GPipe or 1F1B over --micro-batches) and `model-parallel` (the same cut with one
+micro-batch: the source's manual model parallelism, each stage in its own process so
+that it also runs on CPUs).
+
+Every rank builds the whole model from the same seed, cuts it at the same places
+(lab.worker.models.layer_costs: multiply-accumulates from shapes, identical on every
+rank) and keeps its own stage only. Every stage sees the same batches: the batch is
+the pipeline's, split into micro-batches."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from lab.worker import models
+from lab.worker.strategies.base import Strategy
+
+
+def stage_layers(model_name: str, model: torch.nn.Module, sample: torch.Tensor,
+                 stages: int) -> tuple[list[list[torch.nn.Module]], list[tuple[int, int]]]:
+    """The model's layers cut into `stages` contiguous stages of even cost."""
+    layers = models.sequential_layers(model_name, model)
+    was = model.training
+    model.eval()   # the shape pass must not move batch-norm statistics
+    try:
+        bounds = models.cut_points(models.layer_costs(layers, sample), stages)
+    finally:
+        model.train(was)
+    return [layers[a:b] for a, b in bounds], bounds
+
+
+class Pipeline(Strategy):
+    """One stage per rank: stage k is rank k; the first takes the images, the last the
+    labels and computes the loss. PipelineStage + ScheduleGPipe / Schedule1F1B, whose
+    gradients are divided by the number of micro-batches (scale_grads, default True:
+    torch/distributed/pipelining/schedules.py), so a step equals one on the whole batch
+    with a mean loss."""
+
+    replicated = False   # each rank holds its stage only
+
+    def __init__(self, cfg, d, device):
+        super().__init__(cfg, d, device)
+        self.name = cfg.strategy
+        self.micro = cfg.pipeline_micro_batches()
+        # Schedule1F1B refuses fewer micro-batches than stages (schedules.py): said first.
+        cfg.check_world(d.size)
+        self.first, self.last = d.rank == 0, d.rank == d.size - 1
+
+    def build(self, model, loss_fn) -> None:
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+        self.loss_fn = loss_fn
+        sample = torch.zeros(1, *self.sample_shape)
+        stages, self.bounds = stage_layers(self.cfg.model, model, sample, self.d.size)
+        # Only this rank's stage is kept (and moved to its device): the rest is freed.
+        self.model = torch.nn.Sequential(*stages[self.d.rank]).to(self.device)
+        del model, stages
+        self.optimizer = self.new_optimizer(self.model.parameters())
+        self.stage = PipelineStage(self.model, self.d.rank, self.d.size, self.device)
+        schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[self.cfg.schedule]
+        self.schedule = schedule(self.stage, n_microbatches=self.micro, loss_fn=loss_fn)
+
+    sample_shape = (1, 28, 28)   # set by the loop from the data set (train.py)
+
+    def step(self, x, y):
+        self.optimizer.zero_grad()
+        losses: list = []
+        args = (x,) if self.first else ()
+        self.schedule.step(*args, target=y if self.last else None,
+                           losses=losses if self.last else None)
+        self.optimizer.step()
+        if self.last:
+            return torch.stack([loss.detach() for loss in losses]).mean()
+        return None
+
+    def forward_stages(self, x):
+        """A forward pass through every stage, no gradients: each stage receives the
+        previous one's activations (their shape first); the last returns the output, the
+        others None. Every rank calls it, the first with the input."""
+        with torch.no_grad():
+            if not self.first:
+                shape = torch.zeros(8, dtype=torch.int64, device=self.device)
+                dist.recv(shape, src=self.d.rank - 1)
+                x = torch.empty([int(v) for v in shape[1:1 + int(shape[0])]], device=self.device)
+                dist.recv(x, src=self.d.rank - 1)
+            out = self.model(x)
+            if self.last:
+                return out
+            shape = torch.zeros(8, dtype=torch.int64, device=self.device)
+            shape[0] = out.dim()
+            shape[1:1 + out.dim()] = torch.tensor(out.shape)
+            dist.send(shape, dst=self.d.rank + 1)
+            dist.send(out.contiguous(), dst=self.d.rank + 1)
+            return None
+
+    def evaluate(self, split, batch: int) -> tuple[int, int]:
+        """The whole test set through the stages, forward only; only the last rank
+        reports a count, so the sum over ranks counts every image once."""
+        self.model.eval()
+        correct, n = 0, len(split)
+        for start in range(0, n, batch):
+            out = self.forward_stages(split.images[start:start + batch] if self.first else None)
+            if self.last:
+                correct += int((out.argmax(1) == split.labels[start:start + batch]).sum())
+        return (correct, n) if self.last else (0, 0)
+
+    def batch_semantics(self) -> str:
+        b = self.cfg.batch_size
+        if self.micro == 1:
+            return f"{b} in all"
+        return f"{b} in all, {self.micro} micro-batches of {b // self.micro}"
+
+    def figures(self) -> dict:
+        return {"stage_layers": [list(b) for b in self.bounds], "micro_batches": self.micro,
+                "schedule": self.cfg.schedule}

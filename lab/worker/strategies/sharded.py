@@ -1,0 +1,80 @@
+"""Sharded data parallelism in torch: ZeRO-1 (the optimizer's state split over the
+ranks) and FSDP2 (parameters, gradients and optimizer state split)."""
+from __future__ import annotations
+
+import torch
+
+from lab.worker.strategies.base import Strategy
+
+
+class Zero1(Strategy):
+    """`zero1`: DDP for the gradients, torch.distributed.optim.ZeroRedundancyOptimizer
+    for the update. Each rank keeps the optimizer state of its share of the parameters
+    (whole parameters, assigned greedily by size: torch's `_partition_parameters`) and,
+    after its step, broadcasts those parameters to the others."""
+
+    name = "zero1"
+
+    def build(self, model, loss_fn) -> None:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        from torch.nn.parallel import DistributedDataParallel
+        self.loss_fn = loss_fn
+        model = model.to(self.device)
+        ids = [self.d.local_rank] if self.device.type == "cuda" else None
+        self.model = DistributedDataParallel(model, device_ids=ids)  # broadcasts rank 0's state
+        self.optimizer = ZeroRedundancyOptimizer(
+            self.model.parameters(), optimizer_class=torch.optim.SGD, lr=self.lr(),
+            momentum=self.cfg.momentum)
+
+
+def fsdp_units(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The submodules sharded as units of their own before the root (FSDP2's usual
+    layout: one unit per block, so only one block's parameters are gathered at a time):
+    ResNet-50's bottleneck blocks; the MNIST network's convolutions and linear layers."""
+    blocks = [m for name in ("layer1", "layer2", "layer3", "layer4")
+              for m in getattr(model, name, [])]
+    if blocks:
+        return blocks
+    return [m for m in model.children() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]
+
+
+class FSDP(Strategy):
+    """`fsdp`: FSDP2 (torch.distributed.fsdp.fully_shard) on a one-dimensional device
+    mesh of all ranks. Each parameter is a DTensor sharded on dimension 0; forward and
+    backward all-gather a unit's parameters and reduce-scatter its gradients.
+
+    Gloo: FSDP2 reduce-scatters fp32 gradients with ReduceOp.AVG
+    (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py,
+    _get_gradient_divide_factors), and pytorch/pytorch#162338 (open) reports Gloo's AVG
+    giving summed, not averaged, FSDP2 gradients. So on Gloo every unit reduces with SUM
+    and divides afterwards (FSDPModule.set_force_sum_reduction_for_comms): right whether
+    or not a user's torch has the bug. With torch 2.13 the report does not reproduce at
+    2 ranks (ProcessGroupGloo gained AVG in pytorch/pytorch#149781): tests/test_strategies.py
+    compares both settings' gradients with a one-process run and asserts the SUM one.
+    """
+
+    name = "fsdp"
+    lockstep_eval = True   # a forward pass all-gathers parameters: every rank must take part
+
+    def build(self, model, loss_fn) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import FSDPModule, fully_shard
+        self.loss_fn = loss_fn
+        model = model.to(self.device)
+        # fully_shard keeps each rank's shard of the tensor it is given and broadcasts
+        # nothing: rank 0's parameters are sent to all first, as DDP would.
+        for t in [*model.parameters(), *model.buffers()]:
+            torch.distributed.broadcast(t.data, src=0)
+        mesh = init_device_mesh(self.device.type, (self.d.size,))
+        for unit in fsdp_units(model):
+            fully_shard(unit, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        if self.cfg.backend == "gloo":
+            for m in model.modules():
+                if isinstance(m, FSDPModule):
+                    m.set_force_sum_reduction_for_comms(True)
+        self.model = model
+        self.optimizer = self.new_optimizer(model.parameters())
+
+    def eval_module(self) -> torch.nn.Module:
+        return self.model
