@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The image's smoke tests, run at the end of its build: the build fails when the
 # stack is not what was asked for.
-#   GPU_OPERATIONS=NCCL|MPI|"" FLAVOR=cpu|gpu bash docker/smoke-test.sh
+#   GPU_OPERATIONS=NCCL|MPI|"" FLAVOR=cpu|gpu [DEEPSPEED_VERSION=X.Y.Z] bash docker/smoke-test.sh
 set -euo pipefail
 flavor="${FLAVOR:-cpu}"
 ops="${GPU_OPERATIONS:-}"
+deepspeed="${DEEPSPEED_VERSION:-}"
 fail() { echo "smoke-test: FAILED: $*" >&2; exit 1; }
 
 mpirun --version | head -n1 || fail "mpirun does not answer"
@@ -55,6 +56,25 @@ assert hvd.size() == 1 and hvd.rank() == 0
 import lab.worker.train, envcheck.probes  # the kit is installed
 print("smoke-test: horovod.torch imports and hvd.init() works; size", hvd.size())
 PY
+# DeepSpeed (when the image has it) imports with the accelerator the ranks give it
+# (lab.worker.strategies.deepspeed sets DS_ACCELERATOR from --device), at the matrix's
+# version; the CPU accelerator's collectives fall back to Gloo (no oneCCL here).
+if [[ -n "$deepspeed" ]]; then
+    accel=cpu
+    [[ "$flavor" == gpu ]] && accel=cuda
+    DS_ACCELERATOR="$accel" WANT="$deepspeed" python - <<'PY' || fail "deepspeed $deepspeed does not import as it should (DS_ACCELERATOR=$accel)"
+import os
+import deepspeed
+from deepspeed.accelerator import get_accelerator
+a = get_accelerator()
+assert deepspeed.__version__ == os.environ["WANT"], f"deepspeed {deepspeed.__version__}, the matrix says {os.environ['WANT']}"
+assert a.device_name() == os.environ["DS_ACCELERATOR"], a.device_name()
+if a.device_name() == "cpu":
+    assert a.communication_backend_name() == "gloo", a.communication_backend_name()
+print(f"smoke-test: deepspeed {deepspeed.__version__} imports, accelerator {a.device_name()}, "
+      f"collectives {a.communication_backend_name()}")
+PY
+fi
 # Two ranks really all-reduce, over each controller.
 for controller in gloo mpi; do
     horovodrun -np 2 -H localhost:2 "--$controller" python -c '

@@ -91,6 +91,7 @@ def build_args(s: BuildSettings, matrix: dict[str, str]) -> dict[str, str]:
         "HOROVOD_VERSION": matrix["HOROVOD_VERSION"],
         "HOROVOD_SHA256": matrix["HOROVOD_SHA256"],
         "HOROVOD_GPU_OPERATIONS": gpu_ops(s),
+        "DEEPSPEED_VERSION": matrix.get("DEEPSPEED_VERSION", ""),
     }
     if s.flavor == "gpu":
         args.update({
