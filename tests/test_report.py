@@ -315,3 +315,62 @@ def test_the_one_process_row_is_the_baseline_speedup_1_without_an_interval():
     assert table[0]["speedup"] == 1.0 and table[0]["efficiency"] == 1.0
     line = summary.render(table).splitlines()[2]
     assert "| 1.00 " in line and "| 100% " in line and "1.00 (" not in line
+
+
+def strategy_rec(strategy, np, tput, held, peak, semantics, **cfg_kw):
+    framework = "none" if strategy == "dataparallel" else "ddp"
+    cfg = RunConfig(framework=framework, backend="gloo", data="digits", epochs=3, batch_size=32,
+                    strategy=strategy, **cfg_kw).as_record()
+    f = {"throughput_img_s": tput, "step_time_mean_s": 32 * np / tput, "step_time_p50_s": 0.01,
+         "step_time_p95_s": 0.01, "timed_steps": 10, "test_accuracy": 0.9, "final_loss": 0.3,
+         "peak_memory_bytes": peak, "held_bytes": held, "batch_semantics": semantics,
+         "lr_used": 0.01}
+    return results.make_record("ok", run_id="s", config=cfg, np=np, nodes=1,
+                               started_at="2026-11-23T01:00:00Z",
+                               world={"hosts": ["vm"] * np, "devices_per_node": np, "controller": "gloo"},
+                               figures=f, epochs=[], step_times_s=[0.01],
+                               manifest=dict(RECORDS[0]["manifest"], hosts=["vm"] * np))
+
+
+def held(p, g, o):
+    return {"parameters": p, "gradients": g, "optimizer_state": o, "total": p + g + o}
+
+
+STRATEGY_RECORDS = [
+    strategy_rec("ddp", 2, 4000.0, [held(87360, 87360, 87360)] * 2, [300e6, 310e6],
+                 "32 per process (64 in all)"),
+    strategy_rec("zero1", 2, 3000.0, [held(87360, 87360, 64000), held(87360, 87360, 23360)],
+                 [300e6, 300e6], "32 per process (64 in all)"),
+    strategy_rec("pipeline", 2, 1500.0, [held(21120, 21120, 21120), held(66240, 66240, 66240)],
+                 [250e6, 260e6], "32 in all, 4 micro-batches of 8", micro_batches=4),
+]
+
+
+def test_strategies_table_in_the_sources_shape():
+    rows = report.strategy_rows(STRATEGY_RECORDS)
+    assert [r[0] for r in rows] == ["ddp", "zero1", "pipeline (gpipe, 4 micro-batches)"]
+    ddp, zero1, pipe = rows
+    assert ddp[1:4] == ["ddp / gloo", "1 x 2", "4,000"]
+    assert ddp[4] == "0.26 / 0.26" and ddp[5] == "300 / 310"
+    assert zero1[4] == "0.24 / 0.20"       # 87,360 x 2 + 64,000 and + 23,360 bytes
+    assert pipe[4] == "0.06 / 0.20" and pipe[7] == "32 in all, 4 micro-batches of 8"
+    assert ddp[6] == "90.00%" and ddp[7] == "32 per process (64 in all)"
+    text = report.render(STRATEGY_RECORDS, ["memory.png"], "results/s")
+    assert "## Parallel strategies" in text and "![memory](memory.png)" in text
+    # without a strategy other than ddp there is no such section
+    assert "## Parallel strategies" not in report.render(RECORDS, [], "results/fixed")
+
+
+def test_memory_chart_stacks_each_ranks_holdings():
+    fig = report.memory_figure(STRATEGY_RECORDS)
+    ax = fig.axes[0]
+    kinds = [c.get_label() for c in ax.containers]
+    assert kinds == ["parameters", "gradients", "optimizer state"]
+    heights = {k: [round(b.get_height() * 1e6) for b in c] for k, c in zip(kinds, ax.containers)}
+    # one bar per rank of each strategy, in order: ddp 0, 1, zero1 0, 1, pipeline 0, 1
+    assert heights["optimizer state"] == [87360, 87360, 64000, 23360, 21120, 66240]
+    assert heights["parameters"] == [87360, 87360, 87360, 87360, 21120, 66240]
+    bottoms = [round(b.get_y() * 1e6) for b in ax.containers[2]]
+    assert bottoms == [2 * 87360] * 4 + [2 * 21120, 2 * 66240]
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    assert labels[2] == "zero1, np 2, rank 0" and len(labels) == 6

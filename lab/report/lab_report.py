@@ -48,8 +48,10 @@ SETUP_FIELDS = ("model", "data", "device", "batch_size", "epochs", "max_steps", 
 
 
 def setup_key(r: dict) -> tuple:
+    """The setup, and the strategy (summary.strategy_name): runs of different strategies
+    are never one group, curve or sentence either."""
     c = r.get("config", {})
-    return tuple(c.get(k) for k in SETUP_FIELDS)
+    return (*(c.get(k) for k in SETUP_FIELDS), summary.strategy_name(c))
 
 
 def setup_label(r: dict, records: list[dict]) -> str:
@@ -59,9 +61,11 @@ def setup_label(r: dict, records: list[dict]) -> str:
     if len(keys) < 2:
         return ""
     c = r.get("config", {})
-    varying = [k for i, k in enumerate(SETUP_FIELDS) if len({key[i] for key in keys}) > 1]
+    fields = (*SETUP_FIELDS, "strategy")
+    varying = [k for i, k in enumerate(fields) if len({key[i] for key in keys}) > 1]
     parts = [f"batch {c.get(k)}" if k == "batch_size" else
              f"{k.replace('_', ' ')} {c.get(k)}" if k in ("epochs", "max_steps", "threads") else
+             summary.strategy_name(c) if k == "strategy" else
              str(c.get(k)) for k in varying]
     return ", ".join(parts) + ": "
 
@@ -206,6 +210,99 @@ def failure_rows(records: list[dict]) -> list[list]:
             for r in records if r.get("status") != "ok"]
 
 
+def _mb(n: float) -> str:
+    return f"{n / 1e6:,.2f}" if n < 1e8 else f"{n / 1e6:,.0f}"
+
+
+def has_strategies(records: list[dict]) -> bool:
+    """Whether any run spread its work other than by the frameworks' data parallelism."""
+    return any(summary.strategy_name(r.get("config", {})) != "ddp" for r in ok(records))
+
+
+def strategy_label(r: dict, records: list[dict]) -> str:
+    """The strategy's name after what else tells its setup apart ('resnet50: zero1')."""
+    name = summary.strategy_name(r.get("config", {}))
+    same = [x for x in records if summary.strategy_name(x.get("config", {})) == name]
+    return setup_label(r, same) + name
+
+
+def strategy_rows(records: list[dict]) -> list[list]:
+    """The source benchmark's table (seeds/004): strategy, servers x devices per server,
+    throughput, memory per device, accuracy, and the batch each row used; memory per
+    device is what each rank held in parameters, gradients and optimizer state (measured
+    from its tensors) and its peak (RSS on CPUs, torch's max allocated on GPUs), rank by
+    rank, of the repeats' first run (they hold the same)."""
+    rows = []
+    for row in summary.rows(records):
+        if "failed" in row:
+            continue
+        r = row["record"]
+        f = r["figures"]
+        held = f.get("held_bytes")
+        peak = f.get("peak_memory_bytes") or []
+        rows.append([
+            strategy_label(r, records),
+            f"{row['framework']} / {row['back end']}",
+            f"{row['servers']} x {row['devices per server']}",
+            summary.with_spread(row, "throughput (img/s)"),
+            " / ".join(_mb(h["total"]) for h in held) if held else "n/a",
+            " / ".join(_mb(p) for p in peak) if peak else "n/a",
+            "n/a" if row.get("accuracy") is None else f"{row['accuracy']:.2%}",
+            f.get("batch_semantics") or f"{r['config'].get('batch_size')} per process",
+            row.get("runs", 1)])
+    return rows
+
+
+STRATEGY_HEADERS = ["strategy", "framework / back end", "servers x devices", "throughput (img/s)",
+                    "held per device (MB: params + grads + optimizer)",
+                    "peak per device (MB)", "accuracy", "batch", "runs"]
+
+
+def memory_bars(records: list[dict]) -> list[tuple[str, int, dict]]:
+    """(strategy label, rank, held bytes by kind) for each rank of each strategy row at
+    its highest process count: what the memory chart draws."""
+    rows = [row for row in summary.rows(records) if "failed" not in row
+            and row["record"]["figures"].get("held_bytes")]
+    top: dict = {}
+    for row in rows:
+        label = strategy_label(row["record"], records)
+        if row["np"] >= top.get(label, (0, None))[0]:
+            top[label] = (row["np"], row)
+    out = []
+    for label, (np_, row) in top.items():
+        for rank, held in enumerate(row["record"]["figures"]["held_bytes"]):
+            out.append((f"{label}, np {np_}", rank, held))
+    return out
+
+
+HELD_KINDS = (("parameters", "tab:blue"), ("gradients", "tab:orange"),
+              ("optimizer_state", "tab:green"))
+
+
+def memory_figure(records: list[dict]):
+    """memory.png: for each strategy (at its highest process count), one bar per rank,
+    stacked by parameters, gradients and optimizer state, in MB."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    bars = memory_bars(records)
+    if not bars:
+        return None
+    fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(bars) + 2), 4.5))
+    xs = list(range(len(bars)))
+    bottom = [0.0] * len(bars)
+    for kind, color in HELD_KINDS:
+        heights = [b[2].get(kind, 0) / 1e6 for b in bars]
+        ax.bar(xs, heights, bottom=bottom, color=color, label=kind.replace("_", " "))
+        bottom = [a + h for a, h in zip(bottom, heights)]
+    ax.set_xticks(xs, [f"{b[0]}, rank {b[1]}" for b in bars], rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("MB held per device")
+    ax.set_title("Memory per device by strategy (measured from each rank's tensors)")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
 # ---------------------------------------------------------------- curves
 
 def series(records: list[dict]) -> dict:
@@ -317,10 +414,16 @@ def figures(records: list[dict]) -> dict:
 
 
 def plot(records: list[dict], out_dir: Path) -> list[str]:
-    """throughput.png and speedup.png; returns the file names written."""
+    """throughput.png and speedup.png (and memory.png when strategies ran); returns the
+    file names written."""
     import matplotlib.pyplot as plt
     written = []
-    for name, fig in figures(records).items():
+    figs = dict(figures(records))
+    if has_strategies(records):
+        mem = memory_figure(records)
+        if mem is not None:
+            figs["memory.png"] = mem
+    for name, fig in figs.items():
         fig.savefig(out_dir / name, dpi=110)
         plt.close(fig)
         written.append(name)
@@ -443,8 +546,16 @@ def render(records: list[dict], images: list[str], source: str) -> str:
     parts += ["## Gradient compression\n",
               _md(COMPRESSION_HEADERS, comp) if comp else
               "No configuration was run with more than one compression.", ""]
-    if images:
-        parts += ["## Scalability\n"] + [f"![{i.split('.')[0]}]({i})\n" for i in images]
+    if has_strategies(records):
+        parts += ["## Parallel strategies\n", _md(STRATEGY_HEADERS, strategy_rows(records)), "",
+                  "Held: the bytes each rank keeps in parameters, gradients and optimizer state, "
+                  "summed over its tensors' storages; peak: its resident set on CPUs, torch's "
+                  "peak allocation on GPUs; one figure per rank, rank 0 first.", ""]
+        if "memory.png" in images:
+            parts += ["![memory](memory.png)\n"]
+    curves = [i for i in images if i != "memory.png"]
+    if curves:
+        parts += ["## Scalability\n"] + [f"![{i.split('.')[0]}]({i})\n" for i in curves]
     parts += ["## Analysis\n"] + [f"- {s}" for s in analysis(records)] + [""]
     fails = failure_rows(records)
     if fails:

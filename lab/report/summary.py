@@ -12,7 +12,7 @@ COLUMNS = ("model", "framework", "back end", "compression", "servers", "devices 
 
 # Fields that make two runs "the same configuration" apart from the number of processes.
 _SAME = ("model", "framework", "backend", "device", "data", "batch_size", "compression",
-         "epochs", "max_steps", "threads")
+         "epochs", "max_steps", "threads", "strategy", "micro_batches", "schedule", "zero_stage")
 
 
 def accuracy(record: dict) -> float | None:
@@ -21,6 +21,20 @@ def accuracy(record: dict) -> float | None:
     if record.get("config", {}).get("data") == "synthetic":
         return None
     return record["figures"]["test_accuracy"]
+
+
+def strategy_name(config: dict) -> str:
+    """How a run spread its work, as the tables name it: 'ddp' for the frameworks' data
+    parallelism (records made before strategies existed included), else the strategy with
+    what sets it apart: 'pipeline (gpipe, 4 micro-batches)', 'deepspeed (ZeRO 1)'."""
+    s = config.get("strategy") or "ddp"
+    if s == "pipeline":
+        return f"pipeline ({config.get('schedule', 'gpipe')}, {config.get('micro_batches') or 4} micro-batches)"
+    if s == "rpc-pipeline":
+        return f"rpc-pipeline ({config.get('micro_batches') or 4} micro-batches)"
+    if s == "deepspeed":
+        return f"deepspeed (ZeRO {config.get('zero_stage', 0)})"
+    return s
 
 
 def config_key(record: dict) -> tuple:
@@ -52,7 +66,7 @@ def rows(records: list[dict]) -> list[dict]:
     out, done = [], set()
     for r in records:
         c = r.get("config", {})
-        row = {"model": c.get("model"), "framework": c.get("framework"),
+        row = {"strategy": strategy_name(c), "model": c.get("model"), "framework": c.get("framework"),
                "back end": c.get("backend"), "compression": c.get("compression"),
                "np": r["world"]["np"], "record": r}
         if r.get("status") != "ok":
@@ -139,11 +153,12 @@ def footnotes(table_rows: list[dict]) -> list[str]:
 
 def render(table_rows: list[dict]) -> str:
     repeated = any(r.get("runs", 1) > 1 for r in table_rows)
-    columns = COLUMNS + (("runs",) if repeated else ())
+    strategies = any(r.get("strategy", "ddp") != "ddp" for r in table_rows)
+    columns = (("strategy",) if strategies else ()) + COLUMNS + (("runs",) if repeated else ())
 
     def cell(row, col):
-        if "failed" in row and col not in ("model", "framework", "back end", "compression", "np",
-                                           "servers"):
+        if "failed" in row and col not in ("strategy", "model", "framework", "back end", "compression",
+                                           "np", "servers"):
             if col != "time per step (ms)":
                 return ""
             reason = row["failed"]
