@@ -94,7 +94,10 @@ def test_int8_trains_like_uncompressed_and_the_naive_cast_does_not(framework, tm
     q_loss = [e["train_loss"] for e in int8["epochs"]]
     assert q_loss[-1] < 0.5 * q_loss[0]                          # it learns...
     assert q_loss[-1] == pytest.approx(p_loss[-1], rel=0.25)      # ... like uncompressed
-    assert int8["figures"]["test_accuracy"] >= plain["figures"]["test_accuracy"] - 0.005
+    # The test split has 300 digits: one image is 0.33 points, and two runs whose
+    # gradients differ by rounding end a few images apart (CI saw 0.91 against 0.92).
+    # Within 3 points is "as accurate"; the naive cast ends near chance.
+    assert int8["figures"]["test_accuracy"] >= plain["figures"]["test_accuracy"] - 0.03
     assert naive["figures"]["test_accuracy"] < 0.25               # chance is 0.10
     assert naive["figures"]["codec_zeroed_fraction"] > 0.9
     # The saving on the wire, as recorded: int8 sends about a quarter of float32's bytes.

@@ -176,7 +176,7 @@ def test_ctrl_c_records_the_interruption_and_leaves_no_rank(tmp_path):
             if "== ddp over gloo, 1 process" in line:
                 break
         time.sleep(8)
-        assert processes_with("--attempt 000-ddp-gloo-none-n1-np1"), "the check below would see no rank at all"
+        assert processes_with("--attempt 000-ddp-ddp-gloo-none-n1-np1"), "the check below would see no rank at all"
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends to the foreground group
         out, _ = proc.communicate(timeout=60)
     finally:

@@ -213,6 +213,11 @@ class DeepSpeed(Strategy):
         with self.deepspeed.zero.GatheredParameters(list(self.engine.module.parameters())):
             return super().parameter_digest()
 
+    def close(self) -> None:
+        """DeepSpeedEngine.destroy: the engine's own clean-up (runtime/engine.py: the
+        optimizer's destroy, compiled state), before the group is destroyed."""
+        self.engine.destroy()
+
     def figures(self) -> dict:
         """The ZeRO stage and DeepSpeed's version; per rank, the optimizer state split
         into ZeRO's fp32 master partition and the wrapped optimizer's own state, and the
