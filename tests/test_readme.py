@@ -19,6 +19,9 @@ README = REPO / "README.md"
 SWEEP = ("invoke bench --local --np 1,2 --framework horovod,ddp --backend gloo,mpi "
          "--compression none,fp16,int8,int8-naive --data digits --epochs 8 --batch-size 32 "
          "--run-id cpu-sweep")
+STRATEGIES = ("invoke bench --local --np 1,2 --strategy ddp,zero1,fsdp,pipeline,model-parallel,"
+              "deepspeed,rpc-pipeline --framework ddp --model resnet50 --data digits --batch-size 16 "
+              "--epochs 1 --max-steps 20 --warmup-steps 3 --repeat 2 --run-id strategies-resnet50")
 # The small sizes the README gives for the slow commands ("Running experiments").
 SMALL = ["--epochs", "1", "--max-steps", "8"]
 
@@ -56,6 +59,13 @@ COVERED = {   # command -> the test that runs it
     "invoke doctor --np 4 --json": "tests/test_image.py::test_doctor_checks_the_stack_inside_the_cpu_image",
     "invoke doctor --local": "tests/test_doctor.py::test_doctor_on_this_machine_without_a_gpu",
     "python -m envcheck": "tests/test_doctor.py::test_report_completes_when_probes_fail_on_purpose",
+    # each strategy through bench, and the comma list through the task's flags
+    STRATEGIES: "tests/test_strategies.py::test_strategy_learns_on_digits",
+    "invoke bench --local --np 1,2 --strategy deepspeed --zero-stage 3 --model resnet50 --data digits "
+    "--batch-size 16 --epochs 1 --max-steps 20 --warmup-steps 3 --repeat 2 --run-id strategies-resnet50":
+        "tests/test_strategy_deepspeed.py::test_stage3_partitions_the_parameters",
+    "invoke report results/strategies-resnet50":
+        "tests/test_report.py::test_strategies_table_in_the_sources_shape",
 }
 NOT_HERE = {   # command -> why it cannot run on this machine
     "invoke bench --np 4 --framework ddp --backend nccl --device cuda": "needs 4 GPUs; none here",
@@ -131,11 +141,14 @@ def test_readme_bench_commands_run_to_a_table(command, tmp_path):
     cp = invoke(with_flags(bench_args(command), [*extra, "--results-dir", str(tmp_path / "results")]))
     assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-3000:]
     assert "Traceback" not in cp.stdout + cp.stderr
-    assert re.search(r"^\| model +\| framework", cp.stdout, re.M), cp.stdout[-3000:]
+    assert re.search(r"^\| (strategy +\| )?model +\| framework", cp.stdout, re.M), cp.stdout[-3000:]
     recs = records(cp.stdout)
     assert recs and all(r["status"] in ("ok", "skipped") for r in recs)
     assert any(r["status"] == "ok" for r in recs)
-    if "resnet50" in command:
+    if "--strategy" in command:
+        assert {r["config"]["strategy"] for r in recs if r["status"] == "ok"} == set(
+            command.split("--strategy ")[1].split()[0].split(","))
+    elif "resnet50" in command:
         assert all(r["config"]["model"] == "resnet50" for r in recs if r["status"] == "ok")
 
 

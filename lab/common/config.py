@@ -113,12 +113,12 @@ class RunConfig:
         if self.strategy in TORCH_STRATEGIES and self.framework != "ddp":
             raise ConfigError(f"the {self.strategy} strategy runs on torch.distributed, started by "
                               f"torch.distributed.run: use --framework ddp (or leave it out)")
-        if self.strategy == "dataparallel" and self.framework != "none":
-            raise ConfigError("the dataparallel strategy is one process over the GPUs: "
-                              "use --framework none (or leave it out)")
         if self.strategy == "dataparallel" and self.device != "cuda":
             raise ConfigError("the dataparallel strategy (nn.DataParallel) spreads one process "
                               "over GPUs: add --device cuda, or use --strategy ddp on CPUs")
+        if self.strategy == "dataparallel" and self.framework != "none":
+            raise ConfigError("the dataparallel strategy is one process over the GPUs: "
+                              "use --framework none (or leave it out)")
         if self.strategy != "ddp" and self.compression != "none":
             raise ConfigError(f"gradient compression is for the ddp strategy, not "
                               f"{self.strategy}: use --compression none")

@@ -29,7 +29,10 @@ SCHEMA = {
                "epochs, batch_size (per rank), test_batch_size, lr (before scaling), momentum, "
                "compression, seed, warmup_steps, max_steps, synthetic_size, threads, link (the "
                "simulated cluster's link shaping, RATE[/DELAY], empty when none), repeat (which "
-               "repeat of its combination, from 0: bench --repeat)"),
+               "repeat of its combination, from 0: bench --repeat), strategy (how the work is spread: "
+               "ddp, zero1, fsdp, pipeline, model-parallel, deepspeed, rpc-pipeline, dataparallel), "
+               "micro_batches and schedule (pipelines), zero_stage (deepspeed), devices "
+               "(dataparallel's GPUs)"),
     "world.np": ("int", "number of processes (ranks); on every record, whatever its status"),
     "world.nodes": ("int", "number of distinct hosts the ranks ran on (failed and skipped "
                     "records: the hosts asked for); on every record"),
@@ -39,14 +42,14 @@ SCHEMA = {
                          "controller; DDP: the process group's back end; none: local)"),
     "figures.throughput_img_s": ("float", "global images per second over the timed steps, "
                                  "bounded by the slowest rank"),
-    "figures.gradient_values": ("int", "number of gradient values synchronised per step (the model's parameters)"),
-    "figures.payload_bytes_per_step": ("int", "gradient bytes one rank hands to the collective per step: 4 per value "
+    "figures.gradient_values": ("int, optional", "the ddp strategy: number of gradient values synchronised per step (the model's parameters)"),
+    "figures.payload_bytes_per_step": ("int, optional", "the ddp strategy: gradient bytes one rank hands to the collective per step: 4 per value "
                                        "uncompressed, 2 with fp16, 1 plus a float32 scale per 512 values with int8"),
-    "figures.wire_bytes_per_step_estimate": ("int", "estimate of the bytes one rank sends per step: ring all-reduce "
+    "figures.wire_bytes_per_step_estimate": ("int, optional", "the ddp strategy: estimate of the bytes one rank sends per step: ring all-reduce "
                                              "2(n-1)/n of the payload, ring all-gather (8-bit codecs) n-1 times it"),
     "figures.codec_zeroed_fraction": ("float, optional", "8-bit codecs only: share of rank 0's nonzero gradient values "
                                       "that the codec sent as 0, over all steps"),
-    "figures.collective": ("str", "allreduce, or allgather for the 8-bit codecs (int8 sums would overflow)"),
+    "figures.collective": ("str, optional", "the ddp strategy: allreduce, or allgather for the 8-bit codecs (int8 sums would overflow)"),
     "figures.step_time_mean_s": ("float", "mean time of a timed training step (rank 0)"),
     "figures.step_time_p50_s": ("float", "median step time (rank 0)"),
     "figures.step_time_p95_s": ("float", "95th-percentile step time (rank 0)"),
@@ -55,6 +58,21 @@ SCHEMA = {
     "figures.final_loss": ("float", "mean training loss of the last epoch over all ranks"),
     "figures.peak_memory_bytes": ("list[int]", "peak memory per rank: CUDA memory allocated "
                                   "on a GPU, maximum resident set size on the CPU"),
+    "figures.held_bytes": ("list[object]", "per rank: the bytes it keeps in parameters, gradients "
+                           "and optimizer_state, and their total, summed over distinct tensor "
+                           "storages (a sharded tensor counts its local shard) between two steps"),
+    "figures.parameter_digests": ("list[str or null]", "per rank: a digest of its parameters after "
+                                  "training; equal digests, equal replicas (null where a rank holds "
+                                  "one pipeline stage)"),
+    "figures.batch_semantics": ("str", "what --batch-size meant for this strategy: per process, or "
+                                "in all (and in how many micro-batches)"),
+    "figures.stage_layers": ("list[list[int]], optional", "pipeline strategies: each stage's "
+                             "[first, last) layer of the model's layer list"),
+    "figures.micro_batches": ("int, optional", "pipeline strategies: micro-batches per step"),
+    "figures.zero_stage": ("int, optional", "deepspeed: the ZeRO stage"),
+    "figures.optimizer_state_split": ("list[object], optional", "deepspeed, per rank: the optimizer "
+                                      "state split into ZeRO's fp32 master partition "
+                                      "(master_weights) and the wrapped optimizer's own state"),
     "figures.lr_used": ("float", "learning rate after scaling by the world size"),
     "figures.startup_s": ("float or null", "seconds from bench starting the launcher to the first "
                           "timed step, for the slowest rank; null when the job was not started "
