@@ -143,3 +143,24 @@ def test_shard_rank_out_of_range():
 def test_eval_indices_count_every_test_sample_once():
     parts = [data.eval_indices(1001, r, 3) for r in range(3)]
     assert sorted(torch.cat(parts).tolist()) == list(range(1001))
+
+
+def test_large_synthetic_splits_repeat_a_pool_of_images_with_every_label_their_own():
+    pool = data.SYNTHETIC_POOL_BYTES // (4 * 28 * 28)
+    assert pool == 10_699
+    ds = data.synthetic(1, 28, 10, 60_000, 10_000, seed=3)
+    tr = ds.train
+    assert isinstance(tr, data.PooledSplit) and len(tr) == 60_000 and tr.images.shape[0] == pool
+    idx = torch.tensor([0, 5, pool, pool + 5, 59_999])
+    x, y = tr.take(idx)
+    assert torch.equal(x[0], x[2]) and torch.equal(x[1], x[3]) and not torch.equal(x[0], x[1])
+    assert torch.equal(x[4], tr.images[59_999 % pool]) and torch.equal(y, tr.labels[idx])
+    xs, ys = tr.take(slice(pool - 1, pool + 1))          # slices wrap the same way
+    assert torch.equal(xs[1], tr.images[0]) and torch.equal(ys, tr.labels[pool - 1:pool + 1])
+    # The same seed, the same data; a split within the pool is a plain one.
+    assert torch.equal(data.synthetic(1, 28, 10, 60_000, 10_000, seed=3).train.labels, tr.labels)
+    small = data.synthetic(1, 28, 10, 512, 1, seed=3).train
+    assert type(small) is data.Split and small.images.shape[0] == 512
+    # ImageNet-shaped: 55 distinct images, so a ResNet-50 batch of 64 repeats 9 of them.
+    big = data.synthetic(3, 224, 1000, 64, 8).train
+    assert big.images.shape[0] == 55 and big.take(slice(None))[0].shape[0] == 64

@@ -162,15 +162,18 @@ def test_bench_help_names_every_flag():
 
 def test_the_readme_sweep_its_report_and_its_resume(tmp_path):
     res = tmp_path / "results"
-    args = with_flags(bench_args(SWEEP), [*SMALL, "--results-dir", str(res)])
+    # The README's lists, but two of its four compressions: every run costs about 10 s,
+    # most of it start-up, and each codec has its own real runs in test_compression.py.
+    args = with_flags(bench_args(SWEEP), [*SMALL, "--compression", "none,int8",
+                                          "--results-dir", str(res)])
     cp = invoke(args, timeout=1800)
     assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-3000:]
     recs, _ = results.read_records(res / "cpu-sweep" / results.RESULTS_FILE)
     ok = [r for r in recs if r["status"] == "ok"]
     skipped = [r for r in recs if r["status"] == "skipped"]
-    # Horovod over Gloo and MPI and DDP over Gloo, 4 compressions, np 1 and 2; DDP has no
+    # Horovod over Gloo and MPI and DDP over Gloo, 2 compressions, np 1 and 2; DDP has no
     # MPI back end in pip's torch, so those combinations are skipped, with the reason.
-    assert len(ok) == 3 * 4 * 2, [(r["status"], r["config"]) for r in recs]
+    assert len(ok) == 3 * 2 * 2, [(r["status"], r["config"]) for r in recs]
     assert skipped and all(r["config"]["framework"] == "ddp" and r["config"]["backend"] == "mpi"
                            for r in skipped)
     cp = invoke(["report", str(res / "cpu-sweep")], timeout=300)

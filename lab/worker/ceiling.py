@@ -23,7 +23,7 @@ def measure(model_name: str = "mnist", batch_size: int = 64, threads: int = 1, s
         ds = data.synthetic(1, 28, 10, batch_size * 8, 1, seed=seed)
     else:
         ds = data.synthetic(3, 224, 1000, batch_size * 2, 1, seed=seed)
-    x, y = ds.train.images.to(dev), ds.train.labels.to(dev)
+    x, y = ds.train.to(dev).take(slice(None))
     n_batches = len(y) // batch_size
     model, loss_fn = models.build(model_name, ds.channels, ds.classes)
     model.to(dev).train()

@@ -21,6 +21,8 @@ class Local:
     """One process, no communication: the serial baseline."""
     name = "none"
     controller = "none"
+    # Whether the process must run its exit handlers after shutdown() (train.main).
+    finalizes_at_exit = False
 
     def __init__(self, cfg):
         self.rank, self.size, self.local_rank, self.local_size = 0, 1, 0, 1
@@ -38,6 +40,7 @@ class Local:
 class Horovod:
     """Horovod: DistributedOptimizer averaging gradients, state broadcast from rank 0."""
     name = "horovod"
+    finalizes_at_exit = False   # hvd.shutdown() finalizes MPI when Horovod initialised it
 
     def __init__(self, cfg):
         try:
@@ -112,6 +115,11 @@ class DDP:
                     "gloo": "install a torch build with Gloo"}[cfg.backend]
             raise ConfigError(f"this torch has no {cfg.backend} back end for torch.distributed: {hint}")
         self.controller = cfg.backend
+        # torch's MPI back end calls MPI_Finalize from a C atexit handler
+        # (ProcessGroupMPI.cpp, initMPIOnce registers mpiExit), which os._exit would skip
+        # and mpirun would report as a rank exiting without finalizing. Horovod finalizes
+        # MPI in hvd.shutdown() itself (horovod/common/mpi/mpi_context.cc, Finalize).
+        self.finalizes_at_exit = cfg.backend == "mpi"
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.local_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         kw = {}

@@ -104,8 +104,7 @@ def train(cfg, d, log=print) -> dict | None:
         idx = data.shard_indices(len(train_split), strategy.data_rank, strategy.data_world,
                                  epoch, cfg.seed)
         batches = min(steps, len(idx) // b)   # fewer than steps: synthetic data, cycled
-        xs = train_split.images[idx[:batches * b].to(device)]
-        ys = train_split.labels[idx[:batches * b].to(device)]
+        xs, ys = train_split.take(idx[:batches * b].to(device))
         strategy.train_mode(True)
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         _sync(device)
@@ -232,6 +231,8 @@ def main(argv=None) -> int:
                   f"{_accuracy_text(cfg, f['test_accuracy'])}; "
                   f"recorded in {path}", flush=True)
         d.shutdown()
+        if d.finalizes_at_exit:
+            return 0
         # Leave without the interpreter's teardown: the record is written and fsynced and
         # the group destroyed, and what native libraries' static destructors do at exit
         # (Gloo's and DeepSpeed's threads) once aborted a rank that had finished

@@ -74,10 +74,11 @@ class Strategy:
             for i in range(batches):
                 sel = idx[i * batch:(i + 1) * batch].to(self.device)
                 if len(sel) == 0:   # a lock-step pass with nothing left to count
-                    model(split.images[:1])
+                    model(split.take(slice(0, 1))[0])
                     continue
-                out = model(split.images[sel])
-                correct += int((out.argmax(1) == split.labels[sel]).sum())
+                x, y = split.take(sel)
+                out = model(x)
+                correct += int((out.argmax(1) == y).sum())
         return correct, len(idx)
 
     def holdings(self) -> dict[str, int]:

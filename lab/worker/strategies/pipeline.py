@@ -98,9 +98,10 @@ class Pipeline(Strategy):
         self.model.eval()
         correct, n = 0, len(split)
         for start in range(0, n, batch):
-            out = self.forward_stages(split.images[start:start + batch] if self.first else None)
+            x, y = split.take(slice(start, start + batch))
+            out = self.forward_stages(x if self.first else None)
             if self.last:
-                correct += int((out.argmax(1) == split.labels[start:start + batch]).sum())
+                correct += int((out.argmax(1) == y).sum())
         return (correct, n) if self.last else (0, 0)
 
     def batch_semantics(self) -> str:

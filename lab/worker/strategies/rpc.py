@@ -251,8 +251,9 @@ class RpcPipeline(Strategy):
         correct, n = 0, len(split)
         with torch.no_grad():
             for start in range(0, n, batch):
-                out = torch.cat(self.forward(split.images[start:start + batch], grad=False))
-                labels = split.labels[start:start + batch].cpu()
+                x, y = split.take(slice(start, start + batch))
+                out = torch.cat(self.forward(x, grad=False))
+                labels = y.cpu()
                 correct += int((out.argmax(1) == labels).sum())
         return correct, n
 
