@@ -10,6 +10,7 @@ import pytest
 from lab.common import results
 from lab.common.config import RunConfig
 from lab.report import lab_report as report
+from lab.report import summary
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -374,3 +375,33 @@ def test_memory_chart_stacks_each_ranks_holdings():
     assert bottoms == [2 * 87360] * 4 + [2 * 21120, 2 * 66240]
     labels = [t.get_text() for t in ax.get_xticklabels()]
     assert labels[2] == "zero1, np 2, rank 0" and len(labels) == 6
+
+
+def test_a_pipelines_default_micro_batches_are_the_same_configuration_as_four():
+    """micro_batches 0 means 4 (RunConfig.pipeline_micro_batches): a run that left it out
+    and one that said 4 are one configuration, so the first is the second's baseline."""
+    one = strategy_rec("pipeline", 1, 1000.0, [held(87360, 87360, 87360)], [300e6],
+                       "32 in all, 4 micro-batches of 8", micro_batches=0)
+    two = strategy_rec("pipeline", 2, 1500.0, [held(21120, 21120, 21120), held(66240, 66240, 66240)],
+                       [250e6, 260e6], "32 in all, 4 micro-batches of 8", micro_batches=4)
+    assert summary.config_key(one) == summary.config_key(two)
+    # and a field that does not apply to a strategy does not split it
+    ddp_a = strategy_rec("ddp", 1, 1000.0, [held(1, 1, 1)], [1], "x", schedule="gpipe")
+    ddp_b = strategy_rec("ddp", 2, 1000.0, [held(1, 1, 1)] * 2, [1, 1], "x", schedule="1f1b")
+    assert summary.config_key(ddp_a) == summary.config_key(ddp_b)
+    assert summary.config_key(one) != summary.config_key(ddp_a)
+
+
+def test_the_analysis_ranks_only_data_parallel_runs_and_labels_tell_stacks_apart():
+    """A pipeline keeps its batch as processes are added: its efficiency is not ranked
+    against data parallelism's, nor split into compute and communication."""
+    pipe = [strategy_rec("pipeline", 1, 1000.0, [held(1, 1, 1)], [1], "32 in all", micro_batches=4),
+            strategy_rec("pipeline", 2, 1900.0, [held(1, 1, 1)] * 2, [1, 1], "32 in all",
+                         micro_batches=4)]
+    assert not any("scaled best" in s or "compute-to-communication" in s
+                   for s in report.analysis(pipe))
+    text = " ".join(report.analysis(RECORDS + pipe))
+    assert "scaled best" in text and "pipeline" not in text
+    # the ddp strategy by Horovod and by torch: two labels in the strategies' table
+    labels = {report.strategy_label(r, RECORDS) for r in RECORDS if r["status"] == "ok"}
+    assert {"ddp (horovod / gloo)", "ddp (ddp / gloo)"} <= labels

@@ -185,7 +185,8 @@ def run(stack, tmp_path, **kw):
 @pytest.mark.parametrize("strategy,extra", [
     ("ddp", {"framework": "ddp"}), ("zero1", {}), ("fsdp", {}),
     ("pipeline", {"micro_batches": 4}), ("pipeline", {"micro_batches": 4, "schedule": "1f1b"}),
-    ("model-parallel", {}),
+    # model-parallel is one micro-batch: a --schedule 1f1b of a sweep runs it with GPipe
+    ("model-parallel", {"schedule": "1f1b"}),
 ])
 def test_strategy_learns_on_digits(stack, tmp_path, strategy, extra):
     (r,) = run(stack, tmp_path, strategy=strategy, **extra)
@@ -201,6 +202,8 @@ def test_strategy_learns_on_digits(stack, tmp_path, strategy, extra):
         assert sum(h["parameters"] for h in f["held_bytes"]) == 21840 * 4
         assert f["parameter_digests"] == [None, None]
         assert f["batch_semantics"].startswith("16 in all")
+        want = "gpipe" if strategy == "model-parallel" else extra.get("schedule", "gpipe")
+        assert f["schedule"] == want
         # the stages see the same batches: the data is not split
         assert f["throughput_img_s"] == pytest.approx(
             16 * f["timed_steps"] / sum(r["step_times_s"]), rel=0.5)

@@ -104,6 +104,7 @@ def test_rpc_pipeline_learns_digits(tmp_path):
     assert f["micro_batches"] == 4 and len(f["stage_layers"]) == 2
     assert f["stage_layers"][0][0] == 0 and f["stage_layers"][0][1] == f["stage_layers"][1][0]
     assert f["lr_used"] == pytest.approx(r["config"]["lr"])   # one pipeline: no scaling
+    assert f["parameter_digests"] == [None, None]              # stages, not replicas
     # 1,497 training digits / batch 32 = 46 steps an epoch, 3 epochs, 3 warm-up steps.
     assert f["timed_steps"] == 3 * 46 - 3
     held = f["held_bytes"]

@@ -12,7 +12,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from lab.common import results
-from lab.common.config import COMPRESSIONS
+from lab.common.config import COMPRESSIONS, DATA_PARALLEL_STRATEGIES
 from lab.report import markdown, summary
 
 
@@ -220,9 +220,16 @@ def has_strategies(records: list[dict]) -> bool:
 
 
 def strategy_label(r: dict, records: list[dict]) -> str:
-    """The strategy's name after what else tells its setup apart ('resnet50: zero1')."""
-    name = summary.strategy_name(r.get("config", {}))
+    """The strategy's name after what else tells its setup apart ('resnet50: zero1'),
+    and its framework and back end where runs of this strategy used more than one (ddp
+    by Horovod and by torch: 'ddp (horovod / gloo)')."""
+    c = r.get("config", {})
+    name = summary.strategy_name(c)
     same = [x for x in records if summary.strategy_name(x.get("config", {})) == name]
+    stacks = {(x.get("config", {}).get("framework"), x.get("config", {}).get("backend"))
+              for x in same}
+    if len(stacks) > 1:
+        name += f" ({c.get('framework')} / {c.get('backend')})"
     return setup_label(r, same) + name
 
 
@@ -432,6 +439,14 @@ def plot(records: list[dict], out_dir: Path) -> list[str]:
 
 # ---------------------------------------------------------------- analysis
 
+def data_parallel(r: dict) -> bool:
+    """Whether the run split its data over the processes (each a batch of its own: more
+    processes, more images a step). The analysis ranks and splits into compute and
+    communication only these: a pipeline keeps its batch whatever the process count, so
+    its scaling is of another kind (the Parallel strategies table shows it)."""
+    return (r.get("config", {}).get("strategy") or "ddp") in DATA_PARALLEL_STRATEGIES
+
+
 def analysis(records: list[dict]) -> list[str]:
     """Sentences computed from the figures; none is written without its numbers."""
     out = []
@@ -439,7 +454,8 @@ def analysis(records: list[dict]) -> list[str]:
     table = summary.rows(records)
     for row in table:
         r = row["record"]
-        if r.get("status") == "ok" and row.get("efficiency") is not None and r["world"]["np"] > 1:
+        if r.get("status") == "ok" and row.get("efficiency") is not None and r["world"]["np"] > 1 \
+                and data_parallel(r):
             eff.append((row["efficiency"], r, row))
     if eff:
         top_np = max(r["world"]["np"] for _, r, _ in eff)
@@ -474,7 +490,7 @@ def analysis(records: list[dict]) -> list[str]:
     for row in table:
         r = row["record"]
         b = base.get(summary.config_key(r)) if "failed" not in row else None
-        if b and r["world"]["np"] > 1:
+        if b and r["world"]["np"] > 1 and data_parallel(r):
             comm = row["time per step (ms)"] / 1000 - b
             if comm > 0:
                 ratios.append((b / comm, r, b, comm))

@@ -10,9 +10,11 @@ from lab.report import markdown
 COLUMNS = ("model", "framework", "back end", "compression", "servers", "devices per server", "np",
            "time per step (ms)", "throughput (img/s)", "speedup", "efficiency", "accuracy")
 
-# Fields that make two runs "the same configuration" apart from the number of processes.
+# Fields that make two runs "the same configuration" apart from the number of processes;
+# and the strategy, as strategy_name gives it: the fields that set a strategy apart, with
+# their defaults (micro_batches 0 is 4), and none of those that do not apply to it.
 _SAME = ("model", "framework", "backend", "device", "data", "batch_size", "compression",
-         "epochs", "max_steps", "threads", "strategy", "micro_batches", "schedule", "zero_stage")
+         "epochs", "max_steps", "threads")
 
 
 def accuracy(record: dict) -> float | None:
@@ -39,7 +41,7 @@ def strategy_name(config: dict) -> str:
 
 def config_key(record: dict) -> tuple:
     c = record.get("config", {})
-    return tuple(c.get(k) for k in _SAME)
+    return (*(c.get(k) for k in _SAME), strategy_name(c))
 
 
 def group_key(record: dict) -> tuple:

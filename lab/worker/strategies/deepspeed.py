@@ -37,7 +37,13 @@ counted once), between two steps:
   both dropped after the step; ZeRO-3: grad_partitions_flat_buffer, kept). ZeRO's reduce
   buckets (ipg_buckets, reduce_bucket_size elements each, communication staging like
   DDP's buckets, which base.Strategy does not count either) are left out and reported
-  in figures()["reduce_bucket_bytes"].
+  in figures()["reduce_bucket_bytes"]: 0 at stages 1 and 2, which free them after every
+  backward (stage_1_and_2.py, independent_gradient_partition_epilogue ->
+  _release_ipg_buffers), one flat buffer at stage 3.
+- when: between two steps, as for every strategy; DeepSpeed's engine.step ends with
+  zero_grad (runtime/engine.py: param.grad = None), so stages 0-2 hold no gradient
+  there, where torch's strategies, which clear gradients at the start of a step, still
+  hold the last step's (see the README's "Parallel strategies").
 - optimizer_state: the wrapped SGD's state (momentum buffers, of this rank's partition
   under ZeRO) and ZeRO's fp32 master partition of the parameters, which ZeRO's paper
   counts among the optimizer states. ZeRO 1/2 clone this rank's share of the flat
@@ -151,6 +157,17 @@ class DeepSpeed(Strategy):
 
     def train_mode(self, training: bool) -> None:
         self.engine.train(training)
+
+    def evaluate(self, split, batch: int) -> tuple[int, int]:
+        """The base evaluation; with ZeRO-3, then every parameter partitioned again: an
+        eval forward leaves them gathered (partitioned_param_coordinator.py keeps those
+        it expects to reuse within stage3_max_reuse_distance, default 1e9), whole on
+        every rank when holdings() measures them (engine.empty_partition_cache:
+        partition_all_parameters)."""
+        out = super().evaluate(split, batch)
+        if self.stage == 3:
+            self.engine.empty_partition_cache()
+        return out
 
     def eval_module(self) -> torch.nn.Module:
         # The engine, whose forward with ZeRO-3 gathers the parameters (a collective:

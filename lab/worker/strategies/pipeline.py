@@ -56,7 +56,11 @@ class Pipeline(Strategy):
         del model, stages
         self.optimizer = self.new_optimizer(self.model.parameters())
         self.stage = PipelineStage(self.model, self.d.rank, self.d.size, self.device)
-        schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[self.cfg.schedule]
+        # model-parallel is one micro-batch, which Schedule1F1B refuses with more than one
+        # stage (schedules.py); with one micro-batch GPipe is that same schedule.
+        name = "gpipe" if self.cfg.strategy == "model-parallel" else self.cfg.schedule
+        self.schedule_name = name
+        schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[name]
         self.schedule = schedule(self.stage, n_microbatches=self.micro, loss_fn=loss_fn)
 
     sample_shape = (1, 28, 28)   # set by the loop from the data set (train.py)
@@ -65,8 +69,10 @@ class Pipeline(Strategy):
         self.optimizer.zero_grad()
         losses: list = []
         args = (x,) if self.first else ()
+        # return_outputs=False: the last stage need not concatenate the micro-batches'
+        # outputs every step (the loss is all the loop uses).
         self.schedule.step(*args, target=y if self.last else None,
-                           losses=losses if self.last else None)
+                           losses=losses if self.last else None, return_outputs=False)
         self.optimizer.step()
         if self.last:
             return torch.stack([loss.detach() for loss in losses]).mean()
@@ -112,4 +118,4 @@ class Pipeline(Strategy):
 
     def figures(self) -> dict:
         return {"stage_layers": [list(b) for b in self.bounds], "micro_batches": self.micro,
-                "schedule": self.cfg.schedule}
+                "schedule": self.schedule_name}

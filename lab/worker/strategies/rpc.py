@@ -134,6 +134,8 @@ class RpcPipeline(Strategy):
     gradients, what the context held in this process during the first step, measured
     there from its tensors; after a step no gradient is left."""
 
+    replicated = False   # each rank holds its stage only: no digest of a replica
+
     name = "rpc-pipeline"
     sample_shape = (1, 28, 28)   # set by the loop from the data set (train.py)
 

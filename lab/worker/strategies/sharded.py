@@ -78,3 +78,15 @@ class FSDP(Strategy):
 
     def eval_module(self) -> torch.nn.Module:
         return self.model
+
+    def evaluate(self, split, batch: int) -> tuple[int, int]:
+        """The base evaluation, then every unit resharded: the root unit keeps its
+        parameters whole after a forward (_fsdp_state.py: "For the root, do not reshard
+        after forward"), which would leave them whole when holdings() measures them.
+        FSDPModule.reshard is not recursive, so each unit is asked."""
+        from torch.distributed.fsdp import FSDPModule
+        out = super().evaluate(split, batch)
+        for m in self.model.modules():
+            if isinstance(m, FSDPModule):
+                m.reshard()
+        return out
