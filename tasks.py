@@ -153,14 +153,17 @@ def doctor(c, np=None, json=False, local=False, image=None, frozen=False):
 
 @task(help={"nodes": "how many nodes (node1..nodeN)", "image": "the lab image the nodes run "
             "(default dl-lab-kit:cpu, with --gpu dl-lab-kit:gpu-nccl)",
-            "gpu": "give each node its own GPU (compose.gpu.yaml; untested here)"})
-def up(c, nodes=None, image=None, gpu=False):
+            "gpu": "give each node its own GPU (compose.gpu.yaml; untested here)",
+            "scheduler": "none (bench starts ranks over SSH) or slurm (slurmctld on node1, "
+                         "slurmd on every node)"})
+def up(c, nodes=None, image=None, gpu=False, scheduler=None):
     """Bring up the simulated cluster (compose.yaml) and wait until its nodes answer on SSH."""
     from lab.host import cluster
     from lab.host.request import BenchError, whole
+    defaults = c.config.get("up", {})
     try:
-        n = whole("nodes", nodes if nodes is not None else c.config.get("up", {}).get("nodes"))
-        cluster.up(n, image=image, gpu=gpu)
+        n = whole("nodes", nodes if nodes is not None else defaults.get("nodes"))
+        cluster.up(n, image=image, gpu=gpu, scheduler=scheduler or defaults.get("scheduler", "none"))
     except (cluster.ClusterError, BenchError) as e:
         raise Exit(f"error: {e}", code=2)
     print(f"next: invoke bench --nodes {n} --np {n} --framework horovod --backend gloo")

@@ -9,6 +9,13 @@ deepspeed="${DEEPSPEED_VERSION:-}"
 fail() { echo "smoke-test: FAILED: $*" >&2; exit 1; }
 
 mpirun --version | head -n1 || fail "mpirun does not answer"
+# Slurm's daemons say their version without a configuration (the client commands need
+# one: the cluster writes it at run time).
+slurmctld -V || fail "slurmctld does not answer"
+slurmd -V || fail "slurmd does not answer"
+munged --version || fail "munged does not answer"
+command -v sinfo srun sbatch scontrol >/dev/null || fail "Slurm's client commands are missing"
+[[ ! -e /etc/munge/munge.key ]] || fail "a MUNGE key is in the image"
 out="$(horovodrun --check-build)"
 echo "$out"
 for want in "PyTorch" "MPI" "Gloo"; do

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from lab.common import results
-from lab.host import cluster
+from lab.host import cluster, docker_api
 
 REPO = Path(__file__).resolve().parent.parent
 IMAGE = "dl-lab-kit:cpu"
@@ -108,10 +108,13 @@ def up():
         pytest.skip(why)
     import docker
     client = docker.from_env(timeout=60)
-    cp = invoke("up", "--nodes", "2")
+    # With Slurm's daemons too: every test below runs on such a cluster (and the plain
+    # compose test further down on one without).
+    cp = invoke("up", "--nodes", "2", "--scheduler", "slurm")
     try:
         assert cp.returncode == 0, cp.stdout + cp.stderr
         assert "node1, node2 answer on SSH" in cp.stdout
+        assert "slurm ready: sinfo shows node1, node2 idle" in cp.stdout
         yield client
     finally:
         down = invoke("down")
@@ -137,6 +140,53 @@ def test_bench_runs_across_two_nodes(up, framework, backend, np):
     assert r["status"] == "ok" and sorted(set(r["world"]["hosts"])) == ["node1", "node2"]
     assert r["world"]["nodes"] == 2 and r["world"]["devices_per_node"] == np // 2
     assert r["manifest"]["image"]["labels"]["org.dl-lab-kit.flavor"] == "cpu"
+
+
+def test_slurm_runs_jobs_on_both_nodes_with_a_key_made_at_run_time(up):
+    """Real slurmctld and slurmd (docker/cluster/slurm.sh): srun and sbatch as the lab
+    user place one task on each node; MUNGE's key is the cluster's, not the image's."""
+    client = up
+    node1 = cluster.nodes(client)["node1"]
+    rc, out = cluster.exec_out(node1, ["sinfo", "-h", "-o", "%P %a %D %t %N"])
+    assert rc == 0 and out.split() == ["lab*", "up", "2", "idle", "node[1-2]"], out
+    rc, out = cluster.exec_out(node1, ["srun", "-N2", "-n2", "hostname"], timeout=60)
+    assert rc == 0 and sorted(out.split()) == ["node1", "node2"], out
+    script = "#!/bin/bash\nsrun hostname\n"
+    rc, out = cluster.exec_out(node1, ["bash", "-c", f"printf '{script}' > /tmp/job.sh && "
+                                       "sbatch -N2 -n2 --wait -o /tmp/job.out /tmp/job.sh && "
+                                       "cat /tmp/job.out"], timeout=90)
+    assert rc == 0 and "Submitted batch job" in out, out
+    assert sorted(out.split()[-2:]) == ["node1", "node2"], out
+    rc, key_here = cluster.exec_out(node1, ["md5sum", "/etc/munge/munge.key"], user="root")
+    assert rc == 0, key_here
+    rc, key_volume = cluster.exec_out(node1, ["md5sum", "/cluster-ssh/munge.key"], user="root")
+    assert key_here.split()[0] == key_volume.split()[0]
+    # the image itself has none (docker/install-slurm.sh removes the one munge's install made)
+    image = node1.image.tags[0]
+    out = client.containers.run(image, ["bash", "-c", "ls /etc/munge"], user="root", remove=True,
+                                entrypoint=[], labels={docker_api.MANAGED_BY: "test"})
+    assert b"munge.key" not in out
+
+
+def test_slurm_on_an_image_without_it_is_one_sentence():
+    """An image built before the kit installed Slurm (the base image stands in): refused
+    before compose starts anything."""
+    why = _engine_and_image()
+    if why:
+        pytest.skip(why)
+    cp = subprocess.run([sys.executable, "-m", "invoke", "up", "--scheduler", "slurm", "--image",
+                         "lab-base/debian:bookworm"], cwd=REPO, capture_output=True, text=True,
+                        timeout=120)
+    assert cp.returncode == 2 and "Traceback" not in cp.stderr, cp.stderr
+    assert "has no Slurm" in cp.stderr and "invoke build" in cp.stderr
+    import docker
+    assert cluster.nodes(docker.from_env()) == {}
+
+
+def test_idle_nodes_from_sinfo():
+    assert cluster.idle_nodes("node1 idle\nnode2 idle*\nnode3 alloc\nnode1 idle\n") == ["node1"]
+    with pytest.raises(cluster.ClusterError, match="--scheduler is one of none, slurm"):
+        cluster.up(2, scheduler="pbs")
 
 
 def test_a_results_folder_the_nodes_cannot_write_is_refused(up, tmp_path):

@@ -414,7 +414,8 @@ import tarfile  # noqa: E402
 # BEGIN line, optional PEM headers, then at least two lines of base64 (RFC 7468's form).
 PRIVATE_KEY = re.compile(rb"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----\r?\n"
                          rb"(?:[A-Za-z-]+: [^\n]*\n)*\r?\n?(?:[A-Za-z0-9+/=]{16,}\r?\n){2,}")
-HOST_KEY_NAME = re.compile(r"(^|/)etc/ssh/ssh_host_[a-z0-9]+_key$")
+# Keys known by their name: SSH host keys, and MUNGE's (random bytes, no PEM block).
+HOST_KEY_NAME = re.compile(r"(^|/)etc/(ssh/ssh_host_[a-z0-9]+_key|munge/munge\.key)$")
 
 
 class _Rejoined(io.RawIOBase):
@@ -525,6 +526,7 @@ def test_the_layer_scan_finds_a_key_that_a_later_layer_deleted(tmp_path):
                                     "etc/ssh/ssh_host_ed25519_key.pub": b"ssh-ed25519 AAAA",
                                     "root/notes.txt": b"hello"}),
               "blobs/sha256/b": layer({"etc/ssh/.wh.ssh_host_ed25519_key": b"",
+                                       "etc/munge/munge.key": b"\x8f" * 128,
                                        "opt/app/secret.pem": key,
                                        # a program that only names the format
                                        "usr/bin/ssh-keygen": b"\0-----BEGIN OPENSSH PRIVATE KEY-----\n\0%s\0"}),
@@ -537,7 +539,8 @@ def test_the_layer_scan_finds_a_key_that_a_later_layer_deleted(tmp_path):
             t.addfile(info, io.BytesIO(data))
     save.seek(0)
     assert sorted(private_keys_in_layers(save)) == [
-        ("a/layer.tar", "etc/ssh/ssh_host_ed25519_key"), ("blobs/sha256/b", "opt/app/secret.pem")]
+        ("a/layer.tar", "etc/ssh/ssh_host_ed25519_key"), ("blobs/sha256/b", "etc/munge/munge.key"),
+        ("blobs/sha256/b", "opt/app/secret.pem")]
     # The same layers as the engine's overlay2 directories hold them.
     dirs = []
     for name, data in layers.items():
@@ -548,7 +551,8 @@ def test_the_layer_scan_finds_a_key_that_a_later_layer_deleted(tmp_path):
             t.extractall(root, filter="data")
         dirs.append(str(root))
     assert sorted(private_keys_in_dirs(dirs)) == [
-        (dirs[0], "etc/ssh/ssh_host_ed25519_key"), (dirs[1], "opt/app/secret.pem")]
+        (dirs[0], "etc/ssh/ssh_host_ed25519_key"), (dirs[1], "etc/munge/munge.key"),
+        (dirs[1], "opt/app/secret.pem")]
 
 
 def test_no_built_image_holds_a_private_key_in_any_layer():

@@ -44,6 +44,11 @@ COVERED = {   # command -> the test that runs it
     "docker compose up -d":
         "tests/test_cluster.py::test_a_cluster_started_by_plain_compose_in_another_folder_is_the_one_bench_uses",
     "invoke up --nodes 2": "tests/test_cluster.py::up",
+    "invoke up --nodes 2 --scheduler slurm": "tests/test_cluster.py::up",
+    "docker compose exec -u lab node1 sinfo":
+        "tests/test_cluster.py::test_slurm_runs_jobs_on_both_nodes_with_a_key_made_at_run_time",
+    "docker compose exec -u lab node1 srun -N2 -n2 hostname":
+        "tests/test_cluster.py::test_slurm_runs_jobs_on_both_nodes_with_a_key_made_at_run_time",
     "invoke bench --nodes 2 --np 4 --framework horovod --backend gloo":
         "tests/test_cluster.py::test_bench_runs_across_two_nodes",
     "invoke bench --nodes 2 --np 2 --framework horovod --backend mpi --link 1gbit":

@@ -32,5 +32,8 @@ AllowUsers lab
 PermitUserEnvironment yes
 CONF
 mkdir -p /run/sshd
+if [[ "${LAB_SCHEDULER:-none}" == slurm ]]; then
+    bash /opt/lab-cluster/slurm.sh
+fi
 echo "node $(hostname): sshd ready for user lab"
 exec /usr/sbin/sshd -D -e

@@ -32,6 +32,10 @@ STATE_FILE = REPO_ROOT / ".cluster" / "state"        # "nodes gpu" of the last `
 WORKING_DIR = "com.docker.compose.project.working_dir"
 SSH_WAIT_S = 60
 IFACE = "eth0"
+# What schedules jobs on the cluster: none (bench starts the ranks over SSH) or slurm
+# (slurmctld on node1, slurmd on every node: docker/cluster/slurm.sh).
+SCHEDULERS = ("none", "slurm")
+SLURM_WAIT_S = 60
 
 
 class ClusterError(RunnerError):
@@ -107,13 +111,13 @@ def compose_program() -> list[str]:
 # ---------------------------------------------------------------- edge
 
 def _compose(args: list[str], nodes: int, image: str | None = None, check=True,
-             gpu: bool = False, timeout: float = 600) -> proc.Completed:
+             gpu: bool = False, timeout: float = 600, scheduler: str = "none") -> proc.Completed:
     files = ["-f", str(COMPOSE_FILE)]
     if gpu:
         files += ["-f", str(GPU_FILE)]
     if nodes > 2:
         files += ["-f", str(OVERRIDE_FILE)]
-    env = dict(os.environ)
+    env = dict(os.environ, LAB_NODES=str(nodes), LAB_SCHEDULER=scheduler)
     if image:
         env["LAB_IMAGE"] = image
     res = proc.run([*compose_program(), *files, *args], cwd=str(REPO_ROOT), env=env,
@@ -147,9 +151,12 @@ def nodes(client) -> dict[str, object]:
     return dict(sorted(found.items(), key=lambda kv: int(kv[0][4:]) if kv[0][4:].isdigit() else 0))
 
 
-def up(n: int = 2, image: str | None = None, gpu: bool = False, echo=print) -> dict:
+def up(n: int = 2, image: str | None = None, gpu: bool = False, echo=print,
+       scheduler: str = "none") -> dict:
     if n < 1:
         raise ClusterError("--nodes must be at least 1")
+    if scheduler not in SCHEDULERS:
+        raise ClusterError(f"--scheduler is one of {', '.join(SCHEDULERS)}, not {scheduler!r}")
     if gpu and n > 2:
         raise ClusterError("compose.gpu.yaml gives GPUs to node1 and node2: add nodes to it for --gpu with more")
     client = engine()
@@ -161,17 +168,23 @@ def up(n: int = 2, image: str | None = None, gpu: bool = False, echo=print) -> d
     except docker.errors.ImageNotFound:
         raise ClusterError(f"the image {image} is not built: `invoke build --flavor cpu` "
                            f"(or name another with --image)") from None
+    if scheduler == "slurm" and not has_slurm(client, image):
+        raise ClusterError(f"the image {image} has no Slurm (built before the kit installed it): "
+                           f"rebuild it with `invoke build`, or leave out --scheduler slurm")
     if n > 2:
         OVERRIDE_FILE.parent.mkdir(exist_ok=True)
         OVERRIDE_FILE.write_text(override_yaml(n))
     for d in ("results", "data"):
         (REPO_ROOT / d).mkdir(exist_ok=True)
     services = ["keygen", *node_names(n)]
-    echo(f"bringing up {n} node(s) from {image} ({' '.join(compose_program())})")
+    echo(f"bringing up {n} node(s) from {image}"
+         f"{' with Slurm' if scheduler == 'slurm' else ''} ({' '.join(compose_program())})")
     STATE_FILE.parent.mkdir(exist_ok=True)
     STATE_FILE.write_text(f"{n} {int(gpu)}\n")
-    _compose(["up", "-d", *services], n, image, gpu=gpu)
+    _compose(["up", "-d", *services], n, image, gpu=gpu, scheduler=scheduler)
     found = wait_ssh(client, n, echo=echo)
+    if scheduler == "slurm":
+        wait_slurm(found, n, echo=echo)
     return found
 
 
@@ -263,6 +276,50 @@ def wait_ssh(client, n: int, timeout: float = SSH_WAIT_S, echo=print) -> dict:
             raise ClusterError(f"{', '.join(who)} did not answer on SSH within {timeout:g} s"
                                f"{' (' + last + ')' if last else ''}: see `docker compose logs "
                                f"{who[0]}`, or bring the cluster up with `invoke up --nodes {n}`")
+        time.sleep(1)
+
+
+def has_slurm(client, image: str) -> bool:
+    """Whether the image has Slurm's daemons (docker/install-slurm.sh): a one-second
+    container, labelled as the kit's and removed."""
+    import docker
+    try:
+        client.containers.run(image, ["test", "-x", "/usr/sbin/slurmctld"], entrypoint=[],
+                              user="root", remove=True, network_mode="none",
+                              labels={docker_api.MANAGED_BY: "cluster-check"})
+        return True
+    except docker.errors.ContainerError:
+        return False
+
+
+def idle_nodes(sinfo: str) -> list[str]:
+    """Nodes that `sinfo -h -N -o '%N %t'` shows idle (its short state: idle, alloc,
+    down, ...; a trailing * means not responding)."""
+    out = []
+    for line in sinfo.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1] == "idle" and parts[0] not in out:
+            out.append(parts[0])
+    return out
+
+
+def wait_slurm(found: dict, n: int, timeout: float = SLURM_WAIT_S, echo=print) -> None:
+    """Wait, at most `timeout` seconds, until sinfo on node1 shows every node idle."""
+    deadline = time.monotonic() + timeout
+    last = ""
+    while True:
+        rc, out = exec_out(found["node1"], ["sinfo", "-h", "-N", "-o", "%N %t"])
+        last = out.strip()
+        if rc == 0 and set(idle_nodes(out)) >= set(node_names(n)):
+            echo(f"slurm ready: sinfo shows {', '.join(node_names(n))} idle")
+            return
+        if rc == 127:   # coreutils' timeout: the command was not found
+            raise ClusterError("the image has no Slurm (no sinfo): rebuild it with `invoke build`, "
+                               "or bring the cluster up without --scheduler slurm")
+        if time.monotonic() > deadline:
+            raise ClusterError(f"Slurm's nodes were not all idle within {timeout:g} s (sinfo: "
+                               f"{' / '.join(last.splitlines()[-n:]) or 'no answer'}): see "
+                               f"/var/log/slurm/slurmctld.log on node1 and slurmd.log on each node")
         time.sleep(1)
 
 
