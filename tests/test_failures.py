@@ -21,6 +21,10 @@ def watch_file(name):
 
 @pytest.mark.parametrize("name,host", [
     ("torchrun-rank1-sigkill.txt", "localhost"),
+    # torchrun named rank 0 (exit 1, its reaction) the root cause and listed the killed
+    # rank 1 under Failures: the end of a record's log tail from a run of
+    # tests/test_runs.py's kill test (2026-11-23)
+    ("torchrun-rank1-sigkill-root-cause-rank0.txt", "localhost"),
     ("horovodrun-gloo-rank1-sigkill.txt", None),
     ("horovodrun-mpi-rank1-sigkill.txt", "vm"),
 ])

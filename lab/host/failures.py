@@ -7,7 +7,12 @@ tests/fixtures/launchers/):
 
 - torch.distributed.run: a "Root Cause (first observed failure):" block with
   `rank : R (local_rank: L)`, `host : H`, `exitcode : -9 (pid: P)` — a negative exit
-  code is the signal (torch/distributed/elastic/multiprocessing/errors).
+  code is the signal (torch/distributed/elastic/multiprocessing/errors) — after a
+  "Failures:" block of the other ranks that failed, alike. The root cause is the
+  failure seen first, and a rank's peer that exits at once when the rank is killed can
+  be seen in the same poll: then the root cause is the peer (exit code 1) and the
+  killed rank is under "Failures:" (captured in CI, 2026-11-23). A rank ended by a
+  signal the agent does not send when it stops the others (SIGTERM) is preferred.
 - horovodrun over Gloo: "Process R exit with status code C." as each rank ends, R being
   the slot's rank (horovod/runner/gloo_run.py, _exec_command_fn), then "The first
   process to do so was:\\nProcess name: R\\nExit code: C"; ranks run under a shell, so a
@@ -73,6 +78,8 @@ class LauncherWatch:
         self._prefix = ""
         self._pending_name: int | None = None
         self._torchrun: dict | None = None
+        self._torchrun_others: list[dict] | None = None   # torchrun's "Failures:" block
+        self._others: list[dict] = []
         self._horovod_exits: list[RankEnd] = []
 
     def _out(self, text: str) -> None:
@@ -114,21 +121,43 @@ class LauncherWatch:
     def _finish_torchrun(self) -> None:
         t, self._torchrun = self._torchrun, None
         if t and "rank" in t and "exitcode" in t:
-            self._found(_from_code(t["rank"], t["exitcode"], t.get("host")))
+            root = _from_code(t["rank"], t["exitcode"], t.get("host"))
+            if root.signal is None:
+                killed = [_from_code(o["rank"], o["exitcode"], o.get("host")) for o in self._others
+                          if "rank" in o and o.get("exitcode", 0) < 0
+                          and -o["exitcode"] != _signal.SIGTERM]
+                root = killed[0] if killed else root
+            self._found(root)
+
+    def _torchrun_field(self, into: dict, text: str) -> bool:
+        f = _TORCHRUN_FIELD.match(text)
+        if not f:
+            return False
+        key, value = f.groups()
+        if key == "host":
+            into["host"] = value.strip()
+        else:
+            number = re.match(r"-?\d+", value.strip())
+            if number:
+                into[key] = int(number.group(0))
+        return True
 
     def _parse(self, text: str) -> None:
         if self._torchrun is not None:
-            f = _TORCHRUN_FIELD.match(text)
-            if f:
-                key, value = f.groups()
-                if key == "host":
-                    self._torchrun["host"] = value.strip()
-                else:
-                    number = re.match(r"-?\d+", value.strip())
-                    if number:
-                        self._torchrun[key] = int(number.group(0))
-            elif text.startswith("====") or text.startswith("----"):
+            if not self._torchrun_field(self._torchrun, text) and (
+                    text.startswith("====") or text.startswith("----")):
                 self._finish_torchrun()
+            return
+        if self._torchrun_others is not None:
+            if re.match(r"^\[\d+\]:\s*$", text.strip()):
+                self._torchrun_others.append({})
+            elif self._torchrun_others and self._torchrun_field(self._torchrun_others[-1], text):
+                pass
+            elif text.startswith("====") or text.startswith("----"):
+                self._others, self._torchrun_others = self._torchrun_others, None
+            return
+        if text.startswith("Failures:"):
+            self._torchrun_others = []
             return
         if text.startswith("Root Cause (first observed failure):"):
             self._torchrun = {}
