@@ -36,6 +36,8 @@ BENCH_HELP = {
     "micro-batches": "pipeline, rpc-pipeline: micro-batches per batch (default 4)",
     "schedule": "pipeline: gpipe or 1f1b",
     "zero-stage": "deepspeed: ZeRO stage 0, 1, 2 or 3",
+    "launcher": "on the cluster: direct (the kit starts the launchers) or slurm (an sbatch job; "
+                "invoke up --scheduler slurm)",
 }
 
 
@@ -45,7 +47,7 @@ def bench(c, np=None, framework=None, backend=None, model=None, data=None, data_
           max_steps=None, threads=None, results_dir=None, run_id=None, timeout_s=None,
           ceiling=False, local=False, image=None, frozen=False, fault=None, nodes=None,
           link=None, resume=False, repeat=None, strategy=None, micro_batches=None, schedule=None,
-          zero_stage=None):
+          zero_stage=None, launcher=None):
     """Run distributed training (one run, or a sweep over lists), record it and print the table."""
     flags = {k: v for k, v in locals().items() if k not in ("c", "resume")}
     from lab.host.bench import render

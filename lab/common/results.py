@@ -38,6 +38,9 @@ SCHEMA = {
                     "records: the hosts asked for); on every record"),
     "world.hosts": ("list[str]", "host name of each rank, by rank"),
     "world.devices_per_node": ("int", "ranks (devices) per host"),
+    "world.scheduler": ("object, optional", "a job run by a scheduler: name (slurm), job_id, nodelist "
+                        "(from the ranks' SLURM_* variables), and, added by bench once the job "
+                        "ended, state (Slurm's final JobState) and exit_code (exit:signal)"),
     "world.controller": ("str", "what carried the collectives: gloo, mpi or nccl (Horovod: its "
                          "controller; DDP: the process group's back end; none: local)"),
     "figures.throughput_img_s": ("float", "global images per second over the timed steps, "
@@ -96,6 +99,10 @@ SCHEMA = {
     "error.signal": ("int or null, optional", "on failure, when the launcher said: the signal that "
                      "ended that rank (9: SIGKILL, as the out-of-memory killer sends)"),
     "error.reason": ("str", "on failure: one line saying what went wrong"),
+    "error.slurm": ("object, optional", "a Slurm job that failed: job_id, state (JobState: FAILED, "
+                    "CANCELLED, TIMEOUT, NODE_FAIL, ...), reason, exit_code, nodes, failed_nodes, "
+                    "script (the batch script, relative to the run's folder); no job_id when "
+                    "sbatch refused it"),
     "error.log_tail": ("str", "on failure: the end of the job's output"),
 }
 
@@ -170,6 +177,42 @@ def append_record(path: str | os.PathLike, record: dict) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def update_records(path: str | os.PathLike, start: int, update) -> int:
+    """Apply `update(record) -> record or None` to the records from index `start` on and
+    write the file anew (a temporary file renamed over it: a crash leaves the old file or
+    the new one, never half of one). For bench, once a job's ranks are gone, to add what
+    only the launcher knows (a scheduler's final state). Lines that do not parse are kept
+    as they were. Returns how many records changed."""
+    path = Path(path)
+    lines = path.read_text().splitlines(keepends=True)
+    changed, index, out = 0, 0, []
+    for line in lines:
+        try:
+            rec = json.loads(line) if line.strip() else None
+        except json.JSONDecodeError:
+            rec = None
+        if isinstance(rec, dict):
+            if index >= start:
+                new = update(rec)
+                if new is not None:
+                    line = json.dumps(new, sort_keys=False, separators=(",", ":")) + "\n"
+                    changed += 1
+            index += 1
+        out.append(line if line.endswith("\n") else line + "\n")
+    if changed:
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "w") as f:
+            f.write("".join(out))
+            f.flush()
+            os.fsync(f.fileno())
+        st = path.stat()
+        os.chmod(tmp, st.st_mode & 0o777)
+        if os.getuid() == 0:    # the ranks (another user) append to it later
+            os.chown(tmp, st.st_uid, st.st_gid)
+        os.replace(tmp, path)
+    return changed
 
 
 def read_records(path: str | os.PathLike) -> tuple[list[dict], list[str]]:

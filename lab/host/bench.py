@@ -48,7 +48,8 @@ def select_runner(s: BenchSettings, echo=print) -> tuple[Runner, str | None]:
     try:
         return choose_runner(where=s.where, nodes=s.nodes, image=s.image, frozen=s.frozen,
                              device=s.device, framework=s.framework, backend=s.backend,
-                             results_dir=s.results_dir, data_dir=s.data_dir, echo=echo)
+                             results_dir=s.results_dir, data_dir=s.data_dir,
+                             launcher=s.launcher, echo=echo)
     except RunnerError as e:
         raise BenchError(str(e)) from None
 
@@ -233,6 +234,8 @@ def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, ec
     except RunnerError as e:
         res = JobResult(1, [str(e)], str(e))
     wrote = len(results.read_records(rfile)[0]) > before
+    if wrote and res.scheduler and res.scheduler.get("job_id"):
+        add_scheduler_state(rfile, before, res.scheduler)
     if res.returncode == 0 and wrote:
         if s.ceiling:
             ceilings[np] = ceiling_around(s, np, before_s=ceiling_before, runner=runner)
@@ -240,10 +243,24 @@ def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, ec
     info, reason = attribute_failure(res, rfile.parent / "failures" / cfg.attempt,
                                      runner.dead(), watch.first)
     echo(f"!! run failed after {time.monotonic() - t0:.1f} s: {reason}")
-    _record_failure(rfile, cfg, np, s.nodes, started, {
-        **{k: info.get(k) for k in ("rank", "host", "exit_code", "signal") if k in info},
-        "reason": reason, "log_tail": "\n".join(list(watch.tail)[-20:])})
+    error = {**{k: info.get(k) for k in ("rank", "host", "exit_code", "signal") if k in info},
+             "reason": reason, "log_tail": "\n".join(list(watch.tail)[-20:])}
+    if res.scheduler:
+        error["slurm"] = {k: v for k, v in res.scheduler.items() if k != "name"}
+    _record_failure(rfile, cfg, np, s.nodes, started, error)
     return 1
+
+
+def add_scheduler_state(rfile, before: int, facts: dict) -> None:
+    """Slurm's final state and exit code onto the records its job's ranks wrote (they
+    write before the job ends, so only bench knows them)."""
+    def update(rec):
+        sched = rec.get("world", {}).get("scheduler")
+        if not sched or sched.get("job_id") != facts["job_id"]:
+            return None
+        sched.update(state=facts.get("state"), exit_code=facts.get("exit_code"))
+        return rec
+    results.update_records(rfile, before, update)
 
 
 def attribute_failure(res: JobResult, failure_dir, dead: dict,
@@ -256,6 +273,13 @@ def attribute_failure(res: JobResult, failure_dir, dead: dict,
     if dead:
         host, state = next(iter(dead.items()))
         return {"rank": None, "host": host}, f"node {host} stopped during the run ({state})"
+    sched = res.scheduler or {}
+    if sched and not sched.get("job_id"):            # sbatch refused it
+        return {}, res.why
+    if sched.get("failed_nodes"):                     # Slurm: NODE_FAIL, naming the node
+        return {"rank": None, "host": sched["failed_nodes"][0]}, res.why
+    if sched and sched.get("state") not in ("COMPLETED", "FAILED") and res.returncode is not None:
+        return {}, res.why                            # cancelled, preempted, out of memory, ...
     if res.returncode == 0:
         return {}, "the job exited normally but wrote no record"
     if res.returncode is None:
@@ -265,6 +289,8 @@ def attribute_failure(res: JobResult, failure_dir, dead: dict,
     where = f" on {launcher.host}" if launcher and launcher.host else ""
     if launcher and launcher.signal is not None:
         return end, f"rank {launcher.rank}{where} {launcher.how()}"
+    if sched.get("state") == "FAILED" and not launcher and not first_failure(str(failure_dir)):
+        return {}, res.why
     info = first_failure(str(failure_dir))
     if info:
         return info, f"rank {info['rank']} on {info['host']} failed: {info['reason']}"

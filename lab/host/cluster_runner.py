@@ -177,3 +177,170 @@ class ClusterRunner(Runner):
 
     def dead(self) -> dict[str, str]:
         return dead_nodes(self.found)
+
+
+class SlurmClusterRunner(ClusterRunner):
+    """The job goes to the cluster's Slurm (`invoke up --scheduler slurm`): bench writes
+    <run>/slurm/<attempt>/job.sbatch (lab.host.slurm.job_script), submits it from node1
+    with `sbatch --parsable` as the user lab, echoes the job's output file as it grows,
+    and asks `scontrol` for the job's state every second until it is final. Stopping it
+    (Ctrl-C, --timeout-s) is `scancel`."""
+
+    launcher = "slurm"
+    POLL_S = 1.0
+
+    def __init__(self, n: int, frozen: bool = False, echo=print):
+        super().__init__(n, frozen=frozen, echo=echo)
+        rc, out = exec_out(self.found["node1"], ["sinfo", "-h", "-N", "-o", "%N %t"])
+        if rc == 127:
+            raise ClusterError(f"the cluster's image ({self.tag}) has no Slurm: rebuild it with "
+                               f"`invoke build`, then `invoke up --nodes {n} --scheduler slurm`")
+        if rc != 0:
+            raise ClusterError(f"Slurm does not answer on node1 ({_last(out)}): bring the cluster up "
+                               f"with `invoke up --nodes {n} --scheduler slurm`")
+        known = {line.split()[0] for line in out.splitlines() if line.split()}
+        missing = [h for h in node_names(n) if h not in known]
+        if missing:
+            raise ClusterError(f"Slurm on this cluster has no node {', '.join(missing)} (it knows "
+                               f"{', '.join(sorted(known)) or 'none'}): bring it up with "
+                               f"`invoke up --nodes {n} --scheduler slurm`")
+        self.run_dir: str | None = None
+        self._job = None
+        self._job_id: str | None = None
+
+    def describe(self) -> str:
+        return (f"submitting to Slurm on the cluster's {self.n} nodes ({self.tag}); "
+                f"results in {self.results_dir}")
+
+    def prepare(self, path: str) -> None:
+        super().prepare(path)
+        self.run_dir = path
+
+    def commands(self, framework, backend, np, args):
+        from lab.host import slurm
+        job = slurm.SlurmJob(framework, backend, np, self.n, list(args))
+        slurm.job_script(job)           # refuses what Slurm cannot run, before anything starts
+        self._job = job
+        return {"node1": ["sbatch", "--parsable", "job.sbatch"]}
+
+    def _paths(self, attempt: str) -> tuple[str, str]:
+        """The attempt's Slurm folder: (on this host, as the nodes see it)."""
+        import os
+        rel = os.path.relpath(os.path.join(self.run_dir, "slurm", attempt), self.results_dir)
+        return os.path.join(self.results_dir, rel), f"{self.results_in}/{rel}"
+
+    def run(self, commands, env, timeout_s, echo, name=""):
+        import dataclasses
+        import os
+
+        from lab.host import slurm
+        args = self._job.worker_args
+        attempt = args[args.index("--attempt") + 1] if "--attempt" in args else "job"
+        here, inside = self._paths(attempt)
+        os.makedirs(here, exist_ok=True)
+        job = dataclasses.replace(
+            self._job, job_name=f"lab-{attempt}"[:64], time_limit_s=timeout_s,
+            output=f"{inside}/slurm-%j.out", env=self.env(env),
+            comment=f"dl-lab-kit: {self._job.framework} over {self._job.backend}, {self._job.np} "
+                    f"rank(s) on {self.n} node(s).\nSubmit with: sbatch job.sbatch")
+        with open(os.path.join(here, "job.sbatch"), "w") as f:
+            f.write(slurm.job_script(job))
+        hand_over(os.path.dirname(here), self.results_dir, everyone=True)
+        script = os.path.relpath(os.path.join(here, "job.sbatch"), self.run_dir)
+        node1 = self.found["node1"]
+        rc, out = exec_out(node1, ["sbatch", "--parsable", f"{inside}/job.sbatch"], timeout=60)
+        if rc != 0:
+            why = f"sbatch refused the job: {_last(out)}"
+            return JobResult(1, [why], why, {"name": "slurm", "job_id": None, "script": script})
+        self._job_id = job_id = slurm.job_id_of(out)
+        echo(f"submitted Slurm job {job_id} ({inside}/job.sbatch)")
+        log = os.path.join(here, f"slurm-{job_id}.out")
+        tail: collections.deque[str] = collections.deque(maxlen=proc.TAIL_LINES)
+        reader = _FileLines(log)
+        deadline = time.monotonic() + timeout_s if timeout_s > 0 else None
+        info: dict = {}
+        ours = None
+        try:
+            while True:
+                time.sleep(self.POLL_S)
+                for line in reader.lines():
+                    tail.append(line)
+                    echo(line)
+                rc, out = exec_out(node1, ["scontrol", "-o", "show", "job", job_id], timeout=30)
+                if rc == 0:
+                    info = slurm.job_fields(out)
+                elif "Invalid job id" in out:   # purged (MinJobAge): keep the last state seen
+                    break
+                if slurm.is_final(info.get("JobState", "")):
+                    break
+                if deadline and time.monotonic() > deadline and ours is None:
+                    ours = f"did not finish within {timeout_s:g} s and was cancelled (scancel)"
+                    self._cancel()
+                    deadline = time.monotonic() + 60     # for the cancel to land
+                elif deadline and ours and time.monotonic() > deadline:
+                    break
+        finally:
+            if not slurm.is_final(info.get("JobState", "")):
+                self._cancel()
+            time.sleep(self.POLL_S)             # the last lines slurmstepd writes
+            for line in reader.lines(final=True):
+                tail.append(line)
+                echo(line)
+            self._job_id = None
+        state = info.get("JobState", "UNKNOWN")
+        nodes = self._hostnames(info.get("NodeList", ""))
+        failed = []
+        if state == "NODE_FAIL":
+            _, sinfo = exec_out(node1, ["sinfo", "-h", "-N", "-o", "%N %T"])
+            failed = slurm.down_nodes(sinfo, nodes)
+        facts = {"name": "slurm", "job_id": job_id, "state": state,
+                 "exit_code": info.get("ExitCode"), "reason": info.get("Reason"),
+                 "nodes": nodes, "failed_nodes": failed, "script": script}
+        if ours or state == "TIMEOUT":
+            return JobResult(None, list(tail), ours or slurm.state_sentence(job_id, info, failed), facts)
+        code = info.get("ExitCode", "1:0").split(":")[0]
+        rc = 0 if state == "COMPLETED" and info.get("ExitCode") == "0:0" else (
+            int(code) if code.isdigit() and int(code) else 1)
+        return JobResult(rc, list(tail), "exited" if rc == 0 else
+                         slurm.state_sentence(job_id, info, failed), facts)
+
+    def _hostnames(self, nodelist: str) -> list[str]:
+        if not nodelist or nodelist == "(null)":
+            return []
+        rc, out = exec_out(self.found["node1"], ["scontrol", "show", "hostnames", nodelist])
+        return out.split() if rc == 0 else [nodelist]
+
+    def _cancel(self) -> None:
+        if self._job_id:
+            exec_out(self.found["node1"], ["scancel", self._job_id])
+
+    def stop(self) -> None:
+        self._cancel()
+        super().stop()          # ranks horovodrun started over SSH are not Slurm's tasks
+
+    def dead(self) -> dict[str, str]:
+        return {}               # Slurm says which node failed (JobResult.scheduler)
+
+
+def _last(out: str) -> str:
+    return (out.strip().splitlines() or ["no output"])[-1].strip()
+
+
+class _FileLines:
+    """The complete lines a growing file gains between calls."""
+
+    def __init__(self, path: str):
+        self.path, self.pos, self.rest = path, 0, b""
+
+    def lines(self, final: bool = False) -> list[str]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.pos)
+                data = f.read()
+        except OSError:
+            return []
+        self.pos += len(data)
+        data = self.rest + data
+        parts = data.split(b"\n")
+        self.rest = b"" if final else parts.pop()
+        return [p.decode(errors="replace").rstrip("\r") for p in parts if p or not final]

@@ -61,6 +61,7 @@ class BenchSettings:
     micro_batches: int = _RUN.micro_batches
     schedule: str = _RUN.schedule
     zero_stage: int = _RUN.zero_stage
+    launcher: str = "direct"         # on the cluster: direct (over SSH / docker exec) or slurm
 
 
 def parse_np(spec) -> list[int]:
@@ -156,6 +157,9 @@ def is_sweep(lists: dict[str, list]) -> bool:
     return any(len(v) > 1 for v in lists.values())
 
 
+# How a cluster job starts: the kit's own launch (horovodrun over SSH, torchrun on each
+# node), or a batch job of the cluster's Slurm (lab.host.slurm).
+LAUNCHERS = ("direct", "slurm")
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -166,6 +170,8 @@ def check_settings(s: BenchSettings) -> None:
         raise BenchError(f"--repeat is how many times each combination runs, at least 1: not {s.repeat}")
     if s.timeout_s < 0:
         raise BenchError(f"--timeout-s is seconds per run, 0 for no limit: not {s.timeout_s:g}")
+    if s.launcher not in LAUNCHERS:
+        raise BenchError(f"--launcher is one of {', '.join(LAUNCHERS)}, not {s.launcher!r}")
     if s.run_id and (not RUN_ID.match(s.run_id) or ".." in s.run_id):
         raise BenchError(f"--run-id names a folder inside --results-dir: letters, digits, '.', "
                          f"'_' and '-' only, not {s.run_id!r}")

@@ -26,6 +26,7 @@ class JobResult:
     returncode: int | None      # None: stopped at its time limit
     tail: list[str]             # the last lines it printed
     why: str                    # "exited", or how it was ended
+    scheduler: dict | None = None   # a scheduler's word on the job (Slurm: id, final state)
 
 
 class Runner:
@@ -193,15 +194,21 @@ def no_code_sentence(tag: str, labels: dict, missing: list[str]) -> str:
 def choose_runner(*, where: str = "auto", nodes: int = 1, image: str = "", frozen: bool = False,
                   device: str = "cpu", framework: str = "auto", backend: str = "gloo",
                   results_dir: str = "results", data_dir: str | None = "data",
-                  check_gpu_code: bool = True, echo=print) -> tuple[Runner, str | None]:
+                  check_gpu_code: bool = True, launcher: str = "direct",
+                  echo=print) -> tuple[Runner, str | None]:
     """(runner, a line saying where the ranks run or why not where asked). `nodes` > 1:
     the cluster's nodes. `auto`: the lab image when an engine and an image are there,
     else local processes with one line saying why; `image` (or a named image) insists on
     the image; `local` never looks. For GPU runs the image must have code for the
     host's GPUs (refused in one sentence, unless check_gpu_code is False: doctor
-    reports it as a finding instead)."""
+    reports it as a finding instead). launcher "slurm": a batch job of the cluster's
+    Slurm, on `nodes` of its nodes."""
     if where not in WHERE:
         raise RunnerError(f"where the job runs must be one of {', '.join(WHERE)}, not {where!r}")
+    if launcher == "slurm":
+        from lab.host.cluster_runner import SlurmClusterRunner
+        runner = SlurmClusterRunner(nodes, frozen=frozen, echo=echo)
+        return runner, runner.describe()
     if nodes > 1:
         from lab.host.cluster_runner import ClusterRunner
         runner = ClusterRunner(nodes, frozen=frozen, echo=echo)

@@ -27,6 +27,16 @@ MARKS: dict[str, float] = {"process": PROCESS_T0}
 STARTUP_PHASES = ("launcher", "imports", "rendezvous", "setup", "warmup")
 
 
+def scheduler_job() -> dict:
+    """The Slurm job this rank runs in, from the variables slurmd gives a job's tasks
+    (and horovodrun passes on to the ranks it starts): {"scheduler": {...}} or {}."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job:
+        return {}
+    return {"scheduler": {"name": "slurm", "job_id": job,
+                          "nodelist": os.environ.get("SLURM_JOB_NODELIST")}}
+
+
 def startup_phases(marks: dict[str, float], launched_at: float) -> dict[str, float | None]:
     """Where a rank's start-up went, in seconds: launcher (from bench starting the
     launcher until the rank's Python runs the worker: the launcher, the container, the
@@ -169,7 +179,7 @@ def train(cfg, d, log=print) -> dict | None:
         "ok", run_id=cfg.run_id, config=cfg.as_record(), np=strategy.workers(), nodes=len(set(hosts)),
         started_at=started,
         world={"hosts": hosts, "devices_per_node": strategy.devices_per_node(),
-               "controller": d.controller},
+               "controller": d.controller, **scheduler_job()},
         figures={
             "throughput_img_s": metrics.global_throughput(
                 b, strategy.data_world, [p["timed_s"] for p in summary],

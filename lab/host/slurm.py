@@ -1,0 +1,223 @@
+"""Slurm as a launcher: the batch script a run needs (`job_script`, pure, the same for the
+simulated cluster and for a real one: `invoke sbatch`), what `scontrol` says of a job
+(`job_fields`, `is_final`, `down_nodes`, also pure), and `SlurmRunner`, which submits the
+script from node1 of the simulated cluster, streams the job's output file, follows the
+job's state with `scontrol` until it is final, and cancels it when asked to stop.
+
+How each framework starts inside the allocation (checked on this kit's CPU image, Slurm
+22.05.8 and Debian's Open MPI 4.1.4; prototype notes in the README's Slurm section):
+- DDP: one torch.distributed.run per node (`srun --ntasks-per-node=1`), meeting at a c10d
+  rendezvous on the allocation's first host, as PyTorch's own multi-node example runs it
+  under Slurm (docs/source/elastic/run.rst, "--rdzv-id=$SLURM_JOB_ID --rdzv-backend=c10d
+  --rdzv-endpoint=$HEAD:29500"). torchrun starts the ranks and reports a dead one.
+- Horovod over MPI: every rank a Slurm task, started by `srun --mpi=pmix` (Open MPI
+  finds its peers through Slurm's PMIx; with srun's default, --mpi=none, MPI_Init fails
+  with "OMPI was not built with SLURM's PMI support"). Slurm tracks and ends the ranks.
+- Horovod over Gloo (or NCCL, which rides on it): horovodrun, with -H from
+  `scontrol show hostnames` (it does not read an allocation itself), so its ranks start
+  over SSH beside Slurm's tasks: this needs SSH between the nodes, and on a real cluster
+  a container run (pyxis) cannot do it.
+A job that loses a node ends NODE_FAIL (the simulated cluster sets JobRequeue=0, and the
+script asks --no-requeue); srun's own exit code after a node failure can be 0, so the
+state is read from scontrol, never from the exit code alone."""
+from __future__ import annotations
+
+import math
+import os
+import re
+import shlex
+import time
+from dataclasses import dataclass, field
+
+from lab.host import launch
+from lab.host.runners import JobResult, RunnerError
+
+RDZV_PORT = 29500
+# Slurm's job states that do not change any more (squeue(1), JOB STATE CODES).
+FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
+                "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
+CONTAINER_KINDS = ("pyxis", "apptainer", "venv")
+
+
+class SlurmError(RunnerError):
+    """A job Slurm refused or a script that cannot be written: one sentence."""
+
+
+@dataclass
+class SlurmJob:
+    """What a batch script says: the run's ranks and where, and the cluster's options."""
+    framework: str                    # horovod | ddp
+    backend: str                      # gloo | mpi | nccl
+    np: int
+    nodes: int
+    worker_args: list[str]
+    job_name: str = "lab-bench"
+    time_limit_s: float = 0           # 0: the partition's limit
+    output: str = "slurm-%j.out"      # where Slurm writes the job's output (%j: the job id)
+    env: dict[str, str] = field(default_factory=dict)
+    python: str = "python"
+    partition: str = ""
+    gpus_per_node: int = 0            # --gres=gpu:N
+    container: str = ""               # "", pyxis:IMAGE, apptainer:FILE.sif or venv:DIR
+    mounts: list[str] = field(default_factory=list)   # folders a container must see
+    comment: str = ""
+
+
+def time_limit(seconds: float) -> str | None:
+    """sbatch's --time for a limit in seconds: whole minutes, rounded up (Slurm's unit),
+    as [H:]MM:00, or None for no limit."""
+    if not seconds or seconds <= 0:
+        return None
+    minutes = max(1, math.ceil(seconds / 60))
+    h, m = divmod(minutes, 60)
+    return f"{h}:{m:02d}:00" if h else f"{m}:00"
+
+
+def ranks_per_node(np: int, nodes: int) -> int:
+    if nodes < 1:
+        raise SlurmError("--nodes must be at least 1")
+    if np % nodes:
+        raise SlurmError(f"--np {np} does not spread evenly over {nodes} nodes: use a multiple of {nodes}")
+    return np // nodes
+
+
+def parse_container(spec: str) -> tuple[str, str]:
+    """'pyxis:IMAGE', 'apptainer:FILE.sif' or 'venv:DIR' -> (kind, value); '' -> ('', '')."""
+    if not spec:
+        return "", ""
+    kind, sep, value = spec.partition(":")
+    if not sep or kind not in CONTAINER_KINDS or not value:
+        raise SlurmError(f"--container takes pyxis:IMAGE, apptainer:FILE.sif or venv:DIR, not {spec!r}")
+    return kind, value
+
+
+def job_script(job: SlurmJob) -> str:
+    """The batch script, written the way a user would write it by hand."""
+    if job.framework not in ("horovod", "ddp"):
+        raise SlurmError("a Slurm job needs a distributed framework: --framework horovod or ddp")
+    per = ranks_per_node(job.np, job.nodes)
+    kind, where = parse_container(job.container)
+    gloo = job.framework == "horovod" and launch.framework_for_backend("horovod", job.backend) == "gloo"
+    if kind == "pyxis" and gloo:
+        raise SlurmError("Horovod over Gloo starts its ranks with horovodrun over SSH, which a "
+                         "pyxis container cannot do: use --backend mpi, DDP, or apptainer:/venv:")
+    ddp = job.framework == "ddp"
+    # DDP: one task per node (torchrun starts the node's ranks, and gets their CPUs);
+    # Horovod: one task (slot) per rank.
+    tasks, cpus = (1, per) if ddp else (per, 1)
+    lines = ["#!/bin/bash"]
+    if job.comment:
+        lines += [f"# {c}" if c else "#" for c in job.comment.splitlines()]
+    opts = [f"--job-name={job.job_name}", f"--nodes={job.nodes}", f"--ntasks-per-node={tasks}",
+            f"--cpus-per-task={cpus}"]
+    if job.partition:
+        opts.append(f"--partition={job.partition}")
+    if job.gpus_per_node:
+        opts.append(f"--gres=gpu:{job.gpus_per_node}")
+    limit = time_limit(job.time_limit_s)
+    if limit:
+        opts.append(f"--time={limit}")
+    # A job that loses a node fails (NODE_FAIL) instead of being queued again.
+    opts += [f"--output={job.output}", "--no-requeue"]
+    lines += [f"#SBATCH {o}" for o in opts]
+    lines += ["set -euo pipefail", ""]
+    for k, v in job.env.items():
+        lines.append(f"export {k}={shlex.quote(str(v))}")
+    if kind == "venv":
+        lines.append(f"source {shlex.quote(where)}/bin/activate")
+    lines += ['hosts=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))',
+              'echo "lab: Slurm job $SLURM_JOB_ID on ${hosts[*]}"', ""]
+    python = [job.python]
+    srun_extra: list[str] = []
+    if kind == "apptainer":
+        binds = ",".join(job.mounts)
+        python = ["apptainer", "exec", *(["--nv"] if job.gpus_per_node else []),
+                  *(["--bind", binds] if binds else []), where, job.python]
+    elif kind == "pyxis":
+        srun_extra = [f"--container-image={where}"]
+        if job.mounts:
+            srun_extra.append("--container-mounts=" + ",".join(f"{m}:{m}" for m in job.mounts))
+    worker = [*python, "-m", "lab.worker.train", *job.worker_args]
+    if ddp:
+        cmd = ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", *srun_extra, *python,
+               "-m", "torch.distributed.run", f"--nnodes={job.nodes}", f"--nproc-per-node={per}",
+               "--rdzv-backend=c10d", '--rdzv-id="$SLURM_JOB_ID"',
+               f'--rdzv-endpoint="${{hosts[0]}}:{RDZV_PORT}"',
+               "-m", "lab.worker.train", *job.worker_args]
+    elif gloo:
+        lines.append(f'slots=$(printf "%s:{per}," "${{hosts[@]}}")')
+        cmd = ["horovodrun", "-np", str(job.np), "-H", '"${slots%,}"', "--gloo", *worker]
+    else:
+        cmd = ["srun", "--mpi=pmix", "--kill-on-bad-exit=1", *srun_extra, *worker]
+    lines.append(_join(cmd))
+    return "\n".join(lines) + "\n"
+
+
+def _join(argv: list[str]) -> str:
+    """A command line; words that already hold a quoted shell expansion stay as they are."""
+    words = [a if a.startswith(('"$', '--rdzv-id="', '--rdzv-endpoint="')) else shlex.quote(a)
+             for a in argv]
+    return " \\\n    ".join(_groups(words))
+
+
+def _groups(words: list[str]) -> list[str]:
+    """The words of a long command in lines of about 88 characters."""
+    out, cur = [], ""
+    for w in words:
+        if cur and len(cur) + 1 + len(w) > 88:
+            out.append(cur)
+            cur = w
+        else:
+            cur = f"{cur} {w}" if cur else w
+    return out + ([cur] if cur else [])
+
+
+def job_id_of(parsable: str) -> str:
+    """`sbatch --parsable` prints "ID" or "ID;CLUSTER"."""
+    line = (parsable.strip().splitlines() or [""])[-1].strip()
+    job_id = line.split(";")[0]
+    if not job_id.isdigit():
+        raise SlurmError(f"sbatch did not print a job id: {line or 'nothing'}")
+    return job_id
+
+
+def job_fields(scontrol: str) -> dict[str, str]:
+    """`scontrol -o show job ID`: one line of Key=Value words -> a dict."""
+    out = {}
+    for m in re.finditer(r"(?:^|\s)([A-Za-z][\w:/]*)=(\S*)", scontrol.strip()):
+        out.setdefault(m.group(1), m.group(2))
+    return out
+
+
+def is_final(state: str) -> bool:
+    return state.split()[0] in FINAL_STATES if state else False
+
+
+def down_nodes(sinfo: str, among: list[str]) -> list[str]:
+    """Nodes of `among` that `sinfo -h -N -o '%N %T'` shows down, failed or not
+    responding (a trailing '*')."""
+    out = []
+    for line in sinfo.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] in among and parts[0] not in out and (
+                parts[1].endswith("*") or any(s in parts[1].lower() for s in ("down", "fail", "no_respond"))):
+            out.append(parts[0])
+    return out
+
+
+def state_sentence(job_id: str, info: dict, failed: list[str]) -> str:
+    """What Slurm says of a job that did not complete, in one sentence."""
+    state = info.get("JobState", "?")
+    reason = info.get("Reason", "")
+    code = info.get("ExitCode", "")
+    if state == "NODE_FAIL":
+        who = ", ".join(failed) if failed else info.get("NodeList", "a node")
+        return f"Slurm job {job_id} ended NODE_FAIL: node {who} stopped responding during the run"
+    if state == "TIMEOUT":
+        return f"Slurm job {job_id} reached its time limit ({info.get('TimeLimit', '?')}) and was ended (TIMEOUT)"
+    text = f"Slurm job {job_id} ended {state}"
+    if code and code != "0:0":
+        text += f" (exit code {code}, as exit:signal)"
+    if reason and reason != "None":
+        text += f", reason {reason}"
+    return text
