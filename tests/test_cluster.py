@@ -123,6 +123,11 @@ def up():
         assert left == {"containers": [], "networks": [], "volumes": []}, left
 
 
+# A rank or launcher running the worker; anchored at the start of the command line so
+# that `timeout ... pgrep -f PATTERN` (exec_out's wrapper) does not match itself.
+TRAINING = ["pgrep", "-f", r"^[^ ]*python[^ ]* .*lab\.worker\.train"]
+
+
 def records_of(out: str):
     m = re.search(r"records: (\S+results\.jsonl)", out)
     assert m, out[-2000:]
@@ -255,6 +260,83 @@ def test_a_delay_without_netem_is_one_sentence(up):
     assert "no netem" in cp.stderr and "rate alone" in cp.stderr
 
 
+@pytest.mark.parametrize("framework,backend", [("ddp", "gloo"), ("horovod", "gloo"), ("horovod", "mpi")])
+def test_the_slurm_launcher_runs_each_framework_as_a_batch_job(up, framework, backend):
+    """bench --launcher slurm: the script in the run's folder, sbatch from node1, the job's
+    output streamed, its id and final state in the record."""
+    cp = invoke("bench", "--nodes", "2", "--np", "2", "--framework", framework, "--backend", backend,
+                "--max-steps", "10", "--launcher", "slurm")
+    assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-2000:]
+    [r] = records_of(cp.stdout)
+    assert r["status"] == "ok" and sorted(r["world"]["hosts"]) == ["node1", "node2"]
+    sched = r["world"]["scheduler"]
+    assert sched["name"] == "slurm" and sched["job_id"].isdigit() and sched["nodelist"] == "node[1-2]"
+    assert sched["state"] == "COMPLETED" and sched["exit_code"] == "0:0"
+    assert f"submitted Slurm job {sched['job_id']}" in cp.stdout
+    assert f"lab: Slurm job {sched['job_id']} on node1 node2" in cp.stdout      # streamed
+    run = Path(re.search(r"records: (\S+)", cp.stdout).group(1)).parent
+    [script] = run.glob("slurm/*/job.sbatch")
+    assert "#SBATCH --nodes=2" in script.read_text()
+    assert (script.parent / f"slurm-{sched['job_id']}.out").exists()
+
+
+def test_a_slurm_job_that_cannot_fit_is_cancelled_in_one_sentence(up):
+    """Three ranks per node where each node has 2 CPUs: Slurm would keep it pending for
+    ever (PartitionConfig); bench cancels it and says why."""
+    cp = invoke("bench", "--nodes", "2", "--np", "6", "--framework", "horovod", "--backend", "mpi",
+                "--max-steps", "10", "--launcher", "slurm")
+    assert cp.returncode == 1 and "Traceback" not in cp.stderr, cp.stdout[-2000:] + cp.stderr
+    [r] = records_of(cp.stdout)
+    assert r["status"] == "failed" and "cannot run job" in r["error"]["reason"]
+    assert r["error"]["slurm"]["reason"] == "PartitionConfig"
+    rc, out = cluster.exec_out(cluster.nodes(up)["node1"], ["squeue", "-h"])
+    assert rc == 0 and out.strip() == "", out
+
+
+def test_the_slurm_launcher_on_more_nodes_than_slurm_has_is_one_sentence(up, tmp_path):
+    cp = invoke("bench", "--nodes", "3", "--np", "3", "--framework", "ddp", "--launcher", "slurm")
+    assert cp.returncode == 2 and "Traceback" not in cp.stderr, cp.stderr
+    assert "no running node3" in cp.stderr or "no node node3" in cp.stderr
+
+
+def test_a_slurm_job_that_loses_a_node_fails_naming_it(up):
+    """node2 killed during a job: Slurm marks it down (SlurmdTimeout=10) and ends the
+    job NODE_FAIL; the record names node2, within 60 s of the kill. node2 is started
+    again afterwards and Slurm takes it back (ReturnToService=2)."""
+    client = up
+    node2 = cluster.nodes(client)["node2"]
+    killed = {}
+
+    def kill_when_training():
+        for _ in range(240):
+            rc, _ = cluster.exec_out(node2, TRAINING, user="root")
+            if rc == 0:
+                time.sleep(3)
+                killed["at"] = time.monotonic()
+                node2.kill()
+                return
+            time.sleep(0.5)
+
+    killer = threading.Thread(target=kill_when_training, daemon=True)
+    killer.start()
+    try:
+        cp = invoke("bench", "--nodes", "2", "--np", "2", "--framework", "ddp", "--backend", "gloo",
+                    "--max-steps", "100000", "--timeout-s", "300", "--launcher", "slurm")
+        ended = time.monotonic()
+        killer.join(timeout=5)
+        assert cp.returncode == 1, cp.stdout[-2000:] + cp.stderr[-2000:]
+        [r] = records_of(cp.stdout)
+        assert r["status"] == "failed" and r["error"]["host"] == "node2", r["error"]
+        assert r["error"]["slurm"]["state"] == "NODE_FAIL"
+        assert r["error"]["slurm"]["failed_nodes"] == ["node2"]
+        assert "NODE_FAIL: node node2" in r["error"]["reason"]
+        assert ended - killed["at"] < 60, f"{ended - killed['at']:.0f} s from the kill to the record"
+    finally:
+        node2.start()
+        found = cluster.wait_ssh(client, 2, echo=lambda s: None)
+        cluster.wait_slurm(found, 2, echo=lambda s: None)
+
+
 def test_a_node_that_dies_mid_job_ends_it_naming_the_node(up):
     """Last in this module: it kills node2. The run before it stays intact."""
     client = up
@@ -266,7 +348,7 @@ def test_a_node_that_dies_mid_job_ends_it_naming_the_node(up):
 
     def kill_when_training():
         for _ in range(240):
-            rc, out = cluster.exec_out(node2, ["pgrep", "-f", "lab.worker.train"], user="root")
+            rc, out = cluster.exec_out(node2, TRAINING, user="root")
             if rc == 0:
                 time.sleep(3)
                 node2.kill()

@@ -100,7 +100,8 @@ SCHEMA = {
                      "ended that rank (9: SIGKILL, as the out-of-memory killer sends)"),
     "error.reason": ("str", "on failure: one line saying what went wrong"),
     "error.slurm": ("object, optional", "a Slurm job that failed: job_id, state (JobState: FAILED, "
-                    "CANCELLED, TIMEOUT, NODE_FAIL, ...), reason, exit_code, nodes, failed_nodes, "
+                    "CANCELLED, TIMEOUT, NODE_FAIL, ...), reason, exit_code, nodes, failed_nodes, states (as "
+                    "polled: seconds after submission, JobState/Reason), "
                     "script (the batch script, relative to the run's folder); no job_id when "
                     "sbatch refused it"),
     "error.log_tail": ("str", "on failure: the end of the job's output"),

@@ -220,7 +220,9 @@ def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, ec
     before = len(results.read_records(rfile)[0])
     started = results.now_iso()
     t0 = time.monotonic()
-    watch = LauncherWatch(echo)
+    # Under Slurm, Horovod over MPI runs every rank as an srun task.
+    watch = LauncherWatch(echo, srun_tasks_are_ranks=getattr(runner, "launcher", "") == "slurm"
+                          and cfg.framework == "horovod" and s.backend == "mpi")
     try:
         try:
             res = runner.run(commands, job_env(s), s.timeout_s, watch.line,

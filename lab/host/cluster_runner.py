@@ -207,6 +207,7 @@ class SlurmClusterRunner(ClusterRunner):
         self.run_dir: str | None = None
         self._job = None
         self._job_id: str | None = None
+        self._nodes_of: tuple[str, list[str]] = ("", [])
 
     def describe(self) -> str:
         return (f"submitting to Slurm on the cluster's {self.n} nodes ({self.tag}); "
@@ -260,19 +261,46 @@ class SlurmClusterRunner(ClusterRunner):
         deadline = time.monotonic() + timeout_s if timeout_s > 0 else None
         info: dict = {}
         ours = None
+        seen: list[str] = []            # the states the job went through, as polled
+        node_failed_at = None
+        t0 = time.monotonic()
         try:
             while True:
                 time.sleep(self.POLL_S)
                 for line in reader.lines():
                     tail.append(line)
                     echo(line)
+                    if slurm.NODE_FAILURE_LINE in line and node_failed_at is None:
+                        node_failed_at = time.monotonic()
                 rc, out = exec_out(node1, ["scontrol", "-o", "show", "job", job_id], timeout=30)
                 if rc == 0:
                     info = slurm.job_fields(out)
+                    now = f"{info.get('JobState')}/{info.get('Reason')}"
+                    if not seen or seen[-1].split(" ", 1)[1] != now:
+                        seen.append(f"{time.monotonic() - t0:.0f}s {now}")
                 elif "Invalid job id" in out:   # purged (MinJobAge): keep the last state seen
                     break
                 if slurm.is_final(info.get("JobState", "")):
                     break
+                if node_failed_at is None and (info.get("Reason") == "NodeDown" or self._job_node_down(info)):
+                    node_failed_at = time.monotonic()
+                # Slurm has ended the job for a lost node, but srun may go on trying to
+                # reach it (seen here: a minute of getaddrinfo retries before the state
+                # turned NODE_FAIL): cancel it, and take NODE_FAIL as its state if
+                # scontrol does not say so within 10 s.
+                if node_failed_at is not None:
+                    self._cancel()
+                    if time.monotonic() - node_failed_at > 10:
+                        info = {**info, "JobState": "NODE_FAIL", "Reason": "NodeDown"}
+                        seen.append(f"{time.monotonic() - t0:.0f}s NODE_FAIL/NodeDown (taken "
+                                    f"from the job's output)")
+                        break
+                if slurm.never_runs(info):
+                    self._cancel()
+                    return JobResult(1, list(tail), slurm.state_sentence(job_id, info, []), {
+                        "name": "slurm", "job_id": job_id, "state": "PENDING",
+                        "reason": info.get("Reason"), "exit_code": None, "nodes": [],
+                        "failed_nodes": [], "script": script})
                 if deadline and time.monotonic() > deadline and ours is None:
                     ours = f"did not finish within {timeout_s:g} s and was cancelled (scancel)"
                     self._cancel()
@@ -295,7 +323,7 @@ class SlurmClusterRunner(ClusterRunner):
             failed = slurm.down_nodes(sinfo, nodes)
         facts = {"name": "slurm", "job_id": job_id, "state": state,
                  "exit_code": info.get("ExitCode"), "reason": info.get("Reason"),
-                 "nodes": nodes, "failed_nodes": failed, "script": script}
+                 "nodes": nodes, "failed_nodes": failed, "script": script, "states": seen}
         if ours or state == "TIMEOUT":
             return JobResult(None, list(tail), ours or slurm.state_sentence(job_id, info, failed), facts)
         code = info.get("ExitCode", "1:0").split(":")[0]
@@ -303,6 +331,21 @@ class SlurmClusterRunner(ClusterRunner):
             int(code) if code.isdigit() and int(code) else 1)
         return JobResult(rc, list(tail), "exited" if rc == 0 else
                          slurm.state_sentence(job_id, info, failed), facts)
+
+    def _job_node_down(self, info: dict) -> bool:
+        """Whether sinfo shows one of the job's nodes down (Slurm noticed, SlurmdTimeout)
+        while the job is not final yet: when the node died before its tasks started,
+        srun retries it for minutes and the job can stay RUNNING, then COMPLETING."""
+        from lab.host import slurm
+        nodes = info.get("NodeList", "")
+        if not nodes or nodes == "(null)":
+            return False
+        if self._nodes_of[0] != nodes:
+            self._nodes_of = (nodes, self._hostnames(nodes))
+        rc, out = exec_out(self.found["node1"], ["sinfo", "-h", "-N", "-o", "%N %T"])
+        return rc == 0 and any("down" in line.split()[1].lower() or "fail" in line.split()[1].lower()
+                               for line in out.splitlines()
+                               if len(line.split()) >= 2 and line.split()[0] in self._nodes_of[1])
 
     def _hostnames(self, nodelist: str) -> list[str]:
         if not nodelist or nodelist == "(null)":

@@ -20,6 +20,11 @@ tests/fixtures/launchers/):
 - mpirun (Open MPI 4.1): "mpirun noticed that process rank R with PID P on node H
   exited on signal S (Name)." for a signal; "Process name: [[J,1],R]" then
   "Exit code: C" for the first non-zero exit.
+- srun (Slurm 22.05), when its tasks are the ranks (Horovod over MPI under Slurm):
+  "srun: error: node2: task 1: Exited with exit code 7", "...: task 1: Killed"; the
+  tasks KillOnBadExit ends after the first show "Terminated" (captured on the
+  simulated cluster). Read only when the runner says tasks are ranks
+  (`srun_tasks_are_ranks`): under DDP a task is a node's torch.distributed.run.
 """
 from __future__ import annotations
 
@@ -33,6 +38,7 @@ _MPIRUN_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exit
 _HOROVOD_EXIT = re.compile(r"^Process (\d+) exit with status code (-?\d+)\.$")
 _PROCESS_NAME = re.compile(r"^\s*Process name: (?:\[\[\d+,\d+\],(\d+)\]|(\d+))\s*$")
 _EXIT_CODE = re.compile(r"^\s*Exit code: (-?\d+)\s*$")
+_SRUN_TASK = re.compile(r"^srun: error: (\S+): task (\d+): (.*)$")
 _TORCHRUN_FIELD = re.compile(r"^\s*(rank|host|exitcode)\s*: (.*)$")
 
 
@@ -64,14 +70,30 @@ def _from_code(rank: int, code: int, host: str | None = None, shell: bool = Fals
     return RankEnd(rank, host, code, None)
 
 
+def srun_task_end(task: int, host: str, what: str) -> RankEnd | None:
+    """srun's "task N: <what>": an exit code, or a signal by its strsignal(3) name."""
+    m = re.match(r"Exited with exit code (\d+)", what)
+    if m:
+        return RankEnd(task, host, int(m.group(1)), None)
+    names = {"Killed": _signal.SIGKILL, "Terminated": _signal.SIGTERM,
+             "Segmentation fault": _signal.SIGSEGV, "Aborted": _signal.SIGABRT,
+             "Bus error": _signal.SIGBUS, "Interrupt": _signal.SIGINT}
+    for name, sig in names.items():
+        if what.startswith(name):
+            return RankEnd(task, host, None, int(sig))
+    return None
+
+
 class LauncherWatch:
     """Feed it every line of a job's output (`line`); it passes them on to `echo`,
     with a launcher's traceback condensed to its last line, keeps the last lines it
     passed on (`tail`), and remembers the first rank the launcher reports as ended
     abnormally (`first`)."""
 
-    def __init__(self, echo, tail: int = 40):
+    def __init__(self, echo, tail: int = 40, srun_tasks_are_ranks: bool = False):
         self.echo = echo
+        self.srun_tasks_are_ranks = srun_tasks_are_ranks
+        self._srun_terminated: list[RankEnd] = []
         self.tail: collections.deque[str] = collections.deque(maxlen=tail)
         self.first: RankEnd | None = None
         self._traceback: list[str] | None = None
@@ -113,6 +135,8 @@ class LauncherWatch:
         self._finish_torchrun()
         if self.first is None and self._horovod_exits:
             self.first = self._horovod_exits[0]
+        if self.first is None and self._srun_terminated:
+            self.first = self._srun_terminated[0]
 
     def _found(self, end: RankEnd) -> None:
         if self.first is None:
@@ -161,6 +185,16 @@ class LauncherWatch:
             return
         if text.startswith("Root Cause (first observed failure):"):
             self._torchrun = {}
+            return
+        m = _SRUN_TASK.match(text) if self.srun_tasks_are_ranks else None
+        if m:
+            end = srun_task_end(int(m.group(2)), m.group(1), m.group(3))
+            if end is not None:
+                # The ones srun ended after the first (KillOnBadExit) say Terminated.
+                if end.signal == _signal.SIGTERM:
+                    self._srun_terminated.append(end)
+                else:
+                    self._found(end)
             return
         m = _MPIRUN_SIGNAL.search(text)
         if m:

@@ -23,19 +23,24 @@ state is read from scontrol, never from the exit code alone."""
 from __future__ import annotations
 
 import math
-import os
 import re
 import shlex
-import time
 from dataclasses import dataclass, field
 
 from lab.host import launch
-from lab.host.runners import JobResult, RunnerError
+from lab.host.runners import RunnerError
 
 RDZV_PORT = 29500
 # Slurm's job states that do not change any more (squeue(1), JOB STATE CODES).
 FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
                 "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
+# Why a job waits that no wait will cure (squeue(1), JOB REASON CODES): the request does
+# not fit the partition (PartitionConfig: e.g. more tasks per node than a node has CPUs).
+NEVER_REASONS = ("PartitionConfig", "PartitionNodeLimit", "PartitionTimeLimit", "BadConstraints",
+                 "InvalidAccount", "InvalidQOS", "QOSJobLimit", "AssocMaxJobsLimit")
+# What slurmstepd writes into the job's output when slurmctld ends it for a lost node:
+# "*** JOB 5 ON node1 CANCELLED AT <time> DUE TO NODE FAILURE, SEE SLURMCTLD LOG ..."
+NODE_FAILURE_LINE = "DUE TO NODE FAILURE"
 CONTAINER_KINDS = ("pyxis", "apptainer", "venv")
 
 
@@ -194,15 +199,24 @@ def is_final(state: str) -> bool:
 
 
 def down_nodes(sinfo: str, among: list[str]) -> list[str]:
-    """Nodes of `among` that `sinfo -h -N -o '%N %T'` shows down, failed or not
-    responding (a trailing '*')."""
-    out = []
+    """Nodes of `among` that `sinfo -h -N -o '%N %T'` shows down or failed; when none is,
+    those not responding (a trailing '*': a busy node can miss a ping too)."""
+    down, silent = [], []
     for line in sinfo.splitlines():
         parts = line.split()
-        if len(parts) >= 2 and parts[0] in among and parts[0] not in out and (
-                parts[1].endswith("*") or any(s in parts[1].lower() for s in ("down", "fail", "no_respond"))):
-            out.append(parts[0])
-    return out
+        if len(parts) < 2 or parts[0] not in among:
+            continue
+        state = parts[1].lower()
+        if any(s in state for s in ("down", "fail")) and parts[0] not in down:
+            down.append(parts[0])
+        elif state.endswith("*") and parts[0] not in silent:
+            silent.append(parts[0])
+    return down or silent
+
+
+def never_runs(info: dict) -> bool:
+    """A pending job whose reason says the request itself cannot be met."""
+    return info.get("JobState") == "PENDING" and info.get("Reason") in NEVER_REASONS
 
 
 def state_sentence(job_id: str, info: dict, failed: list[str]) -> str:
@@ -213,6 +227,11 @@ def state_sentence(job_id: str, info: dict, failed: list[str]) -> str:
     if state == "NODE_FAIL":
         who = ", ".join(failed) if failed else info.get("NodeList", "a node")
         return f"Slurm job {job_id} ended NODE_FAIL: node {who} stopped responding during the run"
+    if state == "PENDING" and reason in NEVER_REASONS:
+        return (f"Slurm cannot run job {job_id} as asked (pending, reason {reason}: "
+                f"{info.get('NumNodes', '?')} node(s), {info.get('NumTasks', '?')} task(s), "
+                f"{info.get('NumCPUs', '?')} CPU(s)) and it was cancelled: ask for fewer ranks "
+                f"per node, or see `sinfo -N -l` for what the nodes have")
     if state == "TIMEOUT":
         return f"Slurm job {job_id} reached its time limit ({info.get('TimeLimit', '?')}) and was ended (TIMEOUT)"
     text = f"Slurm job {job_id} ended {state}"

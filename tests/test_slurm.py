@@ -1,0 +1,166 @@
+"""Slurm as a launcher, the pure parts: the batch script for each framework (checked by
+bash itself), what scontrol and sinfo print (real output captured on the simulated
+cluster, tests/fixtures/launchers/), srun's word on the rank that died, and the final
+state added to the records the ranks wrote. The jobs themselves run for real in
+tests/test_cluster.py."""
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from lab.common import results
+from lab.host import slurm
+from lab.host.failures import LauncherWatch
+
+FIXTURES = Path(__file__).parent / "fixtures" / "launchers"
+
+
+def script(**kw) -> str:
+    job = dict(framework="ddp", backend="gloo", np=4, nodes=2, worker_args=["--max-steps", "5"])
+    job.update(kw)
+    return slurm.job_script(slurm.SlurmJob(**job))
+
+
+def bash_ok(text: str, tmp_path) -> None:
+    path = tmp_path / "job.sbatch"
+    path.write_text(text)
+    cp = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    assert cp.returncode == 0, cp.stderr
+
+
+def sbatch_options(text: str) -> dict:
+    opts = [line.split(" ", 1)[1].lstrip("-") for line in text.splitlines()
+            if line.startswith("#SBATCH ")]
+    return dict((o.split("=", 1) + [""])[:2] for o in opts)
+
+
+def test_ddp_is_one_torchrun_per_node_at_a_c10d_rendezvous(tmp_path):
+    text = script(time_limit_s=3600, env={"OMP_NUM_THREADS": "1"})
+    bash_ok(text, tmp_path)
+    opts = sbatch_options(text)
+    assert opts["nodes"] == "2" and opts["ntasks-per-node"] == "1" and opts["cpus-per-task"] == "2"
+    assert opts["time"] == "1:00:00" and "no-requeue" in text
+    body = text.replace(" \\\n    ", " ")
+    assert "srun --ntasks-per-node=1 --kill-on-bad-exit=1 python -m torch.distributed.run --nnodes=2 " \
+           "--nproc-per-node=2 --rdzv-backend=c10d" in body
+    assert '--rdzv-endpoint="${hosts[0]}:29500"' in body and "export OMP_NUM_THREADS=1" in body
+    assert body.rstrip().endswith("-m lab.worker.train --max-steps 5")
+
+
+def test_horovod_over_mpi_is_one_srun_task_per_rank_with_pmix(tmp_path):
+    text = script(framework="horovod", backend="mpi")
+    bash_ok(text, tmp_path)
+    opts = sbatch_options(text)
+    assert opts["ntasks-per-node"] == "2" and opts["cpus-per-task"] == "1" and "time" not in opts
+    assert "srun --mpi=pmix --kill-on-bad-exit=1 python -m lab.worker.train" in text
+
+
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])
+def test_horovod_over_gloo_gets_its_hosts_from_the_allocation(backend, tmp_path):
+    text = script(framework="horovod", backend=backend)
+    bash_ok(text, tmp_path)
+    body = text.replace(" \\\n    ", " ")
+    assert 'horovodrun -np 4 -H "${slots%,}" --gloo python -m lab.worker.train' in body
+    # what the script computes for -H, run by bash with a node list as scontrol prints it
+    hosts = "node1 node2"
+    out = subprocess.run(["bash", "-c", f'hosts=({hosts}); printf "%s:2," "${{hosts[@]}}" | sed "s/,$//"'],
+                         capture_output=True, text=True).stdout
+    assert out == "node1:2,node2:2"
+    assert [line for line in text.splitlines() if line.startswith("slots=")] == \
+        ['slots=$(printf "%s:2," "${hosts[@]}")']
+
+
+def test_options_of_a_real_cluster(tmp_path):
+    text = script(partition="gpu", gpus_per_node=4, container="pyxis:nvcr.io#me/lab:1",
+                  mounts=["/scratch/results"], time_limit_s=90)
+    bash_ok(text, tmp_path)
+    opts = sbatch_options(text)
+    assert opts["partition"] == "gpu" and opts["gres"] == "gpu:4" and opts["time"] == "2:00"
+    assert "--container-image=nvcr.io#me/lab:1" in text
+    assert "--container-mounts=/scratch/results:/scratch/results" in text
+    app = script(framework="horovod", backend="mpi", container="apptainer:/shared/lab.sif",
+                 gpus_per_node=1, mounts=["/scratch"])
+    assert "apptainer exec --nv --bind /scratch /shared/lab.sif python -m lab.worker.train" in \
+        app.replace(" \\\n    ", " ")
+    venv = script(container="venv:/shared/venv")
+    assert "source /shared/venv/bin/activate" in venv
+
+
+@pytest.mark.parametrize("kw,words", [
+    (dict(np=3), "does not spread evenly"),
+    (dict(framework="none"), "distributed framework"),
+    (dict(framework="horovod", backend="gloo", container="pyxis:img"), "pyxis"),
+    (dict(container="docker:img"), "pyxis:IMAGE, apptainer:FILE.sif or venv:DIR"),
+])
+def test_what_a_script_cannot_do_is_one_sentence(kw, words):
+    with pytest.raises(slurm.SlurmError, match=words):
+        script(**kw)
+
+
+def test_time_limits_are_whole_minutes_rounded_up():
+    assert [slurm.time_limit(s) for s in (0, 1, 60, 61, 3600, 5400)] == \
+        [None, "1:00", "1:00", "2:00", "1:00:00", "1:30:00"]
+
+
+def test_what_scontrol_and_sbatch_print():
+    info = slurm.job_fields((FIXTURES / "scontrol-show-job-failed.txt").read_text())
+    assert info["JobId"] == "9" and info["JobState"] == "FAILED"
+    assert info["Reason"] == "NonZeroExitCode" and info["ExitCode"] == "143:0"
+    assert info["NodeList"] == "node[1-2]" and slurm.is_final(info["JobState"])
+    assert not slurm.is_final("RUNNING") and not slurm.is_final("")
+    assert slurm.job_id_of("12\n") == "12" and slurm.job_id_of("13;lab\n") == "13"
+    with pytest.raises(slurm.SlurmError, match="did not print a job id"):
+        slurm.job_id_of("sbatch: error: Batch job submission failed")
+    assert slurm.state_sentence("9", info, []) == \
+        "Slurm job 9 ended FAILED (exit code 143:0, as exit:signal), reason NonZeroExitCode"
+
+
+def test_a_lost_node_and_a_request_that_never_fits():
+    # sinfo -h -N -o '%N %T' while node2 was down after `docker kill` (simulated cluster)
+    sinfo = "node1 idle\nnode2 down*\nnode3 idle*\n"
+    assert slurm.down_nodes(sinfo, ["node1", "node2"]) == ["node2"]
+    assert slurm.down_nodes(sinfo, ["node1", "node3"]) == ["node3"]
+    info = {"JobState": "NODE_FAIL", "Reason": "NodeDown", "ExitCode": "0:15", "NodeList": "node[1-2]"}
+    assert slurm.state_sentence("5", info, ["node2"]) == \
+        "Slurm job 5 ended NODE_FAIL: node node2 stopped responding during the run"
+    pending = {"JobState": "PENDING", "Reason": "PartitionConfig", "NumTasks": "6"}
+    assert slurm.never_runs(pending) and not slurm.never_runs({**pending, "Reason": "Resources"})
+    assert "cannot run job 8 as asked" in slurm.state_sentence("8", pending, [])
+
+
+def test_srun_names_the_rank_that_died_first():
+    # Horovod over MPI under Slurm, rank 1 SIGKILLed itself (--fault 1:5:kill); srun
+    # then ended rank 0 (Terminated): the job's output file, captured on the cluster.
+    lines = (FIXTURES / "srun-horovod-mpi-rank1-sigkill.txt").read_text().splitlines()
+    w = LauncherWatch(lambda s: None, srun_tasks_are_ranks=True)
+    for line in lines:
+        w.line(line)
+    w.close()
+    assert (w.first.rank, w.first.host, w.first.signal) == (1, "node2", 9)
+    # under DDP a task is a node's torchrun, not a rank: srun's lines are not read
+    w = LauncherWatch(lambda s: None)
+    for line in lines:
+        w.line(line)
+    w.close()
+    assert w.first is None or w.first.host != "node2" or w.first.rank != 1 or w.first.signal != 9
+
+
+def test_the_final_state_is_added_to_the_records_of_that_job(tmp_path):
+    from lab.host.bench import add_scheduler_state
+    rfile = tmp_path / results.RESULTS_FILE
+    common = dict(run_id="r", config={}, np=2, nodes=2, started_at=results.now_iso(),
+                  figures={"throughput_img_s": 1.0})
+    results.append_record(rfile, results.make_record("ok", **common, world={"hosts": ["a", "b"]}))
+    for job in ("7", "8"):
+        results.append_record(rfile, results.make_record(
+            "ok", **common, world={"scheduler": {"name": "slurm", "job_id": job}}))
+    with open(rfile, "a") as f:
+        f.write("{torn line\n")
+    add_scheduler_state(rfile, 1, {"job_id": "8", "state": "COMPLETED", "exit_code": "0:0"})
+    recs, bad = results.read_records(rfile)
+    assert len(recs) == 3 and bad
+    assert "scheduler" not in recs[0]["world"]
+    assert recs[1]["world"]["scheduler"] == {"name": "slurm", "job_id": "7"}
+    assert recs[2]["world"]["scheduler"] == {"name": "slurm", "job_id": "8", "state": "COMPLETED",
+                                             "exit_code": "0:0"}
+    assert "{torn line" in rfile.read_text()
