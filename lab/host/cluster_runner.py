@@ -336,7 +336,6 @@ class SlurmClusterRunner(ClusterRunner):
         """Whether sinfo shows one of the job's nodes down (Slurm noticed, SlurmdTimeout)
         while the job is not final yet: when the node died before its tasks started,
         srun retries it for minutes and the job can stay RUNNING, then COMPLETING."""
-        from lab.host import slurm
         nodes = info.get("NodeList", "")
         if not nodes or nodes == "(null)":
             return False
