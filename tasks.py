@@ -36,6 +36,7 @@ BENCH_HELP = {
     "micro-batches": "pipeline, rpc-pipeline: micro-batches per batch (default 4)",
     "schedule": "pipeline: gpipe or 1f1b",
     "zero-stage": "deepspeed: ZeRO stage 0, 1, 2 or 3",
+    "partition": "with --launcher slurm: the partition to submit to (default: the cluster's default)",
     "launcher": "on the cluster: direct (the kit starts the launchers) or slurm (an sbatch job; "
                 "invoke up --scheduler slurm)",
 }
@@ -47,7 +48,7 @@ def bench(c, np=None, framework=None, backend=None, model=None, data=None, data_
           max_steps=None, threads=None, results_dir=None, run_id=None, timeout_s=None,
           ceiling=False, local=False, image=None, frozen=False, fault=None, nodes=None,
           link=None, resume=False, repeat=None, strategy=None, micro_batches=None, schedule=None,
-          zero_stage=None, launcher=None):
+          zero_stage=None, launcher=None, partition=None):
     """Run distributed training (one run, or a sweep over lists), record it and print the table."""
     flags = {k: v for k, v in locals().items() if k not in ("c", "resume")}
     from lab.host.bench import render
@@ -65,6 +66,51 @@ def bench(c, np=None, framework=None, backend=None, model=None, data=None, data_
     if outcome.failed:
         raise Exit(f"{outcome.failed} run(s) failed; the failures are recorded in "
                    f"{outcome.run_dir}", code=1)
+
+
+SBATCH_HELP = {k: BENCH_HELP[k] for k in (
+    "np", "framework", "backend", "model", "data", "data-dir", "device", "epochs", "batch-size",
+    "compression", "max-steps", "threads", "results-dir", "run-id", "strategy")}
+SBATCH_HELP.update({
+    "nodes": "nodes the job asks for; --np spreads evenly over them",
+    "timeout-s": "the job's time limit in seconds (sbatch --time, rounded up to minutes; 0: none)",
+    "partition": "the Slurm partition (sbatch --partition)",
+    "gpus-per-node": "GPUs per node (--gres=gpu:N); default with --device cuda: the ranks per node",
+    "container": "where the ranks run: pyxis:IMAGE (srun --container-image), apptainer:FILE.sif "
+                 "or venv:DIR (a virtual environment on shared storage); default: the job's PATH",
+    "output": "write the script to this file instead of printing it",
+})
+
+
+@task(help=SBATCH_HELP)
+def sbatch(c, np=None, nodes=None, framework=None, backend=None, model=None, data=None,
+           data_dir=None, device=None, epochs=None, batch_size=None, compression=None,
+           max_steps=None, threads=None, results_dir=None, run_id=None, strategy=None,
+           timeout_s=None, partition="", gpus_per_node=None, container="", output=""):
+    """Write the batch script of a bench run for a real Slurm cluster (nothing is submitted)."""
+    flags = {k: v for k, v in locals().items()
+             if k not in ("c", "partition", "gpus_per_node", "container", "output")}
+    from lab.host.request import BenchError, settings_from_flags, whole
+    from lab.host.slurm import script_for_request
+
+    try:
+        settings, lists = settings_from_flags(flags, dict(c.config.get("bench", {})))
+        if any(len(v) > 1 for v in lists.values()):
+            raise BenchError("a batch script runs one combination: give one value per flag")
+        gpus = whole("gpus_per_node", gpus_per_node) if gpus_per_node is not None else None
+        text, notes = script_for_request(settings, partition=partition, gpus_per_node=gpus,
+                                         container=container)
+    except BenchError as e:
+        raise Exit(f"error: {e}", code=2)
+    import sys
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    if output:
+        with open(output, "w") as f:
+            f.write(text)
+        print(f"wrote {output}: submit it with `sbatch {output}` on the cluster", file=sys.stderr)
+    else:
+        print(text, end="")
 
 
 @task(help={"results-dir": "where the benchmark's records go"})

@@ -299,6 +299,39 @@ def test_the_slurm_launcher_on_more_nodes_than_slurm_has_is_one_sentence(up, tmp
     assert "no running node3" in cp.stderr or "no node node3" in cp.stderr
 
 
+def test_a_partition_slurm_does_not_have_is_refused_by_sbatch_in_one_sentence(up):
+    cp = invoke("bench", "--nodes", "2", "--np", "2", "--framework", "ddp", "--launcher", "slurm",
+                "--partition", "nosuch", "--max-steps", "10")
+    assert cp.returncode == 1 and "Traceback" not in cp.stderr, cp.stderr
+    [r] = records_of(cp.stdout)
+    assert r["error"]["reason"].startswith("sbatch refused the job: ")
+    assert "Invalid partition name" in r["error"]["reason"] and r["error"]["slurm"]["job_id"] is None
+
+
+def test_the_script_invoke_sbatch_writes_runs_as_submitted_by_hand(up):
+    """`invoke sbatch` for a cluster whose shared folders are /results and /data: the
+    script, submitted with plain sbatch on node1 as a user would, writes its record."""
+    run_id = f"sbatch-{os.getpid()}-{int(time.time())}"
+    cp = invoke("sbatch", "--nodes", "2", "--np", "2", "--framework", "horovod", "--backend", "mpi",
+                "--max-steps", "10", "--results-dir", "/results", "--data-dir", "/data",
+                "--run-id", run_id, "--timeout-s", "600")
+    assert cp.returncode == 0, cp.stderr
+    node1 = cluster.nodes(up)["node1"]
+    # the run's folder, writable by the cluster's user, as a user makes it on shared storage
+    from lab.host.container import hand_over
+    (REPO / "results" / run_id).mkdir(parents=True)
+    hand_over(str(REPO / "results" / run_id), str(REPO / "results"), everyone=True)
+    import base64
+    encoded = base64.b64encode(cp.stdout.encode()).decode()
+    rc, out = cluster.exec_out(node1, ["bash", "-c", f"mkdir -p /tmp/sub && cd /tmp/sub && echo {encoded} "
+                                       f"| base64 -d > job.sbatch && sbatch --wait job.sbatch && "
+                                       f"cat lab-{run_id}-*.out"], timeout=300)
+    assert rc == 0, out
+    [r] = results.read_records(REPO / "results" / run_id / results.RESULTS_FILE)[0]
+    assert r["status"] == "ok" and sorted(r["world"]["hosts"]) == ["node1", "node2"]
+    assert r["world"]["scheduler"]["job_id"].isdigit() and r["world"]["controller"] == "mpi"
+
+
 def test_a_slurm_job_that_loses_a_node_fails_naming_it(up):
     """node2 killed during a job: Slurm marks it down (SlurmdTimeout=10) and ends the
     job NODE_FAIL; the record names node2, within 60 s of the kill. node2 is started

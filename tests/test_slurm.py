@@ -164,3 +164,43 @@ def test_the_final_state_is_added_to_the_records_of_that_job(tmp_path):
     assert recs[2]["world"]["scheduler"] == {"name": "slurm", "job_id": "8", "state": "COMPLETED",
                                              "exit_code": "0:0"}
     assert "{torn line" in rfile.read_text()
+
+
+def invoke_sbatch(*args):
+    import sys
+    return subprocess.run([sys.executable, "-m", "invoke", "sbatch", *args],
+                          cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_invoke_sbatch_writes_a_script_for_a_real_cluster(tmp_path):
+    cp = invoke_sbatch("--nodes", "2", "--np", "8", "--device", "cuda", "--backend", "nccl",
+                       "--partition", "gpu", "--container", "pyxis:nvcr.io#me/lab:1",
+                       "--results-dir", "/scratch/results", "--data-dir", "/scratch/data",
+                       "--run-id", "demo", "--timeout-s", "1800", "--output", str(tmp_path / "job.sbatch"))
+    assert cp.returncode == 0, cp.stderr
+    assert "--framework auto is DDP" in cp.stderr and "sbatch " in cp.stderr
+    text = (tmp_path / "job.sbatch").read_text()
+    bash_ok(text, tmp_path)
+    opts = sbatch_options(text)
+    assert opts["partition"] == "gpu" and opts["gres"] == "gpu:4" and opts["time"] == "30:00"
+    assert opts["output"] == "lab-demo-%j.out" and opts["ntasks-per-node"] == "1"
+    body = text.replace(" \\\n    ", " ")
+    assert "--nproc-per-node=4" in body and "--backend nccl --device cuda" in body
+    assert "--results-dir /scratch/results --run-id demo --expected-np 8" in body
+    assert "--container-mounts=/scratch/data:/scratch/data,/scratch/results:/scratch/results" in body
+    assert "--launched-at" not in body       # bench's own clock, not a submitted job's
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--np", "1,2"], "one process count"),
+    (["--np", "2", "--backend", "gloo,mpi"], "one combination"),
+    (["--np", "3", "--nodes", "2"], "does not spread evenly"),
+    (["--np", "2", "--nodes", "2", "--framework", "horovod", "--container", "pyxis:x"], "pyxis"),
+    (["--np", "2", "--nodes", "2", "--container", "kubernetes:x"], "--container takes"),
+    (["--np", "2", "--nodes", "2", "--gpus-per-node", "two"], "whole number"),
+])
+def test_invoke_sbatch_bad_input_is_one_sentence(args, words):
+    cp = invoke_sbatch(*args)
+    assert cp.returncode == 2 and "Traceback" not in cp.stderr, cp.stderr
+    assert words in cp.stderr and cp.stdout == ""

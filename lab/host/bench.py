@@ -49,7 +49,7 @@ def select_runner(s: BenchSettings, echo=print) -> tuple[Runner, str | None]:
         return choose_runner(where=s.where, nodes=s.nodes, image=s.image, frozen=s.frozen,
                              device=s.device, framework=s.framework, backend=s.backend,
                              results_dir=s.results_dir, data_dir=s.data_dir,
-                             launcher=s.launcher, echo=echo)
+                             launcher=s.launcher, partition=s.partition, echo=echo)
     except RunnerError as e:
         raise BenchError(str(e)) from None
 

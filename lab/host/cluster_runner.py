@@ -189,8 +189,9 @@ class SlurmClusterRunner(ClusterRunner):
     launcher = "slurm"
     POLL_S = 1.0
 
-    def __init__(self, n: int, frozen: bool = False, echo=print):
+    def __init__(self, n: int, frozen: bool = False, partition: str = "", echo=print):
         super().__init__(n, frozen=frozen, echo=echo)
+        self.partition = partition
         rc, out = exec_out(self.found["node1"], ["sinfo", "-h", "-N", "-o", "%N %t"])
         if rc == 127:
             raise ClusterError(f"the cluster's image ({self.tag}) has no Slurm: rebuild it with "
@@ -219,7 +220,7 @@ class SlurmClusterRunner(ClusterRunner):
 
     def commands(self, framework, backend, np, args):
         from lab.host import slurm
-        job = slurm.SlurmJob(framework, backend, np, self.n, list(args))
+        job = slurm.SlurmJob(framework, backend, np, self.n, list(args), partition=self.partition)
         slurm.job_script(job)           # refuses what Slurm cannot run, before anything starts
         self._job = job
         return {"node1": ["sbatch", "--parsable", "job.sbatch"]}

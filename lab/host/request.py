@@ -62,6 +62,7 @@ class BenchSettings:
     schedule: str = _RUN.schedule
     zero_stage: int = _RUN.zero_stage
     launcher: str = "direct"         # on the cluster: direct (over SSH / docker exec) or slurm
+    partition: str = ""              # with launcher slurm: the partition (empty: the default)
 
 
 def parse_np(spec) -> list[int]:
@@ -172,6 +173,8 @@ def check_settings(s: BenchSettings) -> None:
         raise BenchError(f"--timeout-s is seconds per run, 0 for no limit: not {s.timeout_s:g}")
     if s.launcher not in LAUNCHERS:
         raise BenchError(f"--launcher is one of {', '.join(LAUNCHERS)}, not {s.launcher!r}")
+    if s.partition and s.launcher != "slurm":
+        raise BenchError("--partition is Slurm's: add --launcher slurm")
     if s.run_id and (not RUN_ID.match(s.run_id) or ".." in s.run_id):
         raise BenchError(f"--run-id names a folder inside --results-dir: letters, digits, '.', "
                          f"'_' and '-' only, not {s.run_id!r}")

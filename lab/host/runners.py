@@ -194,7 +194,7 @@ def no_code_sentence(tag: str, labels: dict, missing: list[str]) -> str:
 def choose_runner(*, where: str = "auto", nodes: int = 1, image: str = "", frozen: bool = False,
                   device: str = "cpu", framework: str = "auto", backend: str = "gloo",
                   results_dir: str = "results", data_dir: str | None = "data",
-                  check_gpu_code: bool = True, launcher: str = "direct",
+                  check_gpu_code: bool = True, launcher: str = "direct", partition: str = "",
                   echo=print) -> tuple[Runner, str | None]:
     """(runner, a line saying where the ranks run or why not where asked). `nodes` > 1:
     the cluster's nodes. `auto`: the lab image when an engine and an image are there,
@@ -207,7 +207,7 @@ def choose_runner(*, where: str = "auto", nodes: int = 1, image: str = "", froze
         raise RunnerError(f"where the job runs must be one of {', '.join(WHERE)}, not {where!r}")
     if launcher == "slurm":
         from lab.host.cluster_runner import SlurmClusterRunner
-        runner = SlurmClusterRunner(nodes, frozen=frozen, echo=echo)
+        runner = SlurmClusterRunner(nodes, frozen=frozen, partition=partition, echo=echo)
         return runner, runner.describe()
     if nodes > 1:
         from lab.host.cluster_runner import ClusterRunner

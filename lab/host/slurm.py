@@ -23,6 +23,7 @@ state is read from scontrol, never from the exit code alone."""
 from __future__ import annotations
 
 import math
+import os
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -240,3 +241,53 @@ def state_sentence(job_id: str, info: dict, failed: list[str]) -> str:
     if reason and reason != "None":
         text += f", reason {reason}"
     return text
+
+
+def script_for_request(s, partition: str = "", gpus_per_node: int | None = None,
+                       container: str = "") -> tuple[str, list[str]]:
+    """The batch script of one bench request (lab.host.request.BenchSettings) for a real
+    cluster: (the script, notes). Nothing is submitted and nothing here is probed (the
+    cluster's stack is not this machine's): the request is checked as a configuration
+    only, and --framework auto means DDP. The records go to --results-dir/<run id> on
+    the cluster's shared storage; `invoke report` reads them there."""
+    import dataclasses
+
+    from lab.common import results
+    from lab.common.config import ConfigError
+    from lab.host.bench import job_env
+    from lab.host.request import BenchError, base_config, resolve_framework
+    nps = s.np if isinstance(s.np, list) else [s.np]
+    if len(nps) != 1:
+        raise BenchError("a batch script runs one process count: give --np one number")
+    np = nps[0]
+    framework = "ddp" if s.framework == "auto" and s.strategy == "ddp" else \
+        resolve_framework(s.framework, {}, s.strategy)[0]
+    notes = ["--framework auto is DDP in a script for another cluster (whether Horovod is "
+             "installed there is not known here)"] if s.framework == "auto" else []
+    run_id = s.run_id or results.new_run_id()
+    cfg = dataclasses.replace(base_config(s, framework), run_id=run_id, expected_np=np,
+                              attempt=f"000-{s.strategy}-{framework}-{s.backend}-{s.compression}"
+                                      f"-n{s.nodes}-np{np}-r0")
+    try:
+        cfg.check()
+        cfg.check_world(np)
+    except ConfigError as e:
+        raise BenchError(str(e)) from None
+    gpus = gpus_per_node if gpus_per_node is not None else (
+        ranks_per_node(np, s.nodes) if s.device == "cuda" else 0)
+    results_dir, data_dir = os.path.abspath(s.results_dir), os.path.abspath(s.data_dir)
+    job = SlurmJob(framework, s.backend, np, s.nodes, cfg.to_args(), job_name=f"lab-{run_id}",
+                   time_limit_s=s.timeout_s, output=f"lab-{run_id}-%j.out",
+                   env=job_env(s), partition=partition, gpus_per_node=gpus, container=container,
+                   mounts=sorted({results_dir, data_dir}),
+                   comment=f"dl-lab-kit (invoke sbatch): {s.model}, {framework} over {s.backend}, "
+                           f"{np} rank(s) on {s.nodes} node(s), {s.device}.\n"
+                           f"Submit with: sbatch job.sbatch (the job's output: lab-{run_id}-<job id>.out "
+                           f"where you submit it); the record goes to "
+                           f"{results_dir}/{run_id}/{results.RESULTS_FILE}\n"
+                           f"(the folder must exist on shared storage); then: "
+                           f"invoke report {results_dir}/{run_id}")
+    try:
+        return job_script(job), notes
+    except SlurmError as e:
+        raise BenchError(str(e)) from None
