@@ -310,7 +310,8 @@ def test_a_partition_slurm_does_not_have_is_refused_by_sbatch_in_one_sentence(up
 
 def test_the_script_invoke_sbatch_writes_runs_as_submitted_by_hand(up):
     """`invoke sbatch` for a cluster whose shared folders are /results and /data: the
-    script, submitted with plain sbatch on node1 as a user would, writes its record."""
+    script, submitted with plain sbatch on node1 as a user would (with the checkout's
+    code, which sbatch passes on from the environment), writes its record."""
     run_id = f"sbatch-{os.getpid()}-{int(time.time())}"
     cp = invoke("sbatch", "--nodes", "2", "--np", "2", "--framework", "horovod", "--backend", "mpi",
                 "--max-steps", "10", "--results-dir", "/results", "--data-dir", "/data",
@@ -324,7 +325,7 @@ def test_the_script_invoke_sbatch_writes_runs_as_submitted_by_hand(up):
     import base64
     encoded = base64.b64encode(cp.stdout.encode()).decode()
     rc, out = cluster.exec_out(node1, ["bash", "-c", f"mkdir -p /tmp/sub && cd /tmp/sub && echo {encoded} "
-                                       f"| base64 -d > job.sbatch && sbatch --wait job.sbatch && "
+                                       f"| base64 -d > job.sbatch && PYTHONPATH=/opt/lab-src sbatch --wait job.sbatch && "
                                        f"cat lab-{run_id}-*.out"], timeout=300)
     assert rc == 0, out
     [r] = results.read_records(REPO / "results" / run_id / results.RESULTS_FILE)[0]
