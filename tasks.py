@@ -37,6 +37,9 @@ BENCH_HELP = {
     "schedule": "pipeline: gpipe or 1f1b",
     "zero-stage": "deepspeed: ZeRO stage 0, 1, 2 or 3",
     "partition": "with --launcher slurm: the partition to submit to (default: the cluster's default)",
+    "hosts": "your servers over SSH, HOST:SLOTS,...: h1:4,h2:4 (run from the first; same kit, "
+             "Python path and results folder on each)",
+    "hostfile": "or a file of `host slots=N` lines (mpirun's and horovodrun's format)",
     "launcher": "on the cluster: direct (the kit starts the launchers) or slurm (an sbatch job; "
                 "invoke up --scheduler slurm)",
 }
@@ -48,7 +51,7 @@ def bench(c, np=None, framework=None, backend=None, model=None, data=None, data_
           max_steps=None, threads=None, results_dir=None, run_id=None, timeout_s=None,
           ceiling=False, local=False, image=None, frozen=False, fault=None, nodes=None,
           link=None, resume=False, repeat=None, strategy=None, micro_batches=None, schedule=None,
-          zero_stage=None, launcher=None, partition=None):
+          zero_stage=None, launcher=None, partition=None, hosts=None, hostfile=None):
     """Run distributed training (one run, or a sweep over lists), record it and print the table."""
     flags = {k: v for k, v in locals().items() if k not in ("c", "resume")}
     from lab.host.bench import render

@@ -333,6 +333,63 @@ def test_the_script_invoke_sbatch_writes_runs_as_submitted_by_hand(up):
     assert r["world"]["scheduler"]["job_id"].isdigit() and r["world"]["controller"] == "mpi"
 
 
+def bench_from_node1(node1, *args, timeout=600):
+    """`invoke bench` run on node1 as the user lab, from the checkout's tasks there
+    (compose.yaml mounts them at /opt/lab-src), as on a user's first server."""
+    cmd = ["env", "PYTHONPATH=/opt/lab-src", "bash", "-c",
+           "cd /opt/lab-src && invoke bench " + " ".join(args)]
+    return cluster.exec_out(node1, cmd, timeout=timeout)
+
+
+def test_bench_on_a_list_of_hosts_runs_from_the_first_over_ssh(up):
+    """--hosts node1:1,node2:1 from node1 (the cluster's SSH keys stand for the user's
+    own): DDP and Horovod record both hosts; a rank that fails ends the job on both
+    hosts; a host that does not answer, slots that do not add up to --np, and a host
+    whose Horovod is another version (changed on node2 for the test) are each one
+    sentence before any rank starts."""
+    from lab.host.container import hand_over
+    nodes = cluster.nodes(up)
+    node1, node2 = nodes["node1"], nodes["node2"]
+    folder = REPO / "results" / f"hosts-{os.getpid()}-{int(time.time())}"
+    folder.mkdir(parents=True)
+    hand_over(str(folder), str(REPO / "results"), everyone=True)
+    inside = f"/results/{folder.name}"
+    common = ["--hosts", "node1:1,node2:1", "--np", "2", "--results-dir", inside, "--data-dir", "/data"]
+    for i, framework in enumerate(["ddp", "horovod"]):
+        rc, out = bench_from_node1(node1, *common, "--framework", framework, "--run-id", f"ok{i}",
+                                   "--max-steps", "10")
+        assert rc == 0, out[-3000:]
+        [r] = results.read_records(folder / f"ok{i}" / results.RESULTS_FILE)[0]
+        assert r["status"] == "ok" and r["world"]["hosts"] == ["node1", "node2"], r["world"]
+    rc, out = bench_from_node1(node1, *common, "--framework", "ddp", "--run-id", "fault",
+                               "--max-steps", "200", "--fault", "1:5")
+    assert rc == 1, out[-3000:]
+    [r] = results.read_records(folder / "fault" / results.RESULTS_FILE)[0]
+    assert r["status"] == "failed" and (r["error"]["rank"], r["error"]["host"]) == (1, "node2")
+    for node in (node1, node2):
+        rc, left = cluster.exec_out(node, TRAINING, user="root")
+        assert rc == 1, left                                  # nothing left running anywhere
+    for args, words in [(["--hosts", "node1:1,node9:1", "--np", "2"], "host node9 does not answer over SSH"),
+                        (["--hosts", "node1:1,node2:1", "--np", "4"], "offer 2 slot(s)"),
+                        (["--hosts", "node1:1", "--hostfile", "/dev/null", "--np", "1"], "--hosts or --hostfile")]:
+        rc, out = bench_from_node1(node1, *args, "--framework", "ddp", "--results-dir", inside,
+                                   "--run-id", "refused")
+        assert rc == 2 and words in out and "Traceback" not in out, out[-2000:]
+    init = "$(python -c 'import horovod, os; print(os.path.dirname(horovod.__file__))')/__init__.py"
+    rc, out = cluster.exec_out(node2, ["bash", "-c", f"cp {init} /tmp/hvd-init.bak && sed -i "
+                                       f"'s/^__version__ = .*/__version__ = \"0.27.0\"/' {init}"],
+                               user="root")
+    assert rc == 0, out
+    try:
+        rc, out = bench_from_node1(node1, *common, "--framework", "horovod", "--run-id", "refused",
+                                   "--max-steps", "10")
+        assert rc == 2 and "Traceback" not in out, out[-2000:]
+        assert "host node2 has Horovod 0.27.0 and node1 has 0.28.1" in out, out[-2000:]
+    finally:
+        cluster.exec_out(node2, ["bash", "-c", f"cp /tmp/hvd-init.bak {init}"], user="root")
+    assert not (folder / "refused").exists()               # refused before anything was made
+
+
 def test_a_slurm_job_that_loses_a_node_fails_naming_it(up):
     """node2 killed during a job: Slurm marks it down (SlurmdTimeout=10) and ends the
     job NODE_FAIL; the record names node2, within 60 s of the kill. node2 is started

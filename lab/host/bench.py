@@ -42,9 +42,38 @@ def check_link(s: BenchSettings) -> None:
             raise BenchError(str(e)) from None
 
 
+def host_list(s: BenchSettings):
+    """--hosts or --hostfile as a host list (lab.host.launch.Host), or None."""
+    from lab.host.hosts_runner import parse_hostfile
+    from lab.host.launch import parse_hosts
+    try:
+        if s.hosts:
+            return parse_hosts(s.hosts)
+        if s.hostfile:
+            try:
+                with open(s.hostfile) as f:
+                    text = f.read()
+            except OSError as e:
+                raise BenchError(f"--hostfile {s.hostfile} cannot be read ({e.strerror}): give a "
+                                 f"file of lines such as `node1 slots=4`") from None
+            return parse_hostfile(text, s.hostfile)
+    except HostsError as e:
+        raise BenchError(str(e)) from None
+    return None
+
+
 def select_runner(s: BenchSettings, echo=print) -> tuple[Runner, str | None]:
     """Where the ranks of `s` run (lab.host.runners.choose_runner), as a BenchError."""
     check_link(s)
+    hosts = host_list(s)
+    if hosts:
+        from lab.host.hosts_runner import HostsRunner, check_slots
+        try:
+            check_slots(hosts, list(s.np))
+        except HostsError as e:
+            raise BenchError(str(e)) from None
+        runner = HostsRunner(hosts, s.results_dir, s.data_dir, echo=echo)
+        return runner, runner.describe()
     try:
         return choose_runner(where=s.where, nodes=s.nodes, image=s.image, frozen=s.frozen,
                              device=s.device, framework=s.framework, backend=s.backend,
@@ -127,6 +156,8 @@ def run(s: BenchSettings, echo=print, stack: dict | None = None,
                              f"(compose.yaml mounts it): give --results-dir {runner.results_dir}, "
                              f"or leave --results-dir out when running from the checkout")
         s = dataclasses.replace(s, data_dir=runner.data_dir or s.data_dir)
+    if runner.kind == "hosts":
+        s = dataclasses.replace(s, nodes=runner.nodes)
     stack = stack if stack is not None else probe_stack(runner)
     try:
         framework, notes = check_request(s, stack)

@@ -65,11 +65,20 @@ def horovod_command(np: int, hosts: list[Host], controller: str, worker_args: li
 
 
 def ddp_command(nproc_per_node: int, worker_args: list[str], nnodes: int = 1, node_rank: int = 0,
-                rdzv_endpoint: str | None = None, python: str = sys.executable) -> list[str]:
+                rdzv_endpoint: str | None = None, python: str = sys.executable,
+                static: bool = False) -> list[str]:
     """torch.distributed.run for one node: standalone on a single node, or joining a
-    c10d rendezvous at rdzv_endpoint (host:port) on several."""
+    c10d rendezvous at rdzv_endpoint (host:port) on several (which ignores node_rank:
+    the nodes get their ranks in the order they arrive), or, static, meeting at the
+    master address with node_rank kept (node 0 holds ranks 0..nproc-1)."""
     cmd = [python, "-m", "torch.distributed.run", f"--nproc-per-node={nproc_per_node}"]
-    if nnodes == 1 and rdzv_endpoint is None:
+    if static:
+        host, _, port = (rdzv_endpoint or "").rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError("a static rendezvous needs host:port")
+        cmd += [f"--nnodes={nnodes}", f"--node-rank={node_rank}", f"--master-addr={host}",
+                f"--master-port={port}"]
+    elif nnodes == 1 and rdzv_endpoint is None:
         cmd.append("--standalone")
     else:
         if rdzv_endpoint is None:

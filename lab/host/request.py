@@ -63,6 +63,8 @@ class BenchSettings:
     zero_stage: int = _RUN.zero_stage
     launcher: str = "direct"         # on the cluster: direct (over SSH / docker exec) or slurm
     partition: str = ""              # with launcher slurm: the partition (empty: the default)
+    hosts: str = ""                  # the user's servers, h1:4,h2:4 (lab.host.hosts_runner)
+    hostfile: str = ""               # or a file of "host slots=N" lines
 
 
 def parse_np(spec) -> list[int]:
@@ -173,6 +175,11 @@ def check_settings(s: BenchSettings) -> None:
         raise BenchError(f"--timeout-s is seconds per run, 0 for no limit: not {s.timeout_s:g}")
     if s.launcher not in LAUNCHERS:
         raise BenchError(f"--launcher is one of {', '.join(LAUNCHERS)}, not {s.launcher!r}")
+    if s.hosts and s.hostfile:
+        raise BenchError("give the hosts once: --hosts or --hostfile")
+    if (s.hosts or s.hostfile) and (s.nodes > 1 or s.launcher != "direct"):
+        raise BenchError("--hosts runs on your servers over SSH: leave out --nodes and --launcher "
+                         "(they are the simulated cluster's)")
     if s.partition and s.launcher != "slurm":
         raise BenchError("--partition is Slurm's: add --launcher slurm")
     if s.run_id and (not RUN_ID.match(s.run_id) or ".." in s.run_id):

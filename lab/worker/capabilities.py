@@ -9,8 +9,26 @@ import json
 import shutil
 
 
+def _horovod_version() -> str | None:
+    import horovod
+    return getattr(horovod, "__version__", None)
+
+
+def _mpi_version() -> str | None:
+    """mpirun's first line ("mpirun (Open MPI) 4.1.4"), or None."""
+    import subprocess
+    try:
+        out = subprocess.run(["mpirun", "--version"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (out.strip().splitlines() or [None])[0]
+
+
 def collect() -> dict:
-    out: dict = {}
+    import platform
+
+    from lab.common.kit import kit_version
+    out: dict = {"python": platform.python_version(), "kit": kit_version()}
     try:
         import torch
         import torch.distributed as dist
@@ -28,7 +46,8 @@ def collect() -> dict:
             from lab.common.kit import horovod_gpu_operations
             out["horovod"] = {"gloo": bool(hvd.gloo_built()), "mpi": bool(hvd.mpi_built()),
                               "nccl": bool(hvd.nccl_built()),
-                              "gpu_operations": horovod_gpu_operations(hvd)}
+                              "gpu_operations": horovod_gpu_operations(hvd),
+                              "version": getattr(hvd, "__version__", None) or _horovod_version()}
         except Exception as e:
             out["horovod_error"] = f"{type(e).__name__}: {e}"
     try:
@@ -50,6 +69,7 @@ def collect() -> dict:
         except Exception as e:
             out["deepspeed_error"] = f"{type(e).__name__}: {e}"
     out["mpirun"] = shutil.which("mpirun") is not None
+    out["mpi_version"] = _mpi_version() if out["mpirun"] else None
     return out
 
 

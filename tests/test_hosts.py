@@ -1,0 +1,60 @@
+"""`bench --hosts` / `--hostfile`, the pure parts: hostfiles in mpirun's format, slots
+against --np, the stacks of the hosts compared, and the ssh commands of a DDP launch.
+The launch itself runs for real from node1 of the simulated cluster
+(tests/test_cluster.py::test_bench_on_a_list_of_hosts_runs_from_the_first_over_ssh)."""
+import shlex
+
+import pytest
+
+from lab.host.hosts_runner import check_slots, ddp_commands, parse_hostfile, remote, stack_mismatches
+from lab.host.launch import Host, HostsError
+
+
+def test_hostfiles_in_mpiruns_format():
+    text = "# two servers\nnode1 slots=4\n\nnode2 slots=2 max_slots=8  # the small one\nnode3\n"
+    assert parse_hostfile(text) == [Host("node1", 4), Host("node2", 2), Host("node3", 1)]
+
+
+@pytest.mark.parametrize("text,words", [
+    ("node1 slots=four\n", "line 1 of the hostfile: slots must be a whole number"),
+    ("node1 cpus=4\n", "'cpus=4' is not understood"),
+    ("node1\nnode1\n", "listed twice"),
+    ("# nothing\n", "names no host"),
+])
+def test_bad_hostfiles_are_one_sentence(text, words):
+    with pytest.raises(HostsError, match=words):
+        parse_hostfile(text)
+
+
+def test_slots_must_add_up_to_np():
+    check_slots([Host("a", 2), Host("b", 2)], [4])
+    with pytest.raises(HostsError, match=r"offer 4 slot\(s\) \(a:2,b:2\) and --np is 2: give --np 4"):
+        check_slots([Host("a", 2), Host("b", 2)], [4, 2])
+
+
+def test_the_stacks_are_compared_naming_the_host():
+    ref = {"kit": "0.1.0", "python": "3.11.2", "torch": "2.13.0", "horovod": {"version": "0.28.1"},
+           "mpi_version": "mpirun (Open MPI) 4.1.4"}
+    other = {**ref, "horovod": {"version": "0.27.0"}, "mpi_version": None}
+    assert stack_mismatches({"h1": ref, "h2": dict(ref)}) == []
+    assert stack_mismatches({"h1": ref, "h2": other}) == [
+        "host h2 has Horovod 0.27.0 and h1 has 0.28.1",
+        "host h2 has MPI missing and h1 has mpirun (Open MPI) 4.1.4"]
+
+
+def test_ddp_runs_one_torchrun_per_host_over_ssh_with_rank_0_on_the_first():
+    cmds = ddp_commands([Host("a", 2), Host("b", 1)], ["--max-steps", "5"], "/opt/v/bin/python",
+                        {"OMP_NUM_THREADS": "1", "PYTHONPATH": "/src dir"})
+    assert list(cmds) == ["a", "b"]
+    ssh, remote_line = cmds["b"][:-1], cmds["b"][-1]
+    assert ssh == ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "b"]
+    words = shlex.split(remote_line)
+    assert words[:6] == ["cd", "/tmp", "&&", "exec", "env", "OMP_NUM_THREADS=1"]
+    assert "PYTHONPATH=/src dir" in words
+    assert words[words.index("/opt/v/bin/python"):] == [
+        "/opt/v/bin/python", "-m", "torch.distributed.run", "--nproc-per-node=1", "--nnodes=2",
+        "--node-rank=1", "--master-addr=a", "--master-port=29500", "-m", "lab.worker.train",
+        "--max-steps", "5"]
+    assert "--nproc-per-node=2" in shlex.split(cmds["a"][-1])
+    assert remote("h", ["true"]) == ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "h",
+                                     "cd /tmp && exec true"]
