@@ -54,6 +54,17 @@ COVERED = {   # command -> the test that runs it
     "invoke bench --nodes 2 --np 2 --framework horovod --backend mpi --link 1gbit":
         "tests/test_cluster.py::test_link_shaping_is_applied_and_recorded",
     "invoke bench --nodes 2 --np 2 --framework ddp": "tests/test_cluster.py::test_bench_runs_across_two_nodes",
+    "invoke bench --nodes 2 --np 2 --framework ddp --launcher slurm":
+        "tests/test_cluster.py::test_the_slurm_launcher_runs_each_framework_as_a_batch_job",
+    "invoke bench --nodes 2 --np 2 --framework horovod --backend mpi --launcher slurm":
+        "tests/test_cluster.py::test_the_slurm_launcher_runs_each_framework_as_a_batch_job",
+    "invoke sbatch --nodes 2 --np 8 --model resnet50 --framework ddp --backend nccl --device cuda "
+    "--partition gpu --container pyxis:registry.example.org/me/dl-lab-kit:gpu-nccl "
+    "--results-dir /scratch/me/results --data-dir /scratch/me/data --timeout-s 1800 "
+    "--run-id resnet-2x4 --output job.sbatch":
+        "tests/test_slurm.py::test_the_readmes_script_is_what_invoke_sbatch_writes",
+    "invoke bench --hosts node1:1,node2:1 --np 2 --framework ddp --results-dir /results --data-dir /data":
+        "tests/test_cluster.py::test_bench_on_a_list_of_hosts_runs_from_the_first_over_ssh",
     "docker compose exec -u lab node1 ssh node2 hostname":
         "tests/test_cluster.py::test_the_nodes_publish_no_port_and_trust_only_the_clusters_key",
     "invoke down": "tests/test_cluster.py::up",
