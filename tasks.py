@@ -54,13 +54,14 @@ def bench(c, np=None, framework=None, backend=None, model=None, data=None, data_
           zero_stage=None, launcher=None, partition=None, hosts=None, hostfile=None):
     """Run distributed training (one run, or a sweep over lists), record it and print the table."""
     flags = {k: v for k, v in locals().items() if k not in ("c", "resume")}
-    from lab.host.bench import render
+    from lab.host.bench import render, terminate_as_interrupt
     from lab.host.request import BenchError, settings_from_flags
     from lab.host.sweep import run_request
 
     try:
         settings, lists = settings_from_flags(flags, dict(c.config.get("bench", {})))
-        outcome = run_request(settings, lists, resume=resume)
+        with terminate_as_interrupt():
+            outcome = run_request(settings, lists, resume=resume)
     except BenchError as e:
         raise Exit(f"error: {e}", code=2)
     except KeyboardInterrupt:

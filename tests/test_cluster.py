@@ -390,6 +390,47 @@ def test_bench_on_a_list_of_hosts_runs_from_the_first_over_ssh(up):
     assert not (folder / "refused").exists()               # refused before anything was made
 
 
+def test_stopping_bench_cancels_its_slurm_job(up):
+    """`kill` (SIGTERM) to bench while its job runs: the job is cancelled with scancel,
+    no rank is left on either node, and the record says so with the job id."""
+    import signal
+    proc = subprocess.Popen([sys.executable, "-m", "invoke", "bench", "--nodes", "2", "--np", "2",
+                             "--framework", "horovod", "--backend", "gloo", "--launcher", "slurm",
+                             "--max-steps", "100000"], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if "epoch 1/1" in line or "loss" in line or len(lines) > 400:
+                break
+            if re.search(r"lab: Slurm job \d+ on", line):
+                time.sleep(8)
+                break
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = "".join(lines) + out
+    assert proc.returncode == 130, out[-2000:]
+    job = re.search(r"submitted Slurm job (\d+)", out).group(1)
+    run = re.search(r"\(/results/(\S+?)/slurm/", out).group(1)
+    [r] = results.read_records(REPO / "results" / run / results.RESULTS_FILE)[0]
+    assert r["status"] == "failed" and r["error"]["reason"] == "stopped by SIGTERM"
+    assert r["error"]["slurm"]["job_id"] == job
+    node1 = cluster.nodes(up)["node1"]
+    for _ in range(30):
+        rc, queue = cluster.exec_out(node1, ["squeue", "-h"])
+        if rc == 0 and not queue.strip():
+            break
+        time.sleep(1)
+    assert queue.strip() == "", queue
+    for node in cluster.nodes(up).values():
+        rc, left = cluster.exec_out(node, TRAINING, user="root")
+        assert rc == 1, left
+
+
 def test_a_slurm_job_that_loses_a_node_fails_naming_it(up):
     """node2 killed during a job: Slurm marks it down (SlurmdTimeout=10) and ends the
     job NODE_FAIL; the record names node2, within 60 s of the kill. node2 is started

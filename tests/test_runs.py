@@ -163,7 +163,10 @@ def test_ceiling_is_measured_around_each_run(stack, tmp_path, mnist_like):
     assert "of the compute ceiling" in text and "2 independent process(es)" in text
 
 
-def test_ctrl_c_records_the_interruption_and_leaves_no_rank(tmp_path):
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_ctrl_c_records_the_interruption_and_leaves_no_rank(tmp_path, how):
+    """Ctrl-C (SIGINT to the foreground group) and `kill PID` (SIGTERM to bench alone)
+    both stop the ranks and record why."""
     import signal
     proc = subprocess.Popen(
         [sys.executable, "-m", "invoke", "bench", "--local", "--np", "1,2", "--framework", "ddp",
@@ -177,7 +180,10 @@ def test_ctrl_c_records_the_interruption_and_leaves_no_rank(tmp_path):
                 break
         time.sleep(8)
         assert processes_with("--attempt 000-ddp-ddp-gloo-none-n1-np1"), "the check below would see no rank at all"
-        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends to the foreground group
+        if how == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends to the foreground group
+        else:
+            proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
@@ -186,7 +192,8 @@ def test_ctrl_c_records_the_interruption_and_leaves_no_rank(tmp_path):
     assert "interrupted" in out and "Traceback (most recent call last)" not in out.split("interrupted")[-1]
     recs, _ = results.read_records(next(tmp_path.glob("*/results.jsonl")))
     assert [r["status"] for r in recs] == ["failed"]
-    assert recs[0]["error"]["reason"] == "interrupted by the user" and recs[0]["world"]["np"] == 1
+    assert recs[0]["error"]["reason"] == ("interrupted by the user" if how == "ctrl-c" else
+                                          "stopped by SIGTERM") and recs[0]["world"]["np"] == 1
     run_id = recs[0]["run_id"]
     assert processes_with(run_id) == [], "ranks left running after Ctrl-C"
 

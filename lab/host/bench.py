@@ -6,10 +6,12 @@ it, the compute ceiling measured around it when asked — and the table printed.
 the figures from the records the ranks write."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import json
 import os
+import signal
 import time
 from dataclasses import dataclass, field
 
@@ -90,6 +92,28 @@ def probe_stack(runner: Runner | None = None) -> dict:
         return (runner or LocalRunner()).probe_stack()
     except RunnerError as e:
         raise BenchError(str(e)) from None
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C's KeyboardInterrupt would be."""
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt():
+    """SIGTERM (`kill`, a CI job's timeout, Slurm ending an outer job) handled as Ctrl-C
+    while bench runs: whatever is running is stopped the same way (a container removed,
+    a process group ended, a Slurm job cancelled) and recorded as interrupted."""
+    def raise_interrupt(signum, frame):
+        raise Terminated
+    try:
+        before = signal.signal(signal.SIGTERM, raise_interrupt)
+    except ValueError:          # not the main thread: leave it as it is
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 YIELD_WHEN_IDLE = "OMPI_MCA_mpi_yield_when_idle"
@@ -260,9 +284,12 @@ def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, ec
                              name=f"lab-bench-{cfg.run_id}-{cfg.attempt}")
         finally:
             watch.close()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         runner.stop()
-        _record_failure(rfile, cfg, np, s.nodes, started, {"reason": "interrupted by the user"})
+        error = {"reason": "stopped by SIGTERM" if isinstance(e, Terminated) else "interrupted by the user"}
+        if getattr(runner, "last_job", None):       # a Slurm job: which one was cancelled
+            error["slurm"] = {**runner.last_job, "state": "CANCELLED (scancel by bench)"}
+        _record_failure(rfile, cfg, np, s.nodes, started, error)
         raise
     except RunnerError as e:
         res = JobResult(1, [str(e)], str(e))

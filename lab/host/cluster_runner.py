@@ -209,6 +209,7 @@ class SlurmClusterRunner(ClusterRunner):
         self._job = None
         self._job_id: str | None = None
         self._nodes_of: tuple[str, list[str]] = ("", [])
+        self.last_job: dict | None = None     # the job submitted last: its id and script
 
     def describe(self) -> str:
         return (f"submitting to Slurm on the cluster's {self.n} nodes ({self.tag}); "
@@ -255,6 +256,7 @@ class SlurmClusterRunner(ClusterRunner):
             why = f"sbatch refused the job: {_last(out)}"
             return JobResult(1, [why], why, {"name": "slurm", "job_id": None, "script": script})
         self._job_id = job_id = slurm.job_id_of(out)
+        self.last_job = {"job_id": job_id, "script": script}
         echo(f"submitted Slurm job {job_id} ({inside}/job.sbatch)")
         log = os.path.join(here, f"slurm-{job_id}.out")
         tail: collections.deque[str] = collections.deque(maxlen=proc.TAIL_LINES)
