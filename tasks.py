@@ -54,7 +54,7 @@ def bench(c, np=None, framework=None, backend=None, model=None, data=None, data_
           zero_stage=None, launcher=None, partition=None, hosts=None, hostfile=None):
     """Run distributed training (one run, or a sweep over lists), record it and print the table."""
     flags = {k: v for k, v in locals().items() if k not in ("c", "resume")}
-    from lab.host.bench import render, terminate_as_interrupt
+    from lab.host.bench import Terminated, render, terminate_as_interrupt
     from lab.host.request import BenchError, settings_from_flags
     from lab.host.sweep import run_request
 
@@ -64,6 +64,9 @@ def bench(c, np=None, framework=None, backend=None, model=None, data=None, data_
             outcome = run_request(settings, lists, resume=resume)
     except BenchError as e:
         raise Exit(f"error: {e}", code=2)
+    except Terminated:
+        raise Exit("stopped (SIGTERM): the runs that finished are kept in the results directory",
+                   code=143)
     except KeyboardInterrupt:
         raise Exit("interrupted: the runs that finished are kept in the results directory", code=130)
     print(render(outcome))
@@ -110,8 +113,12 @@ def sbatch(c, np=None, nodes=None, framework=None, backend=None, model=None, dat
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     if output:
-        with open(output, "w") as f:
-            f.write(text)
+        try:
+            with open(output, "w") as f:
+                f.write(text)
+        except OSError as e:
+            raise Exit(f"error: --output {output} cannot be written ({e.strerror}): give a "
+                       f"file in a folder that exists", code=2)
         print(f"wrote {output}: submit it with `sbatch {output}` on the cluster", file=sys.stderr)
     else:
         print(text, end="")

@@ -413,7 +413,7 @@ def test_stopping_bench_cancels_its_slurm_job(up):
         if proc.poll() is None:
             proc.kill()
     out = "".join(lines) + out
-    assert proc.returncode == 130, out[-2000:]
+    assert proc.returncode == 143, out[-2000:]
     job = re.search(r"submitted Slurm job (\d+)", out).group(1)
     run = re.search(r"\(/results/(\S+?)/slurm/", out).group(1)
     [r] = results.read_records(REPO / "results" / run / results.RESULTS_FILE)[0]

@@ -6,7 +6,15 @@ import shlex
 
 import pytest
 
-from lab.host.hosts_runner import check_slots, ddp_commands, parse_hostfile, remote, stack_mismatches
+from lab.host.hosts_runner import (
+    check_hosts,
+    check_slots,
+    ddp_commands,
+    parse_hostfile,
+    remote,
+    rendezvous_port,
+    stack_mismatches,
+)
 from lab.host.launch import Host, HostsError
 
 
@@ -44,7 +52,7 @@ def test_the_stacks_are_compared_naming_the_host():
 
 def test_ddp_runs_one_torchrun_per_host_over_ssh_with_rank_0_on_the_first():
     cmds = ddp_commands([Host("a", 2), Host("b", 1)], ["--max-steps", "5"], "/opt/v/bin/python",
-                        {"OMP_NUM_THREADS": "1", "PYTHONPATH": "/src dir"})
+                        {"OMP_NUM_THREADS": "1", "PYTHONPATH": "/src dir"}, port=29612)
     assert list(cmds) == ["a", "b"]
     ssh, remote_line = cmds["b"][:-1], cmds["b"][-1]
     assert ssh == ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "b"]
@@ -53,8 +61,17 @@ def test_ddp_runs_one_torchrun_per_host_over_ssh_with_rank_0_on_the_first():
     assert "PYTHONPATH=/src dir" in words
     assert words[words.index("/opt/v/bin/python"):] == [
         "/opt/v/bin/python", "-m", "torch.distributed.run", "--nproc-per-node=1", "--nnodes=2",
-        "--node-rank=1", "--master-addr=a", "--master-port=29500", "-m", "lab.worker.train",
+        "--node-rank=1", "--master-addr=a", "--master-port=29612", "-m", "lab.worker.train",
         "--max-steps", "5"]
     assert "--nproc-per-node=2" in shlex.split(cmds["a"][-1])
     assert remote("h", ["true"]) == ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "h",
                                      "cd /tmp && exec true"]
+
+
+def test_the_rendezvous_is_named_as_the_hosts_reach_it():
+    check_hosts([Host("localhost", 2)])                        # one host: fine
+    with pytest.raises(HostsError, match="localhost means a different machine on each host"):
+        check_hosts([Host("localhost", 1), Host("b", 1)])
+    ports = {rendezvous_port(f"run{i}/000-ddp") for i in range(50)}
+    assert min(ports) >= 29500 and max(ports) < 30000 and len(ports) > 40
+    assert rendezvous_port("r/a") == rendezvous_port("r/a")

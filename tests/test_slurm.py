@@ -41,9 +41,16 @@ def test_ddp_is_one_torchrun_per_node_at_a_c10d_rendezvous(tmp_path):
     assert opts["nodes"] == "2" and opts["ntasks-per-node"] == "1" and opts["cpus-per-task"] == "2"
     assert opts["time"] == "1:00:00" and "no-requeue" in text
     body = text.replace(" \\\n    ", " ")
-    assert "srun --ntasks-per-node=1 --kill-on-bad-exit=1 python -m torch.distributed.run --nnodes=2 " \
-           "--nproc-per-node=2 --rdzv-backend=c10d" in body
-    assert '--rdzv-endpoint="${hosts[0]}:29500"' in body and "export OMP_NUM_THREADS=1" in body
+    # srun is given the CPUs itself (Slurm 22.05-23.02 do not pass sbatch's on)
+    assert "srun --ntasks-per-node=1 --cpus-per-task=2 --kill-on-bad-exit=1 python -m " \
+           "torch.distributed.run --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d" in body
+    assert '--rdzv-endpoint="${hosts[0]}:$((29500 + SLURM_JOB_ID % 500))"' in body
+    assert "export OMP_NUM_THREADS=1" in body
+    # the endpoint as bash computes it for job 1234 on node1
+    out = subprocess.run(["bash", "-c", 'hosts=(node1 node2); SLURM_JOB_ID=1234; '
+                          'echo "${hosts[0]}:$((29500 + SLURM_JOB_ID % 500))"'],
+                         capture_output=True, text=True).stdout
+    assert out.strip() == "node1:29734"
     assert body.rstrip().endswith("-m lab.worker.train --max-steps 5")
 
 
@@ -109,6 +116,7 @@ def test_what_scontrol_and_sbatch_print():
     assert info["NodeList"] == "node[1-2]" and slurm.is_final(info["JobState"])
     assert not slurm.is_final("RUNNING") and not slurm.is_final("")
     assert slurm.job_id_of("12\n") == "12" and slurm.job_id_of("13;lab\n") == "13"
+    assert slurm.job_id_of("sbatch: warning: can't honor --ntasks-per-node\n14\nsbatch: note\n") == "14"
     with pytest.raises(slurm.SlurmError, match="did not print a job id"):
         slurm.job_id_of("sbatch: error: Batch job submission failed")
     assert slurm.state_sentence("9", info, []) == \
@@ -125,7 +133,33 @@ def test_a_lost_node_and_a_request_that_never_fits():
         "Slurm job 5 ended NODE_FAIL: node node2 stopped responding during the run"
     pending = {"JobState": "PENDING", "Reason": "PartitionConfig", "NumTasks": "6"}
     assert slurm.never_runs(pending) and not slurm.never_runs({**pending, "Reason": "Resources"})
+    # limits that clear by themselves when other jobs end are waited out
+    for reason in ("QOSJobLimit", "AssocMaxJobsLimit", "PartitionNodeLimit", "Priority"):
+        assert not slurm.never_runs({**pending, "Reason": reason})
     assert "cannot run job 8 as asked" in slurm.state_sentence("8", pending, [])
+
+
+def test_srun_task_lines():
+    from lab.host.failures import srun_task_end
+    assert srun_task_end(3, "n2", "Out Of Memory").signal == 9
+    w = LauncherWatch(lambda s: None, srun_tasks_are_ranks=True)
+    for line in ["srun: error: node2: tasks 2-3: Exited with exit code 7",
+                 "srun: error: node1: tasks 0-1: Terminated"]:
+        w.line(line)
+    w.close()
+    assert (w.first.rank, w.first.host, w.first.exit_code) == (2, "node2", 7)
+
+
+def test_no_value_of_the_user_is_run_by_the_script(tmp_path):
+    """Every word but the kit's own expansions is quoted: a worker argument that looks
+    like an expansion stays a string, and a run id is checked before any script."""
+    text = script(worker_args=["--run-id", '"$(touch /tmp/x)"'])
+    assert """'"$(touch /tmp/x)"'""" in text
+    bash_ok(text, tmp_path)
+    cp = invoke_sbatch("--np", "2", "--nodes", "2", "--run-id", '"$(touch x)"')
+    assert cp.returncode == 2 and "--run-id names a folder" in cp.stderr and cp.stdout == ""
+    cp = invoke_sbatch("--np", "2", "--nodes", "2", "--output", str(tmp_path / "no" / "such" / "f"))
+    assert cp.returncode == 2 and "cannot be written" in cp.stderr and "Traceback" not in cp.stderr
 
 
 def test_srun_names_the_rank_that_died_first():
@@ -188,6 +222,11 @@ def test_invoke_sbatch_writes_a_script_for_a_real_cluster(tmp_path):
     body = text.replace(" \\\n    ", " ")
     assert "--nproc-per-node=4" in body and "--backend nccl --device cuda" in body
     assert "--results-dir /scratch/results --run-id demo --expected-np 8" in body
+    relative = invoke_sbatch("--nodes", "2", "--np", "2", "--results-dir", "res", "--data-dir", "dat")
+    assert f"--results-dir {tmp_path.parent}" not in relative.stdout       # sanity of the check below
+    import os
+    assert f"--results-dir {os.path.abspath(Path(__file__).resolve().parent.parent / 'res')}" in \
+        relative.stdout.replace(" \\\n    ", " ")      # absolute: a container starts elsewhere
     assert "--container-mounts=/scratch/data:/scratch/data,/scratch/results:/scratch/results" in body
     assert "--launched-at" not in body       # bench's own clock, not a submitted job's
 

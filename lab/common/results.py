@@ -194,7 +194,7 @@ def update_records(path: str | os.PathLike, start: int, update) -> int:
             rec = json.loads(line) if line.strip() else None
         except json.JSONDecodeError:
             rec = None
-        if isinstance(rec, dict):
+        if isinstance(rec, dict) and "schema_version" in rec and rec["schema_version"] <= SCHEMA_VERSION:
             if index >= start:
                 new = update(rec)
                 if new is not None:
@@ -209,9 +209,12 @@ def update_records(path: str | os.PathLike, start: int, update) -> int:
             f.flush()
             os.fsync(f.fileno())
         st = path.stat()
-        os.chmod(tmp, st.st_mode & 0o777)
+        mode = st.st_mode & 0o777
         if os.getuid() == 0:    # the ranks (another user) append to it later
             os.chown(tmp, st.st_uid, st.st_gid)
+        elif st.st_uid != os.getuid():
+            mode |= 0o666       # we cannot give it back: let its owner append still
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     return changed
 

@@ -69,9 +69,10 @@ def select_runner(s: BenchSettings, echo=print) -> tuple[Runner, str | None]:
     check_link(s)
     hosts = host_list(s)
     if hosts:
-        from lab.host.hosts_runner import HostsRunner, check_slots
+        from lab.host.hosts_runner import HostsRunner, check_hosts, check_slots
         try:
             check_slots(hosts, list(s.np))
+            check_hosts(hosts)
         except HostsError as e:
             raise BenchError(str(e)) from None
         runner = HostsRunner(hosts, s.results_dir, s.data_dir, echo=echo)

@@ -192,7 +192,7 @@ class SlurmClusterRunner(ClusterRunner):
     def __init__(self, n: int, frozen: bool = False, partition: str = "", echo=print):
         super().__init__(n, frozen=frozen, echo=echo)
         self.partition = partition
-        rc, out = exec_out(self.found["node1"], ["sinfo", "-h", "-N", "-o", "%N %t"])
+        rc, out = self._on_node1(["sinfo", "-h", "-N", "-o", "%N %t"])
         if rc == 127:
             raise ClusterError(f"the cluster's image ({self.tag}) has no Slurm: rebuild it with "
                                f"`invoke build`, then `invoke up --nodes {n} --scheduler slurm`")
@@ -237,6 +237,7 @@ class SlurmClusterRunner(ClusterRunner):
         import os
 
         from lab.host import slurm
+        self.last_job = None
         args = self._job.worker_args
         attempt = args[args.index("--attempt") + 1] if "--attempt" in args else "job"
         here, inside = self._paths(attempt)
@@ -250,8 +251,7 @@ class SlurmClusterRunner(ClusterRunner):
             f.write(slurm.job_script(job))
         hand_over(os.path.dirname(here), self.results_dir, everyone=True)
         script = os.path.relpath(os.path.join(here, "job.sbatch"), self.run_dir)
-        node1 = self.found["node1"]
-        rc, out = exec_out(node1, ["sbatch", "--parsable", f"{inside}/job.sbatch"], timeout=60)
+        rc, out = self._on_node1(["sbatch", "--parsable", f"{inside}/job.sbatch"], timeout=60)
         if rc != 0:
             why = f"sbatch refused the job: {_last(out)}"
             return JobResult(1, [why], why, {"name": "slurm", "job_id": None, "script": script})
@@ -275,7 +275,7 @@ class SlurmClusterRunner(ClusterRunner):
                     echo(line)
                     if slurm.NODE_FAILURE_LINE in line and node_failed_at is None:
                         node_failed_at = time.monotonic()
-                rc, out = exec_out(node1, ["scontrol", "-o", "show", "job", job_id], timeout=30)
+                rc, out = self._on_node1(["scontrol", "-o", "show", "job", job_id], timeout=30)
                 if rc == 0:
                     info = slurm.job_fields(out)
                     now = f"{info.get('JobState')}/{info.get('Reason')}"
@@ -322,7 +322,7 @@ class SlurmClusterRunner(ClusterRunner):
         nodes = self._hostnames(info.get("NodeList", ""))
         failed = []
         if state == "NODE_FAIL":
-            _, sinfo = exec_out(node1, ["sinfo", "-h", "-N", "-o", "%N %T"])
+            _, sinfo = self._on_node1(["sinfo", "-h", "-N", "-o", "%N %T"])
             failed = slurm.down_nodes(sinfo, nodes)
         facts = {"name": "slurm", "job_id": job_id, "state": state,
                  "exit_code": info.get("ExitCode"), "reason": info.get("Reason"),
@@ -344,7 +344,7 @@ class SlurmClusterRunner(ClusterRunner):
             return False
         if self._nodes_of[0] != nodes:
             self._nodes_of = (nodes, self._hostnames(nodes))
-        rc, out = exec_out(self.found["node1"], ["sinfo", "-h", "-N", "-o", "%N %T"])
+        rc, out = self._on_node1(["sinfo", "-h", "-N", "-o", "%N %T"])
         return rc == 0 and any("down" in line.split()[1].lower() or "fail" in line.split()[1].lower()
                                for line in out.splitlines()
                                if len(line.split()) >= 2 and line.split()[0] in self._nodes_of[1])
@@ -352,19 +352,35 @@ class SlurmClusterRunner(ClusterRunner):
     def _hostnames(self, nodelist: str) -> list[str]:
         if not nodelist or nodelist == "(null)":
             return []
-        rc, out = exec_out(self.found["node1"], ["scontrol", "show", "hostnames", nodelist])
+        rc, out = self._on_node1(["scontrol", "show", "hostnames", nodelist])
         return out.split() if rc == 0 else [nodelist]
+
+    def _on_node1(self, cmd: list[str], timeout: float = 30) -> tuple[int, str]:
+        """A Slurm command on node1 (the controller); a node1 that has stopped is one
+        sentence (ClusterError), not the engine's error."""
+        import docker
+        try:
+            return exec_out(self.found["node1"], cmd, timeout=timeout)
+        except docker.errors.APIError as e:
+            raise ClusterError(f"node1, where Slurm's controller runs, cannot be reached "
+                               f"({getattr(e, 'explanation', None) or e}): see `docker compose ps`, "
+                               f"and bring the cluster up again with `invoke up --scheduler slurm`") from None
 
     def _cancel(self) -> None:
         if self._job_id:
-            exec_out(self.found["node1"], ["scancel", self._job_id])
+            try:
+                self._on_node1(["scancel", self._job_id])
+            except ClusterError:
+                pass
 
     def stop(self) -> None:
         self._cancel()
         super().stop()          # ranks horovodrun started over SSH are not Slurm's tasks
 
     def dead(self) -> dict[str, str]:
-        return {}               # Slurm says which node failed (JobResult.scheduler)
+        # Slurm says which node failed (JobResult.scheduler), but not when it is node1,
+        # its own controller.
+        return {h: state for h, state in dead_nodes(self.found).items() if h == "node1"}
 
 
 def _last(out: str) -> str:

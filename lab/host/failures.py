@@ -21,7 +21,8 @@ tests/fixtures/launchers/):
   exited on signal S (Name)." for a signal; "Process name: [[J,1],R]" then
   "Exit code: C" for the first non-zero exit.
 - srun (Slurm 22.05), when its tasks are the ranks (Horovod over MPI under Slurm):
-  "srun: error: node2: task 1: Exited with exit code 7", "...: task 1: Killed"; the
+  "srun: error: node2: task 1: Exited with exit code 7", "...: task 1: Killed" ("tasks
+  2-3: ..." when several end at once: the first is taken; src/srun/launch_slurm.c); the
   tasks KillOnBadExit ends after the first show "Terminated" (captured on the
   simulated cluster). Read only when the runner says tasks are ranks
   (`srun_tasks_are_ranks`): under DDP a task is a node's torch.distributed.run.
@@ -38,7 +39,7 @@ _MPIRUN_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exit
 _HOROVOD_EXIT = re.compile(r"^Process (\d+) exit with status code (-?\d+)\.$")
 _PROCESS_NAME = re.compile(r"^\s*Process name: (?:\[\[\d+,\d+\],(\d+)\]|(\d+))\s*$")
 _EXIT_CODE = re.compile(r"^\s*Exit code: (-?\d+)\s*$")
-_SRUN_TASK = re.compile(r"^srun: error: (\S+): task (\d+): (.*)$")
+_SRUN_TASK = re.compile(r"^srun: error: (\S+): tasks? (\d+)[\d,-]*: (.*)$")
 _TORCHRUN_FIELD = re.compile(r"^\s*(rank|host|exitcode)\s*: (.*)$")
 
 
@@ -76,6 +77,7 @@ def srun_task_end(task: int, host: str, what: str) -> RankEnd | None:
     if m:
         return RankEnd(task, host, int(m.group(1)), None)
     names = {"Killed": _signal.SIGKILL, "Terminated": _signal.SIGTERM,
+             "Out Of Memory": _signal.SIGKILL,      # the OOM killer's SIGKILL
              "Segmentation fault": _signal.SIGSEGV, "Aborted": _signal.SIGABRT,
              "Bus error": _signal.SIGBUS, "Interrupt": _signal.SIGINT}
     for name, sig in names.items():

@@ -2,8 +2,9 @@
 mpirun's and horovodrun's "host slots=N" lines), launched from the machine bench runs on
 over the user's own SSH setup (keys, ~/.ssh/config). Horovod: horovodrun -H (it starts
 the ranks over SSH, or mpirun does with --backend mpi, and stops them all when one
-fails). DDP: one torch.distributed.run per host over ssh, meeting at a c10d rendezvous on
-the first host; when one host's launcher fails, the others are ended, on their hosts.
+fails). DDP: one torch.distributed.run per host over ssh, meeting at a static rendezvous
+on the first host (so that rank 0, which writes the record, is there); when one host's
+launcher fails, the others are ended, on their hosts.
 
 Before any rank starts, every host must answer over SSH and report the same stack as
 the others (lab.worker.capabilities, run there with the same Python): a host that does
@@ -103,11 +104,27 @@ def remote(host: str, argv: list[str], env: dict[str, str] | None = None) -> lis
     return [*SSH, host, " ".join(words)]
 
 
+def rendezvous_port(key: str) -> int:
+    """29500 plus a number from 0 to 499 taken from the run (its id and attempt): two
+    runs that share a first host do not meet at each other's rendezvous."""
+    import zlib
+    return 29500 + zlib.crc32(key.encode()) % 500
+
+
+def check_hosts(hosts: list[Host]) -> None:
+    """The first host's name is the others' rendezvous address: it must not be a name
+    that means "this machine" everywhere."""
+    local = [h.name for h in hosts if h.name in ("localhost", "127.0.0.1", "::1")]
+    if local and len(hosts) > 1:
+        raise HostsError(f"{local[0]} means a different machine on each host: name the hosts as "
+                         f"they reach each other (their host names or addresses)")
+
+
 def ddp_commands(hosts: list[Host], worker_args: list[str], python: str,
-                 env: dict[str, str]) -> dict[str, list[str]]:
+                 env: dict[str, str], port: int = 29500) -> dict[str, list[str]]:
     """host -> the ssh command that starts its torch.distributed.run: a static
     rendezvous at the first host, so that rank 0 (which writes the record) is there."""
-    rdzv = f"{hosts[0].name}:29500"
+    rdzv = f"{hosts[0].name}:{port}"
     return {h.name: remote(h.name, launch.ddp_command(h.slots, worker_args, nnodes=len(hosts),
                                                       node_rank=i, rdzv_endpoint=rdzv, python=python,
                                                       static=True),
@@ -131,6 +148,7 @@ class HostsRunner(Runner):
         self._procs: dict[str, proc.Process] = {}
         self._pattern = ""
         self._framework, self._worker_args = "", []
+        self._port = 29500
 
     def describe(self) -> str:
         return f"running on {launch.format_hosts(self.hosts)} over SSH"
@@ -183,23 +201,28 @@ class HostsRunner(Runner):
 
     def commands(self, framework, backend, np, worker_args):
         check_slots(self.hosts, [np])
+        check_hosts(self.hosts)
         self._framework, self._worker_args = framework, list(worker_args)
-        if "--attempt" in worker_args:
-            a = worker_args[worker_args.index("--attempt") + 1]
-            # matches the ranks' and launchers' command lines, never pkill's own
-            self._pattern = f"lab[.]worker[.]train.*{a}"
+
+        def arg(name):
+            return worker_args[worker_args.index(name) + 1] if name in worker_args else ""
+        run, attempt = arg("--run-id"), arg("--attempt")
+        self._port = rendezvous_port(f"{run}/{attempt}")
+        # matches this run's ranks and launchers (to_args puts --run-id before --attempt),
+        # never pkill's own command line
+        self._pattern = f"lab[.]worker[.]train.*{run}.*{attempt}"
         if framework == "horovod":
             return {self.hosts[0].name: launch.horovod_command(
                 np, self.hosts, launch.framework_for_backend(framework, backend), worker_args,
                 python=self.python, horovodrun=kit.horovodrun(self.python))}
         if framework == "ddp":      # built again in run(), with the job's environment
-            return ddp_commands(self.hosts, worker_args, self.python, {})
+            return ddp_commands(self.hosts, worker_args, self.python, {}, self._port)
         raise HostsError("--hosts needs a distributed framework: --framework horovod or ddp")
 
     def run(self, commands, env, timeout_s, echo, name=""):
         env = self._env(env)
         if self._framework == "ddp":
-            commands = ddp_commands(self.hosts, self._worker_args, self.python, env)
+            commands = ddp_commands(self.hosts, self._worker_args, self.python, env, self._port)
         many = len(commands) > 1
         tail: list[str] = []
         lock = threading.Lock()

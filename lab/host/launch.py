@@ -69,8 +69,9 @@ def ddp_command(nproc_per_node: int, worker_args: list[str], nnodes: int = 1, no
                 static: bool = False) -> list[str]:
     """torch.distributed.run for one node: standalone on a single node, or joining a
     c10d rendezvous at rdzv_endpoint (host:port) on several (which ignores node_rank:
-    the nodes get their ranks in the order they arrive), or, static, meeting at the
-    master address with node_rank kept (node 0 holds ranks 0..nproc-1)."""
+    it numbers the nodes itself, sorted by address; torch's dynamic_rendezvous), or,
+    static (torchrun's default back end), meeting at the master address with node_rank
+    kept (node 0 holds ranks 0..nproc-1)."""
     cmd = [python, "-m", "torch.distributed.run", f"--nproc-per-node={nproc_per_node}"]
     if static:
         host, _, port = (rdzv_endpoint or "").rpartition(":")

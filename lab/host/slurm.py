@@ -6,13 +6,18 @@ job's state with `scontrol` until it is final, and cancels it when asked to stop
 
 How each framework starts inside the allocation (checked on this kit's CPU image, Slurm
 22.05.8 and Debian's Open MPI 4.1.4; prototype notes in the README's Slurm section):
-- DDP: one torch.distributed.run per node (`srun --ntasks-per-node=1`), meeting at a c10d
-  rendezvous on the allocation's first host, as PyTorch's own multi-node example runs it
-  under Slurm (docs/source/elastic/run.rst, "--rdzv-id=$SLURM_JOB_ID --rdzv-backend=c10d
-  --rdzv-endpoint=$HEAD:29500"). torchrun starts the ranks and reports a dead one.
+- DDP: one torch.distributed.run per node (`srun --ntasks-per-node=1 --cpus-per-task=P`:
+  Slurm 22.05 to 23.02 do not pass sbatch's --cpus-per-task on to srun, RELEASE_NOTES),
+  meeting at a c10d rendezvous on the allocation's first host, as PyTorch's examples run
+  it under Slurm (pytorch/examples distributed/ddp-tutorial-series/slurm/sbatch_run.sh:
+  --rdzv-backend c10d --rdzv-endpoint $head_node_ip:29500; the id here is the job's, and
+  the port 29500 plus the job id modulo 500, so two jobs sharing a first node do not
+  meet). c10d numbers the nodes by its own order (host names), not by --node-rank.
+  torchrun starts the ranks and reports a dead one.
 - Horovod over MPI: every rank a Slurm task, started by `srun --mpi=pmix` (Open MPI
   finds its peers through Slurm's PMIx; with srun's default, --mpi=none, MPI_Init fails
   with "OMPI was not built with SLURM's PMI support"). Slurm tracks and ends the ranks.
+  A site whose Slurm has another PMI plugin (`srun --mpi=list`) edits that line.
 - Horovod over Gloo (or NCCL, which rides on it): horovodrun, with -H from
   `scontrol show hostnames` (it does not read an allocation itself), so its ranks start
   over SSH beside Slurm's tasks: this needs SSH between the nodes, and on a real cluster
@@ -37,8 +42,10 @@ FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PRE
                 "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
 # Why a job waits that no wait will cure (squeue(1), JOB REASON CODES): the request does
 # not fit the partition (PartitionConfig: e.g. more tasks per node than a node has CPUs).
-NEVER_REASONS = ("PartitionConfig", "PartitionNodeLimit", "PartitionTimeLimit", "BadConstraints",
-                 "InvalidAccount", "InvalidQOS", "QOSJobLimit", "AssocMaxJobsLimit")
+# (Slurm's doc/html/job_reason_codes.shtml; QOSJobLimit, AssocMaxJobsLimit and
+# PartitionNodeLimit are left out: they clear when other jobs end or nodes come back.)
+NEVER_REASONS = ("PartitionConfig", "PartitionTimeLimit", "BadConstraints", "InvalidAccount",
+                 "InvalidQOS", "AccountNotAllowed", "QOSNotAllowed", "DependencyNeverSatisfied")
 # What slurmstepd writes into the job's output when slurmctld ends it for a lost node:
 # "*** JOB 5 ON node1 CANCELLED AT <time> DUE TO NODE FAILURE, SEE SLURMCTLD LOG ..."
 NODE_FAILURE_LINE = "DUE TO NODE FAILURE"
@@ -67,6 +74,11 @@ class SlurmJob:
     container: str = ""               # "", pyxis:IMAGE, apptainer:FILE.sif or venv:DIR
     mounts: list[str] = field(default_factory=list)   # folders a container must see
     comment: str = ""
+
+
+class Raw(str):
+    """A word of the script left unquoted: one the kit writes that holds a shell
+    expansion (the node list, the job id). Never a user's value."""
 
 
 def time_limit(seconds: float) -> str | None:
@@ -145,14 +157,14 @@ def job_script(job: SlurmJob) -> str:
             srun_extra.append("--container-mounts=" + ",".join(f"{m}:{m}" for m in job.mounts))
     worker = [*python, "-m", "lab.worker.train", *job.worker_args]
     if ddp:
-        cmd = ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", *srun_extra, *python,
-               "-m", "torch.distributed.run", f"--nnodes={job.nodes}", f"--nproc-per-node={per}",
-               "--rdzv-backend=c10d", '--rdzv-id="$SLURM_JOB_ID"',
-               f'--rdzv-endpoint="${{hosts[0]}}:{RDZV_PORT}"',
+        cmd = ["srun", "--ntasks-per-node=1", f"--cpus-per-task={per}", "--kill-on-bad-exit=1",
+               *srun_extra, *python, "-m", "torch.distributed.run", f"--nnodes={job.nodes}",
+               f"--nproc-per-node={per}", "--rdzv-backend=c10d", Raw('--rdzv-id="$SLURM_JOB_ID"'),
+               Raw(f'--rdzv-endpoint="${{hosts[0]}}:$(({RDZV_PORT} + SLURM_JOB_ID % 500))"'),
                "-m", "lab.worker.train", *job.worker_args]
     elif gloo:
         lines.append(f'slots=$(printf "%s:{per}," "${{hosts[@]}}")')
-        cmd = ["horovodrun", "-np", str(job.np), "-H", '"${slots%,}"', "--gloo", *worker]
+        cmd = ["horovodrun", "-np", str(job.np), "-H", Raw('"${slots%,}"'), "--gloo", *worker]
     else:
         cmd = ["srun", "--mpi=pmix", "--kill-on-bad-exit=1", *srun_extra, *worker]
     lines.append(_join(cmd))
@@ -160,9 +172,8 @@ def job_script(job: SlurmJob) -> str:
 
 
 def _join(argv: list[str]) -> str:
-    """A command line; words that already hold a quoted shell expansion stay as they are."""
-    words = [a if a.startswith(('"$', '--rdzv-id="', '--rdzv-endpoint="')) else shlex.quote(a)
-             for a in argv]
+    """A command line, every word quoted but the kit's own expansions (Raw)."""
+    words = [a if isinstance(a, Raw) else shlex.quote(a) for a in argv]
     return " \\\n    ".join(_groups(words))
 
 
@@ -179,12 +190,14 @@ def _groups(words: list[str]) -> list[str]:
 
 
 def job_id_of(parsable: str) -> str:
-    """`sbatch --parsable` prints "ID" or "ID;CLUSTER"."""
-    line = (parsable.strip().splitlines() or [""])[-1].strip()
-    job_id = line.split(";")[0]
-    if not job_id.isdigit():
-        raise SlurmError(f"sbatch did not print a job id: {line or 'nothing'}")
-    return job_id
+    """`sbatch --parsable` prints "ID" or "ID;CLUSTER" (on a line of its own, among any
+    warnings)."""
+    for line in parsable.splitlines():
+        m = re.match(r"^(\d+)(;\S+)?$", line.strip())
+        if m:
+            return m.group(1)
+    last = (parsable.strip().splitlines() or ["nothing"])[-1].strip()
+    raise SlurmError(f"sbatch did not print a job id: {last}")
 
 
 def job_fields(scontrol: str) -> dict[str, str]:
@@ -255,7 +268,7 @@ def script_for_request(s, partition: str = "", gpus_per_node: int | None = None,
     from lab.common import results
     from lab.common.config import ConfigError
     from lab.host.bench import job_env
-    from lab.host.request import BenchError, base_config, resolve_framework
+    from lab.host.request import RUN_ID, BenchError, base_config, resolve_framework
     nps = s.np if isinstance(s.np, list) else [s.np]
     if len(nps) != 1:
         raise BenchError("a batch script runs one process count: give --np one number")
@@ -264,7 +277,14 @@ def script_for_request(s, partition: str = "", gpus_per_node: int | None = None,
         resolve_framework(s.framework, {}, s.strategy)[0]
     notes = ["--framework auto is DDP in a script for another cluster (whether Horovod is "
              "installed there is not known here)"] if s.framework == "auto" else []
+    if s.run_id and (not RUN_ID.match(s.run_id) or ".." in s.run_id):
+        raise BenchError(f"--run-id names a folder inside --results-dir: letters, digits, '.', "
+                         f"'_' and '-' only, not {s.run_id!r}")
     run_id = s.run_id or results.new_run_id()
+    # Absolute folders: a container (pyxis) starts in its image's working folder, not
+    # where the job was submitted.
+    results_dir, data_dir = os.path.abspath(s.results_dir), os.path.abspath(s.data_dir)
+    s = dataclasses.replace(s, results_dir=results_dir, data_dir=data_dir)
     cfg = dataclasses.replace(base_config(s, framework), run_id=run_id, expected_np=np,
                               attempt=f"000-{s.strategy}-{framework}-{s.backend}-{s.compression}"
                                       f"-n{s.nodes}-np{np}-r0")
@@ -275,7 +295,6 @@ def script_for_request(s, partition: str = "", gpus_per_node: int | None = None,
         raise BenchError(str(e)) from None
     gpus = gpus_per_node if gpus_per_node is not None else (
         ranks_per_node(np, s.nodes) if s.device == "cuda" else 0)
-    results_dir, data_dir = os.path.abspath(s.results_dir), os.path.abspath(s.data_dir)
     job = SlurmJob(framework, s.backend, np, s.nodes, cfg.to_args(), job_name=f"lab-{run_id}",
                    time_limit_s=s.timeout_s, output=f"lab-{run_id}-%j.out",
                    env=job_env(s), partition=partition, gpus_per_node=gpus, container=container,
