@@ -538,6 +538,12 @@ def test_a_cluster_started_by_plain_compose_in_another_folder_is_the_one_bench_u
         assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-2000:]
         [r] = results.read_records(next((copy / "results").glob("*/results.jsonl")))[0]
         assert r["status"] == "ok" and sorted(r["world"]["hosts"]) == ["node1", "node2"]
+        # brought up without Slurm's daemons: --launcher slurm is one sentence
+        cp = subprocess.run([sys.executable, "-m", "invoke", "bench", "--nodes", "2", "--np", "2",
+                             "--framework", "ddp", "--launcher", "slurm"],
+                            cwd=copy, capture_output=True, text=True, timeout=300, env=env)
+        assert cp.returncode == 2 and "Traceback" not in cp.stderr, cp.stderr
+        assert "Slurm does not answer on node1" in cp.stderr and "--scheduler slurm" in cp.stderr
     finally:
         down = subprocess.run([*prog, "down", "-v"], cwd=copy, capture_output=True, text=True,
                               timeout=300, env=env)
