@@ -533,7 +533,7 @@ def test_the_layer_scan_finds_a_key_that_a_later_layer_deleted(tmp_path):
                                        "etc/munge/munge.key": b"\x8f" * 128,
                                        "opt/app/secret.pem": key,
                                        # a program that only names the format
-                                       "usr/bin/ssh-keygen": b"\0-----BEGIN OPENSSH PRIVATE KEY-----\n\0%s\0"}),
+                                       "usr/bin/ssh-keygen": b"\0" + begin + b"\0%s\0"}),
               "manifest.json": b"[]" * 600}
     save = io.BytesIO()
     with tarfile.open(fileobj=save, mode="w") as t:
