@@ -10,7 +10,7 @@ import time
 
 from lab.common import proc
 from lab.common.kit import REPO_ROOT
-from lab.host import launch
+from lab.host import launch, slurm
 from lab.host.cluster import ClusterError, engine, exec_out, host_slots, node_names, nodes, wait_ssh
 from lab.host.container import DATA_IN, RESULTS_IN, SOURCE_IN, hand_over
 from lab.host.runners import JobResult, Runner
@@ -220,7 +220,6 @@ class SlurmClusterRunner(ClusterRunner):
         self.run_dir = path
 
     def commands(self, framework, backend, np, args):
-        from lab.host import slurm
         job = slurm.SlurmJob(framework, backend, np, self.n, list(args), partition=self.partition)
         slurm.job_script(job)           # refuses what Slurm cannot run, before anything starts
         self._job = job
@@ -236,7 +235,6 @@ class SlurmClusterRunner(ClusterRunner):
         import dataclasses
         import os
 
-        from lab.host import slurm
         self.last_job = None
         args = self._job.worker_args
         attempt = args[args.index("--attempt") + 1] if "--attempt" in args else "job"
@@ -345,9 +343,7 @@ class SlurmClusterRunner(ClusterRunner):
         if self._nodes_of[0] != nodes:
             self._nodes_of = (nodes, self._hostnames(nodes))
         rc, out = self._on_node1(["sinfo", "-h", "-N", "-o", "%N %T"])
-        return rc == 0 and any("down" in line.split()[1].lower() or "fail" in line.split()[1].lower()
-                               for line in out.splitlines()
-                               if len(line.split()) >= 2 and line.split()[0] in self._nodes_of[1])
+        return rc == 0 and bool(slurm.down_nodes(out, self._nodes_of[1], silent=False))
 
     def _hostnames(self, nodelist: str) -> list[str]:
         if not nodelist or nodelist == "(null)":

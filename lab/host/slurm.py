@@ -212,10 +212,11 @@ def is_final(state: str) -> bool:
     return state.split()[0] in FINAL_STATES if state else False
 
 
-def down_nodes(sinfo: str, among: list[str]) -> list[str]:
-    """Nodes of `among` that `sinfo -h -N -o '%N %T'` shows down or failed; when none is,
-    those not responding (a trailing '*': a busy node can miss a ping too)."""
-    down, silent = [], []
+def down_nodes(sinfo: str, among: list[str], silent: bool = True) -> list[str]:
+    """Nodes of `among` that `sinfo -h -N -o '%N %T'` shows down or failed; when none is
+    and `silent`, those not responding (a trailing '*': a busy node can miss a ping too)."""
+    down: list[str] = []
+    silent_nodes: list[str] = []
     for line in sinfo.splitlines():
         parts = line.split()
         if len(parts) < 2 or parts[0] not in among:
@@ -223,9 +224,9 @@ def down_nodes(sinfo: str, among: list[str]) -> list[str]:
         state = parts[1].lower()
         if any(s in state for s in ("down", "fail")) and parts[0] not in down:
             down.append(parts[0])
-        elif state.endswith("*") and parts[0] not in silent:
-            silent.append(parts[0])
-    return down or silent
+        elif state.endswith("*") and parts[0] not in silent_nodes:
+            silent_nodes.append(parts[0])
+    return down or (silent_nodes if silent else [])
 
 
 def never_runs(info: dict) -> bool:
