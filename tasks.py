@@ -153,18 +153,20 @@ BUILD_HELP = {
     "torch-index": "index URL for torch instead of the matrix's; 'default' is pip's own index",
     "torchvision": "install torchvision too (--no-torchvision where no build pairs with torch)",
     "nccl-tests": "build nccl-tests in the GPU flavor (--no-nccl-tests where GitHub is unreachable)",
+    "cuda-archs": "compile the image's CUDA code only for these compute capabilities (e.g. 80,90)",
 }
 
 
 @task(help=BUILD_HELP)
 def build(c, flavor=None, gpu_ops=None, cuda=None, base_image=None, extra_ca=None,
-          wheelhouse=None, torch_index=None, torchvision=True, nccl_tests=True):
+          wheelhouse=None, torch_index=None, torchvision=True, nccl_tests=True, cuda_archs=None):
     """Build the lab image (pinned CUDA, Open MPI, NCCL, torch, Horovod) and smoke-test it."""
     from lab.host.images import BuildError, BuildSettings
     from lab.host.images import build as build_image
 
     given = dict(flavor=flavor, gpu_ops=gpu_ops, cuda=cuda, base_image=base_image,
-                 extra_ca=extra_ca, wheelhouse=wheelhouse, torch_index=torch_index)
+                 extra_ca=extra_ca, wheelhouse=wheelhouse, torch_index=torch_index,
+                 cuda_archs=cuda_archs)
     values = dict(c.config.get("build", {}))
     values.update({k: v for k, v in given.items() if v is not None})
     settings = BuildSettings(**values, with_torchvision=torchvision, nccl_tests=nccl_tests)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Make a Python virtual environment holding the whole training stack: torch and
-# torchvision at the versions of docker/versions.env, this kit (editable, with its
-# train and test extras), and Horovod built from source by install-horovod.sh.
+# torchvision at the versions of docker/versions.env, Horovod built from source by
+# install-horovod.sh, DeepSpeed, and this kit (editable, with its extras).
 # First the system packages that needs (Open MPI, a compiler, CMake, Python's venv and
 # headers) on Debian or Ubuntu: installed when it runs as root, else it names the
 # `sudo apt-get install` line to run and stops.
@@ -14,9 +14,12 @@
 #                    index's default builds (CUDA builds; they also run on a CPU, and
 #                    they are the only torchvision builds there). For CPU-only builds:
 #                    https://download.pytorch.org/whl/cpu
-#   LAB_ENV_CACHE    a folder where finished environments are kept and reused, keyed
-#                    by everything that goes into them (default ~/.cache/dl-lab-kit;
-#                    empty: build DIR itself every time). DIR then links to it.
+#   LAB_ENV_CACHE    a folder where the heavy part (torch, Horovod, DeepSpeed, the kit's
+#                    dependencies) is kept and reused, keyed by everything that goes
+#                    into it (default ~/.cache/dl-lab-kit; empty: build all of it in DIR).
+#                    DIR is then a light environment of its own that sees the cached
+#                    packages and holds this checkout's kit: two checkouts sharing the
+#                    cache each import their own `lab`, whichever ran this script last.
 #   PIP_CA_BUNDLE    CA bundle for pip (default: Debian's /etc/ssl/certs/ca-certificates.crt)
 set -euo pipefail
 
@@ -53,12 +56,12 @@ fi
 
 # shellcheck source=versions.env
 source "$here/versions.env"
-dest="${1:-$repo/.venv}"
+dest="$(realpath -m "${1:-$repo/.venv}")"   # absolute: its commands name its Python
 ca="${PIP_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}"
 index="${TORCH_INDEX_URL:-}"
-# The key covers what the slow part (torch, Horovod's compile) depends on; the kit and
-# its other dependencies are brought up to date on every run below.
-key="$( { grep -E '^(TORCH|TORCHVISION|HOROVOD|SETUPTOOLS|WHEEL)_' "$here/versions.env"
+# The key covers what the slow part (torch, Horovod's compile, DeepSpeed) depends on; the
+# kit and any dependency the cache lacks are brought up to date on every run below.
+key="$( { grep -E '^(TORCH|TORCHVISION|HOROVOD|SETUPTOOLS|WHEEL|DEEPSPEED)_' "$here/versions.env"
           cat "$here/install-torch.sh" "$here/install-horovod.sh" "$here/setup-venv.sh" \
               "$here/matrix.sh" "$here/torch-nccl.sh"
           python3 --version; echo "$index"; } | sha256sum | cut -c1-16)"
@@ -79,20 +82,49 @@ else
     py="$env/bin/python"
     PYTHON="$py" PIP_ISOLATED=1 PIP_CA_BUNDLE="$ca" WITH_TORCHVISION=1 \
         bash "$here/install-torch.sh"
-    "$py" -m pip install --quiet -e "${repo}[train,test]"
+    "$py" -m pip install --quiet "${repo}[train,test]"
     PYTHON="$py" bash "$here/install-horovod.sh"
-    "$py" -c "import torch, torchvision, horovod.torch, lab, envcheck"
+    # DeepSpeed (the kit's deepspeed extra): the package index has only its source, whose
+    # setup.py imports torch, so it is built here, beside torch (--no-build-isolation),
+    # with no op compiled ahead (DS_BUILD_OPS=0); about a minute on 2 cores.
+    DS_BUILD_OPS=0 "$py" -m pip install --quiet --no-build-isolation "deepspeed==$DEEPSPEED_VERSION"
+    "$py" -c "import torch, torchvision, horovod.torch, deepspeed"
+    if [[ -n "$cache" ]]; then
+        # The cache keeps the kit's dependencies, never the kit: which checkout's `lab`
+        # a process imports is decided by that checkout's own DIR below.
+        "$py" -m pip uninstall --quiet --yes dl-lab-kit
+    fi
     touch "$env/.complete"
 fi
 
-# The kit itself, editable from this checkout, every time: seconds when nothing changed,
-# and a dependency added to pyproject.toml is installed here. With its deepspeed extra:
-# the package index has only DeepSpeed's source, whose setup.py imports torch, so it is
-# built here, beside torch (--no-build-isolation), with no op compiled ahead
-# (DS_BUILD_OPS=0); about a minute on 2 cores the first time (pip keeps the wheel).
-DS_BUILD_OPS=0 "$env/bin/python" -m pip install --quiet --no-build-isolation -e "${repo}[train,test,deepspeed]"
 if [[ "$env" != "$dest" ]]; then
-    rm -rf "$dest"
-    ln -s "$env" "$dest"
+    # DIR: a venv of its own whose site-packages adds the cached environment's (a .pth
+    # line runs site.addsitedir, so the cached .pth files are read too), with the
+    # cached environment's commands (invoke, pytest, horovodrun, ...) started by DIR's
+    # Python. The kit installed in DIR below comes first on sys.path.
+    if [[ -L "$dest" || ! -x "$dest/bin/python" ]]; then
+        rm -rf "$dest"
+        python3 -m venv --without-pip "$dest"
+    fi
+    base_site="$("$env/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    site="$("$dest/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    printf 'import site; site.addsitedir(%s)\n' "'$base_site'" > "$site/zz-dl-lab-kit-base.pth"
+    for f in "$env"/bin/*; do
+        name="$(basename "$f")"
+        case "$name" in python*|activate*|Activate*) continue ;; esac
+        [[ -f "$f" && -x "$f" ]] || continue
+        if [[ "$(head -c 2 "$f")" == '#!' ]] && head -n1 "$f" | grep -q "^#!$env/bin/python"; then
+            rm -f "$dest/bin/$name"
+            { echo "#!$dest/bin/python"; tail -n +2 "$f"; } > "$dest/bin/$name"
+            chmod +x "$dest/bin/$name"
+        else
+            ln -sfn "$f" "$dest/bin/$name"
+        fi
+    done
 fi
+
+# The kit itself, editable from this checkout, every time: seconds when nothing changed,
+# and a dependency added to pyproject.toml is installed here (into DIR, when the cached
+# environment lacks it).
+DS_BUILD_OPS=0 "$dest/bin/python" -m pip install --quiet --no-build-isolation -e "${repo}[train,test,deepspeed]"
 say "ready: $dest ($("$dest/bin/python" -c 'import torch, horovod, importlib.metadata as m; print("torch", torch.__version__, "horovod", horovod.__version__, "deepspeed", m.version("deepspeed"))'))"

@@ -9,6 +9,18 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
+# The modules whose tests share the Docker engine: the lab images, the compose cluster
+# (one per module, brought up and down), containers counted by label. Under pytest-xdist
+# (`-n 2 --dist loadgroup`, the README's test command) they run in one group, one after
+# another on one worker, while the other worker takes the rest (local processes only).
+DOCKER_MODULES = {"test_image", "test_cluster", "test_setup"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.module.__name__.rpartition(".")[2] in DOCKER_MODULES:
+            item.add_marker(pytest.mark.xdist_group("docker"))
+
 
 def _horovod_state():
     if importlib.util.find_spec("horovod") is None:

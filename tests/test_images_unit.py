@@ -68,6 +68,19 @@ def test_gpu_build_args_default_to_cuda_13_and_nccl():
     assert a["NCCL_VERSION"] == "2.29.3" and a["NCCL_TESTS"] == "0"
 
 
+def test_cuda_archs_narrow_the_compiled_code_and_the_label_says_so():
+    """--cuda-archs (CI compiles for one): the build argument that install-horovod.sh and
+    install-nccl-tests.sh read (matrix.sh's cuda_archs_for), and the label bench and
+    doctor choose images by, so the image never claims code it lacks."""
+    s = images.BuildSettings(cuda_archs="80")
+    images.check(s, MATRIX)
+    assert images.build_args(s, MATRIX)["CUDA_ARCHS"] == "80"
+    assert images.labels(s, images.build_args(s, MATRIX), MATRIX, "0.1")["org.dl-lab-kit.cuda_archs"] == "80"
+    whole = images.BuildSettings()
+    assert images.labels(whole, images.build_args(whole, MATRIX), MATRIX, "0.1")[
+        "org.dl-lab-kit.cuda_archs"] == "75,80"
+
+
 def test_the_real_matrix_has_every_gpu_entry():
     m = versions.read()
     assert images.cuda_entries(m) == ["13.0", "12.6"] and m["CUDA_DEFAULT"] == "13.0"
@@ -103,6 +116,10 @@ def test_tags_and_labels():
     (dict(cuda="11.8"), "has entries for CUDA 13.0, 12.6"),
     (dict(extra_ca="/nonexistent.pem"), "no such file"),
     (dict(wheelhouse="/nonexistent"), "no such folder"),
+    (dict(flavor="cpu", cuda_archs="80"), "needs the GPU flavor"),
+    (dict(cuda_archs="sm_80"), "compute capabilities like 80"),
+    (dict(cuda_archs="80,90"), "supports 75, 80; pick from those"),
+    (dict(cuda="12.6", cuda_archs="80"), "supports 70, 75"),
 ])
 def test_bad_build_requests(settings, message):
     with pytest.raises(images.BuildError, match=message):

@@ -34,6 +34,7 @@ class BuildSettings:
     torch_index: str = ""       # index URL for torch; empty: the matrix's; "default": pip's own
     with_torchvision: bool = True
     nccl_tests: bool = True     # GPU flavor: build nccl-tests (needs GitHub at build time)
+    cuda_archs: str = ""        # GPU flavor: compute capabilities to compile for (empty: the matrix's)
 
 
 def cuda_entries(matrix: dict[str, str]) -> list[str]:
@@ -51,6 +52,13 @@ def variant(s: BuildSettings, matrix: dict[str, str]) -> str:
     if s.flavor == "cpu":
         return "CPU_"
     return "CUDA_" + (s.cuda or matrix["CUDA_DEFAULT"]).replace(".", "_") + "_"
+
+
+def archs(s: BuildSettings, matrix: dict[str, str]) -> str:
+    """The compute capabilities the image's CUDA code is compiled for (Horovod's kernels,
+    nccl-tests): --cuda-archs, a subset of the matrix's list, or the whole list. The
+    image's cuda_archs label says which, and bench and doctor choose images by it."""
+    return s.cuda_archs or matrix[variant(s, matrix) + "ARCHS"]
 
 
 def gpu_ops(s: BuildSettings) -> str:
@@ -72,6 +80,17 @@ def check(s: BuildSettings, matrix: dict[str, str] | None = None) -> None:
                          f"for CUDA {', '.join(cuda_entries(matrix))}; pick one of those")
     if s.extra_ca and not Path(s.extra_ca).is_file():
         raise BuildError(f"--extra-ca {s.extra_ca}: no such file; give a PEM certificate bundle")
+    if s.cuda_archs and s.flavor == "cpu":
+        raise BuildError("--cuda-archs needs the GPU flavor: drop it for --flavor cpu")
+    if s.cuda_archs:
+        if not re.fullmatch(r"\d{2,3}(,\d{2,3})*", s.cuda_archs):
+            raise BuildError(f"--cuda-archs takes compute capabilities like 80 or 80,90, "
+                             f"not {s.cuda_archs!r}")
+        allowed = matrix[variant(s, matrix) + "ARCHS"].split(",")
+        extra = [a for a in s.cuda_archs.split(",") if a not in allowed]
+        if extra:
+            raise BuildError(f"--cuda-archs {s.cuda_archs}: CUDA {s.cuda or matrix['CUDA_DEFAULT']}'s "
+                             f"entry supports {', '.join(allowed)}; pick from those")
     if s.wheelhouse and not Path(s.wheelhouse).is_dir():
         raise BuildError(f"--wheelhouse {s.wheelhouse}: no such folder")
 
@@ -99,7 +118,7 @@ def build_args(s: BuildSettings, matrix: dict[str, str]) -> dict[str, str]:
             "OPENMPI_URL": matrix["OPENMPI_URL"],
             "OPENMPI_SHA256": matrix["OPENMPI_SHA256"],
             "NCCL_VERSION": matrix[v + "NCCL_VERSION"],
-            "CUDA_ARCHS": matrix[v + "ARCHS"],
+            "CUDA_ARCHS": archs(s, matrix),
             "NCCL_TESTS": "1" if s.nccl_tests else "0",
             "NCCL_TESTS_VERSION": matrix["NCCL_TESTS_VERSION"],
             "NCCL_TESTS_COMMIT": matrix["NCCL_TESTS_COMMIT"],
@@ -129,7 +148,7 @@ def labels(s: BuildSettings, args: dict[str, str], matrix: dict[str, str],
         v = variant(s, matrix)
         out[LABEL_PREFIX + "cuda_version"] = s.cuda or matrix["CUDA_DEFAULT"]
         out[LABEL_PREFIX + "cudnn_version"] = matrix[v + "CUDNN_VERSION"]
-        out[LABEL_PREFIX + "cuda_archs"] = matrix[v + "ARCHS"]
+        out[LABEL_PREFIX + "cuda_archs"] = archs(s, matrix)
         out[LABEL_PREFIX + "cuda_ptx"] = matrix.get(v + "PTX", "0")
         if not s.nccl_tests:
             out.pop(LABEL_PREFIX + "nccl_tests_version", None)
