@@ -4,11 +4,13 @@ Defaults come from invoke.yaml; flags win."""
 from invoke import task
 from invoke.exceptions import Exit
 
+from lab import models
+
 BENCH_HELP = {
     "np": "process counts, one or a comma list: 2 or 1,2,4 (a sweep)",
     "framework": "auto (Horovod if installed, else DDP), horovod, ddp or none; a comma list sweeps",
     "backend": "gloo, mpi or nccl; a comma list sweeps (what cannot run here is skipped and recorded)",
-    "model": "mnist (Horovod's MNIST CNN) or resnet50",
+    "model": "; ".join(f"{n}: {models.get(n).about}" for n in models.names()),
     "data": "synthetic, mnist (downloaded once into --data-dir) or digits (offline)",
     "data-dir": "where MNIST is cached",
     "device": "cpu or cuda (one GPU per rank)",
@@ -246,7 +248,7 @@ def down(c):
 @task
 def clean(c):
     """Remove every container, network and volume the kit labelled (what a killed run left)."""
-    from lab.host import docker_api
+    from lab.common import docker_api
     try:
         removed = docker_api.remove_labelled(docker_api.client())
     except docker_api.DockerUnavailable as e:

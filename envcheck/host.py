@@ -28,8 +28,8 @@ IMAGE_FACTS = ("flavor", "torch_version", "horovod_version", "horovod_gpu_operat
 
 
 def _docker():
-    """(client, None) or (None, why): the kit's one Docker connection (lab.host.docker_api)."""
-    from lab.host import docker_api
+    """(client, None) or (None, why): the kit's one Docker connection (lab.common.docker_api)."""
+    from lab.common import docker_api
     try:
         return docker_api.client(timeout=10), None
     except docker_api.DockerUnavailable as e:
@@ -201,8 +201,8 @@ def probe_gpu_runtime(gpus: Result, images: Result | None = None) -> Result:
     from docker.types import DeviceRequest
 
     import docker
-    from lab.host import docker_api
-    from lab.host.docker_api import MANAGED_BY
+    from lab.common import docker_api
+    from lab.common.docker_api import MANAGED_BY
     # Starting a container with every GPU can take longer than the 10 s the other probes
     # allow (driver initialisation without persistence mode).
     c = docker_api.client(timeout=120)
@@ -277,7 +277,7 @@ def probe_lab_images() -> Result:
     c, why = _docker()
     if c is None:
         return Result("lab_images", SKIP, None, why)
-    from lab.host.docker_api import kit_images
+    from lab.common.docker_api import kit_images
     found = {tag: {k: v for k, v in labels.items() if k == "id" or k in IMAGE_FACTS}
              for tag, labels in kit_images(c).items()
              if not re.search(r"-\d+\.\d+\.\d+$", tag)}     # not the -<kit version> twin

@@ -13,6 +13,6 @@ The packages say where their code runs:
 - `lab.report`: the tables, curves and analysis made from the records.
 
 `envcheck` holds the probes (`invoke doctor`), which run on the host and where the
-ranks run; it imports `lab.common` (its Docker probes import `lab.host.docker_api`
+ranks run; it imports `lab.common` (its Docker probes import `lab.common.docker_api`
 inside them), and `lab.host.doctor` composes it.
 """

@@ -51,7 +51,7 @@ def fsdp_grads(d) -> dict:
     x, y = batch(8)
     for name, force_sum in (("mnist", True), ("mnist", False), ("uneven", True), ("uneven", False)):
         torch.manual_seed(0)
-        model = models.MnistNet() if name == "mnist" else Uneven()
+        model = models.build("mnist", 1, 28, 10)[0] if name == "mnist" else Uneven()
         ref = copy.deepcopy(model).eval()   # eval: no dropout, so both sides compute alike
         F.nll_loss(ref(x), y).backward()
         s = create(RunConfig(strategy="fsdp", framework="ddp", backend="gloo"), d, torch.device("cpu"))
@@ -83,7 +83,7 @@ def pipeline_outputs(d) -> dict:
         for strategy in ("pipeline", "model-parallel"):
             cfg = RunConfig(strategy=strategy, framework="ddp", model=name, batch_size=8)
             torch.manual_seed(cfg.seed)
-            model, loss_fn = models.build(name, 1, 10)
+            model, loss_fn = models.build(name, 1, 28, 10)
             ref = copy.deepcopy(model).eval()
             s = create(cfg, d, torch.device("cpu"))
             s.sample_shape = (1, 28, 28)
@@ -102,7 +102,7 @@ def pipeline_outputs(d) -> dict:
 def model_parallel_step(d) -> dict:
     cfg = RunConfig(strategy="model-parallel", framework="ddp", model="resnet50", batch_size=4)
     torch.manual_seed(cfg.seed)
-    model, loss_fn = models.build("resnet50", 1, 10)
+    model, loss_fn = models.build("resnet50", 1, 28, 10)
     ref = copy.deepcopy(model)
     x, y = batch(4)
     s = create(cfg, d, torch.device("cpu"))

@@ -1,8 +1,11 @@
 """The packages say where code runs, and imports keep to it: a rank never imports the
 host's packages (Docker, invoke, tabulate) or lab.host; the host, the report, the
 shared code and envcheck never import torch at import time; lab.common imports no
-other part of the kit; envcheck imports only lab.common. Modules are found by walking
-the packages, so a new module is checked without being listed here."""
+other part of the kit but the model registry (lab.models, whose specs are facts);
+envcheck imports only lab.common; no two packages import each other, even inside a
+function (read from the source). Modules are found by walking the packages, so a new
+module is checked without being listed here."""
+import ast
 import pkgutil
 import subprocess
 import sys
@@ -34,7 +37,7 @@ def kit_parts(mods: set) -> set:
 
 
 def test_the_packages_are_regular_packages():
-    for pkg in ("lab", "lab.common", "lab.worker", "lab.host", "lab.report", "envcheck"):
+    for pkg in ("lab", "lab.common", "lab.models", "lab.worker", "lab.host", "lab.report", "envcheck"):
         assert REPO.joinpath(*pkg.split("."), "__init__.py").is_file(), pkg
     assert len(modules("lab.host")) >= 8 and "lab.worker.train" in modules("lab.worker")
 
@@ -54,7 +57,74 @@ def test_host_report_and_shared_code_do_not_import_training_packages(package):
 
 
 def test_shared_code_imports_no_other_part_of_the_kit():
-    assert kit_parts(imported_after(modules("lab.common"))) <= {"lab.common"}
+    assert kit_parts(imported_after(modules("lab.common"))) <= {"lab.common", "lab.models"}
+
+
+def test_model_specs_are_facts_read_without_torch():
+    mods = imported_after(["lab.models"])
+    assert kit_parts(mods) <= {"lab.models"} and not {"torch", "numpy"} & mods
+
+
+PACKAGES = ("lab.common", "lab.models", "lab.worker", "lab.host", "lab.report", "envcheck")
+
+
+def package_of(module: str) -> str | None:
+    return next((p for p in PACKAGES if module == p or module.startswith(p + ".")), None)
+
+
+def package_imports(root: Path = REPO) -> dict[str, set[str]]:
+    """package -> the packages its source imports, at import time or inside a function."""
+    graph = {p: set() for p in PACKAGES}
+    for p in PACKAGES:
+        for path in root.joinpath(*p.split(".")).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                    [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+                if isinstance(node, ast.ImportFrom) and node.module in ("lab", "lab.common"):
+                    names = [f"{node.module}.{a.name}" for a in node.names]   # from lab import models
+                for name in names:
+                    q = package_of(name)
+                    if q and q != p:
+                        graph[p].add(q)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    found, path = [], []
+
+    def visit(node):
+        if node in path:
+            found.append(path[path.index(node):] + [node])
+            return
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            visit(nxt)
+        path.pop()
+    for start in graph:
+        visit(start)
+    return found
+
+
+def test_no_package_cycle():
+    graph = package_imports()
+    assert cycles(graph) == [], graph
+    # what a rank runs never reaches host code, even through envcheck
+    reach, todo = set(), ["lab.worker"]
+    while todo:
+        for q in graph[todo.pop()] - reach:
+            reach.add(q)
+            todo.append(q)
+    assert "lab.host" not in reach and "lab.report" not in reach, reach
+
+
+def test_the_cycle_check_finds_a_cycle(tmp_path):
+    """The check itself works: a lazy import back from envcheck to lab.host is a cycle."""
+    for p in PACKAGES:
+        tmp_path.joinpath(*p.split(".")).mkdir(parents=True, exist_ok=True)
+    tmp_path.joinpath("lab", "host", "a.py").write_text("import envcheck.x\n")
+    tmp_path.joinpath("envcheck", "x.py").write_text("def f():\n    from lab.host import a\n")
+    assert cycles(package_imports(tmp_path)) == [["lab.host", "envcheck", "lab.host"],
+                                                 ["envcheck", "lab.host", "envcheck"]]
 
 
 def test_envcheck_uses_only_the_shared_code():

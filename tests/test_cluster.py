@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from lab.common import results
-from lab.host import cluster, docker_api
+from lab.common import docker_api, results
+from lab.host import cluster
 
 REPO = Path(__file__).resolve().parent.parent
 IMAGE = "dl-lab-kit:cpu"

@@ -3,9 +3,9 @@ import json
 
 import pytest
 
+from lab.common.docker_api import MANAGED_BY
 from lab.common.kit import REPO_ROOT
 from lab.host import container, runners
-from lab.host.docker_api import MANAGED_BY
 
 
 def spec(**kw):
@@ -94,3 +94,28 @@ def test_an_image_demanded_without_an_engine_is_one_sentence(monkeypatch):
         runners.choose_runner(where="image")
     runner, note = runners.choose_runner(where="auto")
     assert runner.kind == "local" and note.startswith("running as local processes: no Docker engine")
+
+
+def test_the_engine_client_leaves_no_connection_open_behind_it():
+    """docker_api.client() pings with a client of its own before returning another: the
+    ping's must be closed, or every call leaves a socket to the engine open."""
+    import os
+
+    from lab.common import docker_api
+    try:
+        docker_api.client().close()
+    except docker_api.DockerUnavailable as e:
+        pytest.skip(str(e))
+
+    def sockets():
+        found = 0
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                found += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+            except FileNotFoundError:       # the listing's own descriptor, closed by now
+                pass
+        return found
+    before = sockets()
+    for _ in range(5):
+        docker_api.client().close()
+    assert sockets() == before

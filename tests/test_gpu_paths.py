@@ -208,7 +208,7 @@ class FakeImage:
 @pytest.fixture
 def engine_with(monkeypatch):
     import docker
-    from lab.host import docker_api
+    from lab.common import docker_api
 
     def make(images, capabilities):
         class Images:

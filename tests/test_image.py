@@ -114,8 +114,8 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
+from lab.common.docker_api import MANAGED_BY as LABEL_KEY  # noqa: E402
 from lab.host.container import LABEL_VALUE  # noqa: E402
-from lab.host.docker_api import MANAGED_BY as LABEL_KEY  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

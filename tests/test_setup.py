@@ -14,7 +14,7 @@ BASE = "lab-base/debian:bookworm"
 
 @pytest.fixture(scope="module")
 def base():
-    from lab.host import docker_api
+    from lab.common import docker_api
     try:
         cli = docker_api.client(timeout=900)
     except docker_api.DockerUnavailable as e:

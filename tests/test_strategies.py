@@ -9,7 +9,8 @@ import sys
 import pytest
 import torch
 
-from lab.common.config import PIPELINE_LAYERS, ConfigError, RunConfig
+from lab import models as specs
+from lab.common.config import ConfigError, RunConfig
 from lab.host import bench
 from lab.host.request import BenchError, BenchSettings, settings_from_flags
 from lab.worker import models
@@ -24,9 +25,9 @@ needs_torchvision = pytest.mark.skipif(TORCHVISION_MISSING is not None,
 
 def test_mnist_layers_compute_the_models_forward():
     torch.manual_seed(0)
-    model = models.MnistNet().eval()
+    model = models.build("mnist", 1, 28, 10)[0].eval()
     layers = models.sequential_layers("mnist", model)
-    assert len(layers) == PIPELINE_LAYERS["mnist"]
+    assert sum(map(models.has_parameters, layers)) == specs.get("mnist").most_stages
     x = torch.randn(5, 1, 28, 28)
     with torch.no_grad():
         assert torch.equal(torch.nn.Sequential(*layers).eval()(x), model(x))
@@ -35,9 +36,9 @@ def test_mnist_layers_compute_the_models_forward():
 @needs_torchvision
 def test_resnet_layers_compute_the_models_forward():
     torch.manual_seed(0)
-    model = models.resnet50(1, 10).eval()
+    model = models.build("resnet50", 1, 28, 10)[0].eval()
     layers = models.sequential_layers("resnet50", model)
-    assert len(layers) == PIPELINE_LAYERS["resnet50"]
+    assert sum(map(models.has_parameters, layers)) == specs.get("resnet50").most_stages
     x = torch.randn(2, 1, 28, 28)
     with torch.no_grad():
         torch.testing.assert_close(torch.nn.Sequential(*layers).eval()(x), model(x))
@@ -58,7 +59,7 @@ def test_cut_points_are_contiguous_nonempty_and_even():
 
 def test_layer_costs_count_convolutions_and_linear_layers():
     torch.manual_seed(0)
-    model = models.MnistNet()
+    model = models.build("mnist", 1, 28, 10)[0]
     costs = models.layer_costs(models.sequential_layers("mnist", model), torch.zeros(1, 1, 28, 28))
     # conv1: 10 x 24 x 24 outputs x (1 x 5 x 5); conv2: 20 x 8 x 8 x (10 x 5 x 5);
     # fc1: 50 x 320; fc2: 10 x 50; the rest costs nothing.
@@ -158,7 +159,7 @@ def test_pipeline_outputs_equal_one_process(tmp_path):
 def test_model_parallel_step_equals_one_process_step(tmp_path):
     parts = probe("model-parallel-step", tmp_path)
     assert sum(p["params"] for p in parts) == sum(
-        p.numel() for p in models.resnet50(1, 10).parameters())
+        p.numel() for p in models.build("resnet50", 1, 28, 10)[0].parameters())
     for p in parts:
         assert p["max_abs_gradient"] > 0                       # the step did move them
         assert p["param_max_abs_error"] < 1e-5

@@ -128,7 +128,7 @@ def _pipeline_check() -> None:
     cfg.check()
     d = dist.create(cfg)
     torch.manual_seed(cfg.seed)
-    model, loss_fn = models.build("mnist", 1, 10)
+    model, loss_fn = models.build("mnist", 1, 28, 10)
     whole = copy.deepcopy(model).eval()
     s = strategies.create(cfg, d, torch.device("cpu"))
     s.build(model, loss_fn)

@@ -9,7 +9,9 @@ import argparse
 import dataclasses
 from dataclasses import dataclass
 
-MODELS = ("mnist", "resnet50")
+from lab import models
+
+MODELS = models.names()           # each model is one folder and one spec (lab.models)
 FRAMEWORKS = ("none", "horovod", "ddp")
 BACKENDS = ("gloo", "mpi", "nccl")
 DEVICES = ("cpu", "cuda")
@@ -29,13 +31,9 @@ DATA_PARALLEL_STRATEGIES = ("ddp", "zero1", "fsdp", "deepspeed")
 # own data parallelism; dataparallel is one process (framework none).
 TORCH_STRATEGIES = ("zero1", "fsdp", "pipeline", "model-parallel", "deepspeed", "rpc-pipeline")
 PIPELINE_SCHEDULES = ("gpipe", "1f1b")
-# Layers a model is cut into stages by (lab.worker.models.sequential_layers; a test
-# checks the two agree): at most that many stages.
-PIPELINE_LAYERS = {"mnist": 13, "resnet50": 23}
 FAULT_MODES = ("raise", "kill")   # --fault RANK:STEP[:MODE]: an exception, or SIGKILL to itself
 # scikit-learn's bundled digits: 1,797 images, 300 of them held out for testing.
 DIGITS_SAMPLES, DIGITS_TEST = 1797, 300
-MNIST_TRAIN = 60000               # synthetic data for the MNIST network has MNIST's size
 
 
 class ConfigError(ValueError):
@@ -55,7 +53,7 @@ class RunConfig:
     epochs: int = 1
     batch_size: int = 64          # per rank
     test_batch_size: int = 1000   # per rank
-    lr: float = 0.01              # before scaling by the world size
+    lr: float = 0.0               # 0: the model's (lab.models); SGD's is scaled by the world size
     momentum: float = 0.5
     compression: str = "none"
     seed: int = 42
@@ -87,6 +85,9 @@ class RunConfig:
             if value not in allowed:
                 raise ConfigError(
                     f"unknown {name} {value!r}: choose one of {', '.join(allowed)}")
+        refused = models.get(self.model).refuses.get(self.strategy)
+        if refused:
+            raise ConfigError(f"the {self.strategy} strategy cannot run --model {self.model}: {refused}")
         for name in ("epochs", "batch_size", "test_batch_size", "threads"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, "
@@ -133,10 +134,11 @@ class RunConfig:
     def check_world(self, world: int) -> None:
         """The strategy's rules that depend on the number of processes."""
         if self.strategy in ("pipeline", "model-parallel", "rpc-pipeline"):
-            layers = PIPELINE_LAYERS[self.model]
-            if world > layers:
-                raise ConfigError(f"{self.model} has {layers} layers to cut into stages, fewer than "
-                                  f"{world} processes: lower --np")
+            most = models.get(self.model).most_stages
+            if world > most:
+                raise ConfigError(f"{self.model} can be cut into at most {most} pipeline stages "
+                                  f"(one per layer with parameters), fewer than {world} "
+                                  f"processes: use --np {most} or fewer")
             if self.strategy == "pipeline" and self.schedule == "1f1b" \
                     and self.pipeline_micro_batches() < world:
                 raise ConfigError(f"the 1f1b schedule needs at least as many micro-batches as "
@@ -175,8 +177,7 @@ class RunConfig:
         if self.data == "digits":
             return DIGITS_SAMPLES - DIGITS_TEST
         if self.data == "synthetic":
-            return self.synthetic_size or (MNIST_TRAIN if self.model == "mnist"
-                                           else 8 * self.batch_size)
+            return self.synthetic_size or models.get(self.model).synthetic_train_size(self.batch_size)
         return None
 
     def steps_per_epoch(self, train_size: int, world: int) -> int:

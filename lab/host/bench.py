@@ -15,6 +15,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 
+from lab import models
 from lab.common import results
 from lab.common.config import RunConfig
 from lab.host.failures import LauncherWatch, RankEnd
@@ -396,10 +397,10 @@ def measure_ceiling(s: BenchSettings, processes: int, runner: Runner) -> dict:
     node as it has ranks, all nodes at once): what the machine gives that many ranks
     that never communicate."""
     def cmd(n: int) -> list[str]:
-        out = [runner.python, "-m", "lab.worker.ceiling", "--processes", str(n), "--model",
-               s.model, "--batch-size", str(s.batch_size), "--threads", str(s.threads),
-               "--device", s.device]
-        return out + (["--steps", "3", "--warmup", "1"] if s.model == "resnet50" else [])
+        steps, warmup = models.get(s.model).ceiling_steps
+        return [runner.python, "-m", "lab.worker.ceiling", "--processes", str(n), "--model",
+                s.model, "--data", s.data, "--batch-size", str(s.batch_size), "--threads",
+                str(s.threads), "--device", s.device, "--steps", str(steps), "--warmup", str(warmup)]
 
     def parse(rc, out, where=""):
         try:

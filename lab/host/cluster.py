@@ -14,10 +14,9 @@ import shutil
 import time
 from pathlib import Path
 
-from lab.common import proc
+from lab.common import docker_api, proc
+from lab.common.docker_api import CLUSTER as LABEL
 from lab.common.kit import REPO_ROOT
-from lab.host import docker_api
-from lab.host.docker_api import CLUSTER as LABEL
 from lab.host.runners import RunnerError
 
 COMPOSE_FILE = REPO_ROOT / "compose.yaml"

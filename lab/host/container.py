@@ -5,7 +5,7 @@ NCCL, memlock unlimited, the results directory (read-write) and the data directo
 (read-only) mounted, and the checkout's `lab` and `envcheck` on the PYTHONPATH unless
 `frozen` (then the image's own copy runs). The edge (`ImageRunner`) starts it through
 the Docker SDK, streams its output and removes it when the job ends, fails, times out or
-is interrupted. Every container carries the kit's label (lab.host.docker_api) so that
+is interrupted. Every container carries the kit's label (lab.common.docker_api) so that
 whatever is left behind can be found and removed (`invoke clean`)."""
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass, field
 
 from lab.common import kit, proc
+from lab.common.docker_api import MANAGED_BY
 from lab.host import launch
-from lab.host.docker_api import MANAGED_BY
 from lab.host.runners import JobResult, Runner, RunnerError
 
 LABEL_VALUE = "bench"

@@ -10,10 +10,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from lab.common import versions
+from lab.common import docker_api, versions
+from lab.common.docker_api import IMAGE_REPO, LABEL_PREFIX
 from lab.common.kit import PACKAGES, REPO_ROOT, kit_version
-from lab.host import docker_api
-from lab.host.docker_api import IMAGE_REPO, LABEL_PREFIX
 
 FLAVORS = ("gpu", "cpu")
 GPU_OPERATIONS = ("NCCL", "MPI")

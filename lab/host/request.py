@@ -9,6 +9,7 @@ import re
 import shutil
 from dataclasses import dataclass
 
+from lab import models
 from lab.common.config import (
     BACKENDS,
     COMPRESSIONS,
@@ -273,10 +274,11 @@ def check_request(s: BenchSettings, stack: dict) -> tuple[str, list[str]]:
     if framework == "ddp" and not stack.get("ddp_backends", {}).get(s.backend):
         hint = NO_MPI_IN_PIP_TORCH if s.backend == "mpi" else "use --backend gloo"
         raise BenchError(f"this torch has no {s.backend} back end for DDP: {hint}")
-    if s.model == "resnet50" and "torchvision" not in stack:
-        raise BenchError(f"--model resnet50 needs torchvision, which does not import here "
-                         f"({stack.get('torchvision_error', 'not installed')}): install the "
-                         f"torchvision built for torch {stack['torch']}")
+    for package in models.get(s.model).needs:       # lab.worker.capabilities probes them
+        if package not in stack:
+            raise BenchError(f"--model {s.model} needs {package}, which does not import here "
+                             f"({stack.get(package + '_error', 'not installed')}): install the "
+                             f"{package} built for torch {stack['torch']}")
     return framework, notes
 
 

@@ -139,7 +139,7 @@ def candidate_images(device: str, framework: str, backend: str,
     by the request check, lab.common.kit.horovod_gpu_path_problem); DDP brings its own
     NCCL and Gloo, so any GPU image serves it. `cudas`: the matrix's CUDA entries, the
     default first (its images are gpu-nccl, the others gpu-nccl-cu126 and so on)."""
-    from lab.host.docker_api import IMAGE_REPO
+    from lab.common.docker_api import IMAGE_REPO
     cudas = cudas or [""]
 
     def gpu(ops):
@@ -215,7 +215,7 @@ def choose_runner(*, where: str = "auto", nodes: int = 1, image: str = "", froze
         return runner, runner.describe()
     if where == "local":
         return LocalRunner(results_dir, data_dir), None
-    from lab.host import docker_api
+    from lab.common import docker_api
     from lab.host.container import ImageRunner
     tags = [image] if image else candidate_images(
         device, "horovod" if framework == "auto" else framework, backend, matrix_cudas())

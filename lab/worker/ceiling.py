@@ -11,21 +11,23 @@ import time
 
 
 def measure(model_name: str = "mnist", batch_size: int = 64, threads: int = 1, steps: int = 200,
-            warmup: int = 10, device: str = "cpu", seed: int = 0) -> dict:
+            warmup: int = 10, device: str = "cpu", seed: int = 0, data_name: str = "synthetic") -> dict:
+    """The model's training steps on random batches of the input the run trains on: the
+    data set's shape and classes (MNIST and the digits: 1x28x28, 10), or on synthetic
+    data the model's own (lab.models: the spec's input)."""
     import torch
 
+    from lab import models as specs
     from lab.worker import data, models
 
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
     dev = torch.device(device)
-    if model_name == "mnist":
-        ds = data.synthetic(1, 28, 10, batch_size * 8, 1, seed=seed)
-    else:
-        ds = data.synthetic(3, 224, 1000, batch_size * 2, 1, seed=seed)
+    channels, size, classes = specs.get(model_name).input(data_name)
+    ds = data.synthetic(channels, size, classes, batch_size * 4, 1, seed=seed)
     x, y = ds.train.to(dev).take(slice(None))
     n_batches = len(y) // batch_size
-    model, loss_fn = models.build(model_name, ds.channels, ds.classes)
+    model, loss_fn = models.build(model_name, ds.channels, ds.size, ds.classes)
     model.to(dev).train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
     times = []
@@ -40,8 +42,8 @@ def measure(model_name: str = "mnist", batch_size: int = 64, threads: int = 1, s
             torch.cuda.synchronize(dev)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
-    return {"model": model_name, "batch_size": batch_size, "threads": threads, "device": device,
-            "steps": steps, "step_time_mean_s": sum(times) / len(times),
+    return {"model": model_name, "input": [channels, size, size], "classes": classes,
+            "batch_size": batch_size, "threads": threads, "device": device, "steps": steps, "step_time_mean_s": sum(times) / len(times),
             "images_per_s": batch_size * len(times) / sum(times)}
 
 
@@ -59,7 +61,8 @@ def child_env(index: int, threads: int, device: str, base: dict) -> dict:
 
 def measure_concurrent(processes: int, model_name: str = "mnist", batch_size: int = 64,
                        threads: int = 1, steps: int = 200, warmup: int = 10,
-                       device: str = "cpu", timeout_s: float = 3600) -> dict:
+                       device: str = "cpu", timeout_s: float = 3600,
+                       data_name: str = "synthetic") -> dict:
     """The same measurement in `processes` independent processes at once: what the machine
     gives N ranks that never communicate (shared cores, memory bandwidth, caches). When
     one fails or the time runs out, the others are stopped."""
@@ -69,7 +72,7 @@ def measure_concurrent(processes: int, model_name: str = "mnist", batch_size: in
     # Each process is this module measuring in itself, so torch is set up afresh in each.
     cmd = [sys.executable, "-m", "lab.worker.ceiling", "--model", model_name, "--batch-size",
            str(batch_size), "--threads", str(threads), "--steps", str(steps), "--warmup",
-           str(warmup), "--device", device]
+           str(warmup), "--device", device, "--data", data_name]
     procs = [proc.start(cmd, env=child_env(i, threads, device, os.environ), merge=False)
              for i in range(processes)]
     deadline = time.monotonic() + timeout_s
@@ -85,12 +88,17 @@ def measure_concurrent(processes: int, model_name: str = "mnist", batch_size: in
         for p in procs:
             p.stop(grace=1.0)
     return {"processes": processes, "images_per_s": sum(o["images_per_s"] for o in outs),
-            "per_process": [o["images_per_s"] for o in outs]}
+            "per_process": [o["images_per_s"] for o in outs], "input": outs[0]["input"],
+            "classes": outs[0]["classes"]}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m lab.worker.ceiling", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="mnist", choices=("mnist", "resnet50"))
+    from lab import models
+    from lab.common.config import DATASETS
+    p.add_argument("--model", default="mnist", choices=models.names())
+    p.add_argument("--data", default="synthetic", choices=DATASETS,
+                   help="the run's data set: its input shape and classes are measured")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--steps", type=int, default=200)
@@ -102,9 +110,10 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.processes:
         out = measure_concurrent(a.processes, a.model, a.batch_size, a.threads, a.steps,
-                                 a.warmup, a.device)
+                                 a.warmup, a.device, data_name=a.data)
     else:
-        out = measure(a.model, a.batch_size, a.threads, a.steps, a.warmup, a.device)
+        out = measure(a.model, a.batch_size, a.threads, a.steps, a.warmup, a.device,
+                      data_name=a.data)
     json.dump(out, sys.stdout)
     sys.stdout.write("\n")
     return 0

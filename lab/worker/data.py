@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from lab import models
 from lab.common.config import DIGITS_TEST
 from lab.common.fetch import DataUnavailable, ensure_mnist  # noqa: F401 (part of this module's API)
 
@@ -179,11 +180,11 @@ def load(cfg) -> Dataset:
         return load_mnist(cfg.data_dir)
     if cfg.data == "digits":
         return load_digits(seed=cfg.seed)
-    # Synthetic: MNIST's shape for the MNIST network; ImageNet's for ResNet-50.
+    # Synthetic: the model's own input (its spec: MNIST's shape for the MNIST network and
+    # the LSTM, ImageNet's for ResNet-50); a test set of an eighth of that.
     n = cfg.train_size()
-    if cfg.model == "mnist":
-        return synthetic(1, 28, 10, n, max(n // 6, 1), seed=cfg.seed)
-    return synthetic(3, 224, 1000, n, max(n // 8, 1), seed=cfg.seed)
+    channels, size, classes = models.get(cfg.model).input(cfg.data)
+    return synthetic(channels, size, classes, n, max(n // 8, 1), seed=cfg.seed)
 
 
 # ---------------------------------------------------------------- sharding

@@ -1,86 +1,42 @@
-"""The networks of the experiments."""
+"""The networks of the experiments, as a rank uses them: each model's own code is in its
+folder under lab/models (registered there); here is what every model shares — building
+one by name, its pipeline layers, their costs and where to cut them."""
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-
-class MnistNet(nn.Module):
-    """The CNN of Horovod's PyTorch MNIST example (examples/pytorch/pytorch_mnist.py):
-    conv 1->10 k5, conv 10->20 k5 with 2-D dropout, fc 320->50->10, log-softmax output,
-    so that figures compare with the reference and with the source reports."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 10, kernel_size=5)
-        self.conv2 = nn.Conv2d(10, 20, kernel_size=5)
-        self.conv2_drop = nn.Dropout2d()
-        self.fc1 = nn.Linear(320, 50)
-        self.fc2 = nn.Linear(50, 10)
-
-    def forward(self, x):
-        x = F.relu(F.max_pool2d(self.conv1(x), 2))
-        x = F.relu(F.max_pool2d(self.conv2_drop(self.conv2(x)), 2))
-        x = x.flatten(1)
-        x = F.relu(self.fc1(x))
-        x = F.dropout(x, training=self.training)
-        return F.log_softmax(self.fc2(x), dim=1)
+from lab import models
 
 
-class ModelUnavailable(RuntimeError):
-    """The model's package is missing; the message says how to install it."""
-
-
-def resnet50(channels: int, classes: int) -> nn.Module:
-    """torchvision's ResNet-50, untrained; with one input channel the stem's first
-    convolution takes 1 channel (ResNet-50 on MNIST, as in the source benchmark)."""
-    try:
-        import torchvision
-    except ImportError:
-        raise ModelUnavailable("--model resnet50 needs torchvision: pip install "
-                               "torchvision built for this torch (see README, 'ResNet-50')") from None
-    except Exception as e:  # a torchvision built for another torch fails in many ways
-        raise ModelUnavailable(f"torchvision does not import ({e}): install the torchvision "
-                               f"built for torch {torch.__version__}") from None
-    model = torchvision.models.resnet50(weights=None, num_classes=classes)
-    if channels != 3:
-        model.conv1 = nn.Conv2d(channels, 64, kernel_size=7, stride=2, padding=3, bias=False)
-    return model
-
-
-def build(name: str, channels: int, classes: int) -> tuple[nn.Module, callable]:
-    """The model and its loss function (taking model output and labels)."""
-    if name == "mnist":
-        if channels != 1 or classes != 10:
-            raise ValueError("the MNIST network takes 1 channel and 10 classes")
-        return MnistNet(), F.nll_loss
-    if name == "resnet50":
-        return resnet50(channels, classes), F.cross_entropy
-    raise ValueError(f"unknown model {name!r}")
+def build(name: str, channels: int, size: int, classes: int) -> tuple[nn.Module, callable]:
+    """The registered model (lab.models) for this input, and its loss function (taking
+    model output and labels)."""
+    spec = models.get(name)
+    loss = F.nll_loss if spec.loss == "nll" else F.cross_entropy
+    return spec.net.build(channels, size, classes), loss
 
 
 def sequential_layers(name: str, model: nn.Module) -> list[nn.Module]:
     """The model as a list of modules applied one after the other, computing what its
-    forward computes, so that it can be cut into pipeline stages. The modules are the
-    model's own (same parameters), with the functional steps of forward as modules."""
-    if name == "mnist":
-        # MnistNet.forward, step by step (F.dropout's default p is 0.5, as nn.Dropout's).
-        return [model.conv1, nn.MaxPool2d(2), nn.ReLU(), model.conv2, model.conv2_drop,
-                nn.MaxPool2d(2), nn.ReLU(), nn.Flatten(1), model.fc1, nn.ReLU(), nn.Dropout(),
-                model.fc2, nn.LogSoftmax(dim=1)]
-    if name == "resnet50":
-        # torchvision's ResNet.forward (_forward_impl): the stem, every bottleneck block of
-        # layer1..layer4 on its own, the pooling, flatten(x, 1), fc.
-        m = model
-        blocks = [b for layer in (m.layer1, m.layer2, m.layer3, m.layer4) for b in layer]
-        return [m.conv1, m.bn1, m.relu, m.maxpool, *blocks, m.avgpool, nn.Flatten(1), m.fc]
-    raise ValueError(f"unknown model {name!r}")
+    forward computes, so that it can be cut into pipeline stages (the model's own
+    modules, same parameters; its net.layers)."""
+    return models.get(name).net.layers(model)
+
+
+def fsdp_units(name: str, model: nn.Module) -> list[nn.Module]:
+    """The submodules FSDP2 shards as units of their own before the root (its net.fsdp_units)."""
+    return models.get(name).net.fsdp_units(model)
+
+
+def has_parameters(layer: nn.Module) -> bool:
+    return any(True for _ in layer.parameters())
 
 
 def layer_costs(layers: list[nn.Module], sample: torch.Tensor) -> list[int]:
-    """Each layer's multiply-accumulates for one sample, counted on the convolutions and
-    linear layers it holds from the shapes a forward pass produces: the same on every
+    """Each layer's multiply-accumulates for one sample, counted on the convolutions,
+    linear and recurrent layers it holds from the shapes a forward pass produces: the same on every
     rank (nothing is timed), so every rank cuts the model at the same places."""
     costs = []
     x = sample
@@ -91,6 +47,10 @@ def layer_costs(layers: list[nn.Module], sample: torch.Tensor) -> list[int]:
             def count(mod, inputs, out):
                 if isinstance(mod, (nn.Conv2d, nn.Linear)):
                     macs[0] += out[0].numel() * mod.weight[0].numel()
+                elif isinstance(mod, nn.RNNBase):   # every step: the gates over input and state
+                    steps = out[0].shape[1 if mod.batch_first else 0]
+                    macs[0] += steps * sum(p.numel() for n, p in mod.named_parameters()
+                                           if n.startswith("weight"))
             hooks = [m.register_forward_hook(count) for m in layer.modules()]
             try:
                 x = layer(x)
@@ -101,21 +61,31 @@ def layer_costs(layers: list[nn.Module], sample: torch.Tensor) -> list[int]:
     return costs
 
 
-def cut_points(costs: list[int], stages: int) -> list[tuple[int, int]]:
+def cut_points(costs: list[int], stages: int, cuttable: list[bool] | None = None) -> list[tuple[int, int]]:
     """Cut a list of layer costs into `stages` contiguous, non-empty ranges whose costs
     are as even as a greedy cut at the running total's k/stages marks makes them:
-    [(start, end), ...]."""
+    [(start, end), ...]. With `cuttable` (a layer holds parameters), a stage starts only
+    at such a layer, so every stage has parameters to train: the layers without any
+    join the stage before them (those in front, the first stage)."""
     n = len(costs)
-    if not 1 <= stages <= n:
-        raise ValueError(f"{n} layers cannot be cut into {stages} stages")
-    total = sum(costs) or 1
+    if cuttable is None:
+        starts = list(range(n))
+    else:
+        first = next((i for i, c in enumerate(cuttable) if c), 0)
+        starts = [0] + [i for i in range(first + 1, n) if cuttable[i]]
+    units = list(zip(starts, starts[1:] + [n]))
+    if not 1 <= stages <= len(units):
+        raise ValueError(f"{len(units)} layers cannot be cut into {stages} stages")
+    unit_costs = [sum(costs[a:b]) for a, b in units]
+    total = sum(unit_costs) or 1
     bounds, run, start = [], 0, 0
-    for i, c in enumerate(costs):
+    for i, c in enumerate(unit_costs):
         run += c
         left_stages = stages - len(bounds) - 1
-        # Close a stage once its share is reached, keeping a layer for each stage left.
-        if left_stages and (run >= total * (len(bounds) + 1) / stages or n - i - 1 == left_stages):
+        # Close a stage once its share is reached, keeping a unit for each stage left.
+        if left_stages and (run >= total * (len(bounds) + 1) / stages
+                            or len(units) - i - 1 == left_stages):
             bounds.append((start, i + 1))
             start = i + 1
-    bounds.append((start, n))
-    return bounds
+    bounds.append((start, len(units)))
+    return [(units[a][0], units[b - 1][1]) for a, b in bounds]

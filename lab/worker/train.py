@@ -98,7 +98,7 @@ def train(cfg, d, log=print) -> dict | None:
     train_split, test_split = ds.train.to(device), ds.test.to(device)
     strategy = strategies.create(cfg, d, device)
     strategy.sample_shape = (ds.channels, ds.size, ds.size)
-    model, loss_fn = models.build(cfg.model, ds.channels, ds.classes)
+    model, loss_fn = models.build(cfg.model, ds.channels, ds.size, ds.classes)
     strategy.build(model, loss_fn)
     del model
     fault_rank, fault_step, fault_mode = cfg.fault_plan()

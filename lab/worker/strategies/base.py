@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from lab import models
 from lab.common.config import ConfigError
 from lab.worker import data
 from lab.worker.strategies import memory
@@ -35,11 +36,23 @@ class Strategy:
         return self.d.rank if self.data_world > 1 else 0
 
     def lr(self) -> float:
-        """The usual linear scaling of the learning rate with the data-parallel width."""
-        return self.cfg.lr * self.data_world
+        """--lr, or the model's (its spec), scaled for SGD by the data-parallel width (the
+        linear scaling rule: Goyal et al. 2017, "Accurate, Large Minibatch SGD"). Adam's
+        step does not grow with the gradient's size, so its rate is not scaled."""
+        spec = models.get(self.cfg.model)
+        base = self.cfg.lr or spec.lr
+        return base * self.data_world if spec.optimizer == "sgd" else base
+
+    def optimizer_class(self) -> tuple[type, dict]:
+        """The model's optimizer (its spec: SGD with --momentum, or Adam) and its arguments,
+        for every strategy that builds one (directly, ZeRO-1, RPC, DeepSpeed)."""
+        if models.get(self.cfg.model).optimizer == "adam":
+            return torch.optim.Adam, {"lr": self.lr()}
+        return torch.optim.SGD, {"lr": self.lr(), "momentum": self.cfg.momentum}
 
     def new_optimizer(self, params):
-        return torch.optim.SGD(params, lr=self.lr(), momentum=self.cfg.momentum)
+        cls, kwargs = self.optimizer_class()
+        return cls(params, **kwargs)
 
     def build(self, model: torch.nn.Module, loss_fn) -> None:
         self.loss_fn = loss_fn

@@ -18,12 +18,14 @@ from lab.worker.strategies.base import Strategy
 
 def stage_layers(model_name: str, model: torch.nn.Module, sample: torch.Tensor,
                  stages: int) -> tuple[list[list[torch.nn.Module]], list[tuple[int, int]]]:
-    """The model's layers cut into `stages` contiguous stages of even cost."""
+    """The model's layers cut into `stages` contiguous stages of even cost, each starting
+    at a layer with parameters (the model spec's most_stages is how many it has)."""
     layers = models.sequential_layers(model_name, model)
     was = model.training
     model.eval()   # the shape pass must not move batch-norm statistics
     try:
-        bounds = models.cut_points(models.layer_costs(layers, sample), stages)
+        bounds = models.cut_points(models.layer_costs(layers, sample), stages,
+                                   [models.has_parameters(layer) for layer in layers])
     finally:
         model.train(was)
     return [layers[a:b] for a, b in bounds], bounds

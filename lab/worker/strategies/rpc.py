@@ -183,8 +183,8 @@ class RpcPipeline(Strategy):
         for rref in self.stage_rrefs:
             params += rpc.rpc_sync(rref.owner(), _stage_parameter_rrefs, args=(rref,))
         # One local optimizer per worker, made there (DistributedOptimizer.__init__).
-        self.optimizer = DistributedOptimizer(torch.optim.SGD, params, lr=self.lr(),
-                                              momentum=self.cfg.momentum)
+        cls, kwargs = self.optimizer_class()
+        self.optimizer = DistributedOptimizer(cls, params, **kwargs)
         for opt_rref in self.optimizer.remote_optimizers:
             rpc.rpc_sync(opt_rref.owner(), _keep_local_optimizer, args=(opt_rref,))
 

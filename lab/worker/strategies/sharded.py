@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from lab.worker import models
 from lab.worker.strategies.base import Strategy
 
 
@@ -22,20 +23,8 @@ class Zero1(Strategy):
         model = model.to(self.device)
         ids = [self.d.local_rank] if self.device.type == "cuda" else None
         self.model = DistributedDataParallel(model, device_ids=ids)  # broadcasts rank 0's state
-        self.optimizer = ZeroRedundancyOptimizer(
-            self.model.parameters(), optimizer_class=torch.optim.SGD, lr=self.lr(),
-            momentum=self.cfg.momentum)
-
-
-def fsdp_units(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The submodules sharded as units of their own before the root (FSDP2's usual
-    layout: one unit per block, so only one block's parameters are gathered at a time):
-    ResNet-50's bottleneck blocks; the MNIST network's convolutions and linear layers."""
-    blocks = [m for name in ("layer1", "layer2", "layer3", "layer4")
-              for m in getattr(model, name, [])]
-    if blocks:
-        return blocks
-    return [m for m in model.children() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]
+        cls, kwargs = self.optimizer_class()
+        self.optimizer = ZeroRedundancyOptimizer(self.model.parameters(), optimizer_class=cls, **kwargs)
 
 
 class FSDP(Strategy):
@@ -66,7 +55,7 @@ class FSDP(Strategy):
         for t in [*model.parameters(), *model.buffers()]:
             torch.distributed.broadcast(t.data, src=0)
         mesh = init_device_mesh(self.device.type, (self.d.size,))
-        for unit in fsdp_units(model):
+        for unit in models.fsdp_units(self.cfg.model, model):
             fully_shard(unit, mesh=mesh)
         fully_shard(model, mesh=mesh)
         if self.cfg.backend == "gloo":

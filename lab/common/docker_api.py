@@ -30,7 +30,11 @@ def client(timeout: float | None = None):
     except ImportError:
         raise DockerUnavailable("the Docker SDK is not installed (pip install -e . installs it)") from None
     try:
-        docker.from_env(timeout=10).ping()
+        probe = docker.from_env(timeout=10)
+        try:
+            probe.ping()
+        finally:
+            probe.close()            # its connection pool would stay open otherwise
         return docker.from_env(timeout=timeout)
     except Exception as e:
         raise DockerUnavailable(f"no Docker engine is reachable ({type(e).__name__})") from None
