@@ -56,9 +56,10 @@ def bench(c, np=None, framework=None, backend=None, model=None, data=None, data_
           zero_stage=None, launcher=None, partition=None, hosts=None, hostfile=None):
     """Run distributed training (one run, or a sweep over lists), record it and print the table."""
     flags = {k: v for k, v in locals().items() if k not in ("c", "resume")}
-    from lab.host.bench import Terminated, render, terminate_as_interrupt
+    from lab.host.bench import Terminated, terminate_as_interrupt
     from lab.host.request import BenchError, settings_from_flags
     from lab.host.sweep import run_request
+    from lab.report.bench_output import render
 
     try:
         settings, lists = settings_from_flags(flags, dict(c.config.get("bench", {})))
@@ -71,7 +72,7 @@ def bench(c, np=None, framework=None, backend=None, model=None, data=None, data_
                    code=143)
     except KeyboardInterrupt:
         raise Exit("interrupted: the runs that finished are kept in the results directory", code=130)
-    print(render(outcome))
+    print(render(outcome.records, outcome.run_dir))
     if outcome.failed:
         raise Exit(f"{outcome.failed} run(s) failed; the failures are recorded in "
                    f"{outcome.run_dir}", code=1)
@@ -107,8 +108,11 @@ def sbatch(c, np=None, nodes=None, framework=None, backend=None, model=None, dat
         if any(len(v) > 1 for v in lists.values()):
             raise BenchError("a batch script runs one combination: give one value per flag")
         gpus = whole("gpus_per_node", gpus_per_node) if gpus_per_node is not None else None
+        # --time only when asked for (--timeout-s): invoke.yaml's bench default is a
+        # per-run limit on this machine, not the cluster's wall time.
+        limit = settings.timeout_s if timeout_s is not None else 0
         text, notes = script_for_request(settings, partition=partition, gpus_per_node=gpus,
-                                         container=container)
+                                         container=container, time_limit_s=limit)
     except BenchError as e:
         raise Exit(f"error: {e}", code=2)
     import sys
@@ -129,9 +133,10 @@ def sbatch(c, np=None, nodes=None, framework=None, backend=None, model=None, dat
 @task(help={"results-dir": "where the benchmark's records go"})
 def benchmark(c, results_dir="results"):
     """Measure MNIST and ResNet-50 throughput at np 1 and 2 beside the compute ceiling."""
-    from lab.host.bench import probe_stack, render, run
+    from lab.host.bench import probe_stack, run
     from lab.host.request import BenchError
     from lab.host.sweep import benchmark_plans
+    from lab.report.bench_output import render
 
     try:
         stack = probe_stack()
@@ -140,7 +145,8 @@ def benchmark(c, results_dir="results"):
             print(note)
         for s in plans:
             print(f"\n## {s.model}, {s.framework} over {s.backend}, np {s.np}")
-            print(render(run(s, echo=lambda line: None, stack=stack)))
+            outcome = run(s, echo=lambda line: None, stack=stack)
+            print(render(outcome.records, outcome.run_dir))
     except BenchError as e:
         raise Exit(f"error: {e}", code=2)
 

@@ -110,6 +110,11 @@ def test_a_run_without_a_timed_step_or_a_batch_is_refused_before_launch():
     (["--max-steps", "5"], "leaves none to time"),
     (["--data", "digits", "--batch-size", "100000"], "fewer than one batch"),
     (["--fault", "1"], "--fault takes RANK:STEP"),
+    # each refused before any rank starts (issue 22's bad inputs)
+    (["--np", "1", "--fault", "5:3"], "names rank 5, but 1 process(es) have ranks 0 to 0"),
+    (["--np", "1", "--fault", "0:500", "--max-steps", "20"], "fails at step 500, but"),
+    (["--np", "9", "--strategy", "pipeline"], "mnist can be cut into at most 4 pipeline stages"),
+    (["--np", "4", "--strategy", "pipeline", "--model", "lstm"], "lstm can be cut into at most 3"),
 ])
 def test_cli_refuses_what_would_fail_inside_the_ranks(tmp_path, args, expected):
     cp = subprocess.run([sys.executable, "-m", "invoke", "bench", "--local", "--framework", "ddp",

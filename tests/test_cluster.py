@@ -248,6 +248,24 @@ def test_link_shaping_is_applied_and_recorded(up):
     assert r["config"]["link"] == "100mbit"
 
 
+def test_shaping_that_fails_on_a_later_node_leaves_no_node_shaped(up):
+    """node2 cannot shape (its tc moved away): node1, shaped first, is unshaped again, so
+    later runs without --link do not measure a throttled link."""
+    nodes = cluster.nodes(up)
+    tc = cluster.exec_out(nodes["node2"], ["bash", "-c", "command -v tc"], user="root")[1].strip()
+    assert tc, "no tc on node2"
+    cluster.exec_out(nodes["node2"], ["mv", tc, tc + ".off"], user="root")
+    try:
+        cp = invoke("bench", "--nodes", "2", "--np", "2", "--framework", "horovod", "--max-steps", "15",
+                    "--link", "100mbit")
+        assert cp.returncode == 2 and "Traceback" not in cp.stderr
+        assert "shaping node2's link failed" in cp.stderr
+    finally:
+        cluster.exec_out(nodes["node2"], ["mv", tc + ".off", tc], user="root")
+    rc, out = cluster.exec_out(nodes["node1"], ["tc", "qdisc", "show", "dev", "eth0"], user="root")
+    assert rc == 0 and "tbf" not in out, out
+
+
 def test_a_delay_without_netem_is_one_sentence(up):
     rc, out = cluster.exec_out(cluster.nodes(up)["node1"], ["tc", "qdisc", "add", "dev", "lo", "root",
                                                              "netem", "delay", "1ms"], user="root")
@@ -564,3 +582,19 @@ def test_cluster_commands_for_each_framework_and_back_end():
     assert list(ddp) == ["node1", "node2"] and "--node-rank=1" in ddp["node2"]
     with pytest.raises(cluster.ClusterError, match="spread evenly"):
         cluster_commands("ddp", "gloo", 3, 2, [])
+
+
+def test_each_ddp_launch_on_the_cluster_has_its_own_rendezvous():
+    """Port and id from the run and attempt (as --hosts and Slurm): a launch left over on
+    node1 never meets the next one at a fixed 29500 with the default id."""
+    from lab.host.cluster_runner import cluster_commands
+
+    def rendezvous(run, attempt):
+        cmds = cluster_commands("ddp", "gloo", 4, 2, ["--run-id", run, "--attempt", attempt])
+        found = [{a.split("=")[0]: a.split("=", 1)[1] for a in c if a.startswith("--rdzv-")}
+                 for c in cmds.values()]
+        assert found[0] == found[1]                   # every node meets at the same place
+        return found[0]
+    a, b = rendezvous("r1", "000-ddp-np4"), rendezvous("r1", "001-ddp-np4")
+    assert a["--rdzv-id"] == "r1-000-ddp-np4" and a["--rdzv-id"] != b["--rdzv-id"]
+    assert a["--rdzv-endpoint"].startswith("node1:") and a != rendezvous("r2", "000-ddp-np4")

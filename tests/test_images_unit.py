@@ -115,6 +115,7 @@ def test_tags_and_labels():
     (dict(flavor="cpu", cuda="13.0"), "needs the GPU flavor"),
     (dict(cuda="11.8"), "has entries for CUDA 13.0, 12.6"),
     (dict(extra_ca="/nonexistent.pem"), "no such file"),
+    (dict(extra_ca="/etc/hostname"), "holds no PEM certificate"),
     (dict(wheelhouse="/nonexistent"), "no such folder"),
     (dict(flavor="cpu", cuda_archs="80"), "needs the GPU flavor"),
     (dict(cuda_archs="sm_80"), "compute capabilities like 80"),

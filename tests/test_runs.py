@@ -10,6 +10,7 @@ import pytest
 from lab.common import results
 from lab.host import bench
 from lab.host.request import BenchSettings
+from lab.report.bench_output import render
 from tests.conftest import TORCHVISION_MISSING, requires_horovod, requires_mpirun
 
 
@@ -154,13 +155,23 @@ def test_invoke_bench_prints_the_table(tmp_path, mnist_like):
     assert len(recs) == 1 and recs[0]["world"]["np"] == 2
 
 
-def test_ceiling_is_measured_around_each_run(stack, tmp_path, mnist_like):
-    outcome, _ = run(stack, tmp_path, mnist_like, framework="ddp", np=[2], epochs=1, ceiling=True)
-    c = outcome.ceilings[2]
-    assert c["processes"] == 2 and c["before"] > 0 and c["after"] > 0
-    assert c["images_per_s"] == pytest.approx((c["before"] + c["after"]) / 2)
-    text = bench.render(outcome)
-    assert "of the compute ceiling" in text and "2 independent process(es)" in text
+def test_ceiling_is_measured_around_each_run_on_its_own_input(stack, tmp_path, mnist_like):
+    """Each run gets the ceiling measured around it, in its own record (two repeats at the
+    same np are two ceilings, not one keyed by np), measured on the input the run trains
+    on: MNIST's 1x28x28 with 10 classes."""
+    outcome, _ = run(stack, tmp_path, mnist_like, framework="ddp", np=[2], epochs=1, ceiling=True,
+                     repeat=2, max_steps=20)
+    ok = [r for r in outcome.records if r["status"] == "ok"]
+    assert [r["config"]["repeat"] for r in ok] == [0, 1]
+    for r in ok:
+        c = r["figures"]["ceiling"]
+        assert c["processes"] == 2 and c["before"] > 0 and c["after"] > 0
+        assert c["images_per_s"] == pytest.approx((c["before"] + c["after"]) / 2)
+        assert c["input"] == [1, 28, 28] and c["classes"] == 10
+    assert ok[0]["figures"]["ceiling"] is not ok[1]["figures"]["ceiling"]
+    text = render(outcome.records, outcome.run_dir)
+    lines = [line for line in text.splitlines() if "of the compute ceiling" in line]
+    assert len(lines) == 2 and "repeat 2" in lines[1] and "on 1x28x28 input, 10 classes" in lines[0]
 
 
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])

@@ -235,6 +235,7 @@ def test_invoke_sbatch_writes_a_script_for_a_real_cluster(tmp_path):
     (["--np", "1,2"], "one process count"),
     (["--np", "2", "--backend", "gloo,mpi"], "one combination"),
     (["--np", "3", "--nodes", "2"], "does not spread evenly"),
+    (["--np", "3", "--nodes", "2", "--device", "cuda"], "does not spread evenly"),   # GPUs per node
     (["--np", "2", "--nodes", "2", "--framework", "horovod", "--container", "pyxis:x"], "pyxis"),
     (["--np", "2", "--nodes", "2", "--container", "kubernetes:x"], "--container takes"),
     (["--np", "2", "--nodes", "2", "--gpus-per-node", "two"], "whole number"),
@@ -243,6 +244,16 @@ def test_invoke_sbatch_bad_input_is_one_sentence(args, words):
     cp = invoke_sbatch(*args)
     assert cp.returncode == 2 and "Traceback" not in cp.stderr, cp.stderr
     assert words in cp.stderr and cp.stdout == ""
+
+
+def test_the_wall_time_is_asked_for_only_with_timeout_s():
+    """bench's per-run default (invoke.yaml's timeout_s, one hour) is not the cluster's wall
+    time: without --timeout-s the partition's own limit applies (no --time line)."""
+    plain = invoke_sbatch("--np", "2", "--nodes", "2")
+    assert plain.returncode == 0, plain.stderr
+    assert "time" not in sbatch_options(plain.stdout)
+    timed = invoke_sbatch("--np", "2", "--nodes", "2", "--timeout-s", "5400")
+    assert sbatch_options(timed.stdout)["time"] == "1:30:00"
 
 
 def test_the_readmes_script_is_what_invoke_sbatch_writes(tmp_path):

@@ -109,3 +109,17 @@ def test_repeat_must_be_at_least_one(tmp_path):
                            text=True, timeout=120), None
     assert cp.returncode == 2 and "--repeat is how many times" in cp.stderr
     assert "Traceback" not in cp.stderr
+
+
+def test_a_sweep_with_hosts_runs_on_the_hosts_not_here(tmp_path):
+    """--hosts in a sweep goes to the hosts as a single run does (here: hosts that do not
+    answer, so every combination is skipped with that reason), never to local processes."""
+    cp = subprocess.run([sys.executable, "-m", "invoke", "bench", "--local", "--hosts", "nohost-a.invalid:1",
+                         "--np", "1", "--framework", "ddp", "--compression", "none,fp16", "--max-steps", "8",
+                         "--warmup-steps", "2", "--results-dir", str(tmp_path), "--run-id", "sweep"],
+                        cwd=REPO, capture_output=True, text=True, timeout=300)
+    recs = results.read_records(tmp_path / "sweep" / results.RESULTS_FILE)[0] \
+        if (tmp_path / "sweep" / results.RESULTS_FILE).exists() else []
+    assert [r["status"] for r in recs] == ["skipped", "skipped"], cp.stdout[-2000:]
+    assert all("nohost-a.invalid" in r["error"]["reason"] for r in recs)
+    assert "Traceback" not in cp.stderr

@@ -132,7 +132,12 @@ class RunConfig:
                               f"{m} micro-batches: make it a multiple of --micro-batches")
 
     def check_world(self, world: int) -> None:
-        """The strategy's rules that depend on the number of processes."""
+        """The rules that depend on the number of processes: the strategy's, and --fault's
+        rank (a rank the run does not have would never fail, and the run end ok)."""
+        rank, _, _ = self.fault_plan()
+        if rank >= world or rank < -1:
+            raise ConfigError(f"--fault {self.fault} names rank {rank}, but {world} process(es) have "
+                              f"ranks 0 to {world - 1}: name one of those")
         if self.strategy in ("pipeline", "model-parallel", "rpc-pipeline"):
             most = models.get(self.model).most_stages
             if world > most:
@@ -197,6 +202,11 @@ class RunConfig:
     def check_timing(self, train_size: int, world: int) -> None:
         """ConfigError when no step would be timed: all of them within --warmup-steps."""
         steps = self.steps_per_epoch(train_size, self.data_world(world)) * self.epochs
+        _, fault_step, _ = self.fault_plan()
+        if fault_step >= steps:
+            raise ConfigError(f"--fault {self.fault} fails at step {fault_step}, but with {world} "
+                              f"rank(s) a run takes {steps} step(s) (0 to {steps - 1}): pick an "
+                              f"earlier step, or raise --max-steps or --epochs")
         if steps <= self.warmup_steps:
             raise ConfigError(f"with {world} rank(s) a run takes {steps} step(s) per rank "
                               f"({self.epochs} epoch(s)) and --warmup-steps {self.warmup_steps} "

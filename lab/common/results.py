@@ -26,7 +26,7 @@ SCHEMA = {
     "started_at": ("str", "UTC start time, ISO 8601"),
     "finished_at": ("str", "UTC end time, ISO 8601"),
     "config": ("object", "the run's configuration: model, framework, backend, device, data, "
-               "epochs, batch_size (per rank), test_batch_size, lr (before scaling), momentum, "
+               "epochs, batch_size (per rank), test_batch_size, lr (0: the model's; before scaling), momentum, "
                "compression, seed, warmup_steps, max_steps, synthetic_size, threads, link (the "
                "simulated cluster's link shaping, RATE[/DELAY], empty when none), repeat (which "
                "repeat of its combination, from 0: bench --repeat), strategy (how the work is spread: "
@@ -73,6 +73,10 @@ SCHEMA = {
                              "[first, last) layer of the model's layer list"),
     "figures.micro_batches": ("int, optional", "pipeline strategies: micro-batches per step"),
     "figures.zero_stage": ("int, optional", "deepspeed: the ZeRO stage"),
+    "figures.ceiling": ("object, optional", "bench --ceiling: the compute ceiling measured around this "
+                        "run: images_per_s (the mean of before and after), before, after, processes, "
+                        "hosts (where it was measured: every node or server of the run), input "
+                        "([channels, height, width] the run trains on) and classes"),
     "figures.optimizer_state_split": ("list[object], optional", "deepspeed, per rank: the optimizer "
                                       "state split into ZeRO's fp32 master partition "
                                       "(master_weights) and the wrapped optimizer's own state"),

@@ -13,16 +13,15 @@ import json
 import os
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from lab import models
 from lab.common import results
 from lab.common.config import RunConfig
-from lab.host.failures import LauncherWatch, RankEnd
+from lab.host import ceiling
+from lab.host.failures import RankEnd, StreamWatches
 from lab.host.launch import HostsError
 from lab.host.request import BenchError, BenchSettings, base_config, check_request, check_settings, parse_np
 from lab.host.runners import JobResult, Runner, RunnerError, choose_runner
-from lab.report import summary
 
 
 @dataclass
@@ -31,7 +30,6 @@ class Outcome:
     records: list[dict]
     failed: int
     notes: list[str]
-    ceilings: dict = field(default_factory=dict)   # np -> compute ceiling measured around its run
 
 
 def check_link(s: BenchSettings) -> None:
@@ -215,17 +213,16 @@ def run(s: BenchSettings, echo=print, stack: dict | None = None,
     os.makedirs(rdir, exist_ok=True)
     runner.prepare(str(rdir))
     shaped = runner.kind == "cluster" and bool(s.link)
-    if shaped:
-        from lab.host import cluster
-        try:
-            cluster.shape(runner.found, s.link, echo)
-        except RunnerError as e:
-            raise BenchError(str(e)) from None
     failed = 0
-    ceilings: dict[int, dict] = {}
     repeats = list(range(s.repeat)) if repeats is None else repeats
     progress = progress or Progress(len(repeats) * len(nps), echo)
+    from lab.host import cluster
     try:
+        if shaped:      # inside the try: nodes shaped before one that fails are unshaped
+            try:
+                cluster.shape(runner.found, s.link, echo)
+            except RunnerError as e:
+                raise BenchError(str(e)) from None
         # Interleaved: every process count once, then every one again (a drift of the
         # machine's speed falls on all of them alike).
         for rep, np in [(r, n) for r in repeats for n in nps]:
@@ -238,12 +235,12 @@ def run(s: BenchSettings, echo=print, stack: dict | None = None,
             progress.start((f"{s.strategy}, " if s.strategy != "ddp" else "")
                            + f"{framework} over {s.backend}, {s.compression}, np {np}"
                            + (f", repeat {rep + 1} of {s.repeat}" if s.repeat > 1 else ""))
-            failed += run_one(s, cfg, np, runner, rfile, echo, ceilings)
+            failed += run_one(s, cfg, np, runner, rfile, echo)
     finally:
         if shaped:
             cluster.unshape(runner.found)
     records = [r for r in results.read_records(rfile)[0] if r.get("run_id") == run_id]
-    return Outcome(str(rdir), records, failed, notes, ceilings)
+    return Outcome(str(rdir), records, failed, notes)
 
 
 def check_steps(s: BenchSettings, framework: str, nps: list[int]) -> None:
@@ -260,16 +257,16 @@ def check_steps(s: BenchSettings, framework: str, nps: list[int]) -> None:
         raise BenchError(str(e)) from None
 
 
-def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, echo,
-            ceilings: dict) -> int:
+def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, echo) -> int:
     """One launch of `np` ranks; 0 when it wrote its record, 1 when it failed (recorded)."""
-    ceiling_before = measure_ceiling(s, np, runner) if s.ceiling else None
+    ceiling_before = ceiling.measure(s, np, runner) if s.ceiling else None
     # The launch time goes to the ranks, which measure their start-up against it.
     cfg = dataclasses.replace(cfg, launched_at=round(time.time(), 3))
     inside = dataclasses.replace(cfg, results_dir=runner.results_in,
                                  data_dir=runner.data_in or cfg.data_dir)
     try:
-        commands = runner.commands(cfg.framework, s.backend, cfg.expected_np, inside.to_args())
+        commands = runner.commands(cfg.framework, s.backend, cfg.expected_np, inside.to_args(),
+                                   env=job_env(s))
     except (RunnerError, HostsError) as e:
         raise BenchError(str(e)) from None
     echo(f"== {cfg.framework} over {s.backend}, {np} process(es): "
@@ -278,7 +275,7 @@ def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, ec
     started = results.now_iso()
     t0 = time.monotonic()
     # Under Slurm, Horovod over MPI runs every rank as an srun task.
-    watch = LauncherWatch(echo, srun_tasks_are_ranks=getattr(runner, "launcher", "") == "slurm"
+    watch = StreamWatches(echo, srun_tasks_are_ranks=getattr(runner, "launcher", "") == "slurm"
                           and cfg.framework == "horovod" and s.backend == "mpi")
     try:
         try:
@@ -300,7 +297,7 @@ def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, ec
         add_scheduler_state(rfile, before, res.scheduler)
     if res.returncode == 0 and wrote:
         if s.ceiling:
-            ceilings[np] = ceiling_around(s, np, before_s=ceiling_before, runner=runner)
+            add_ceiling(rfile, before, cfg, ceiling.around(s, np, ceiling_before, runner))
         return 0
     info, reason = attribute_failure(res, rfile.parent / "failures" / cfg.attempt,
                                      runner.dead(), watch.first)
@@ -311,6 +308,16 @@ def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, ec
         error["slurm"] = {k: v for k, v in res.scheduler.items() if k != "name"}
     _record_failure(rfile, cfg, np, s.nodes, started, error)
     return 1
+
+
+def add_ceiling(rfile, before: int, cfg: RunConfig, measured: dict) -> None:
+    """The ceiling measured around a run, into that run's record (figures.ceiling)."""
+    def update(rec):
+        if rec.get("status") != "ok" or rec.get("config", {}).get("repeat") != cfg.repeat:
+            return None
+        rec.setdefault("figures", {})["ceiling"] = measured
+        return rec
+    results.update_records(rfile, before, update)
 
 
 def add_scheduler_state(rfile, before: int, facts: dict) -> None:
@@ -389,66 +396,3 @@ def _record_failure(rfile, cfg: RunConfig, np: int, nodes: int, started: str, er
     results.append_record(rfile, results.make_record(
         "failed", run_id=cfg.run_id, config=cfg.as_record(), np=np, nodes=nodes,
         started_at=started, error=error))
-
-
-def measure_ceiling(s: BenchSettings, processes: int, runner: Runner) -> dict:
-    """The model's steps with no framework (lab.worker.ceiling) in `processes`
-    independent processes at once, where the ranks run (on the cluster: as many on each
-    node as it has ranks, all nodes at once): what the machine gives that many ranks
-    that never communicate."""
-    def cmd(n: int) -> list[str]:
-        steps, warmup = models.get(s.model).ceiling_steps
-        return [runner.python, "-m", "lab.worker.ceiling", "--processes", str(n), "--model",
-                s.model, "--data", s.data, "--batch-size", str(s.batch_size), "--threads",
-                str(s.threads), "--device", s.device, "--steps", str(steps), "--warmup", str(warmup)]
-
-    def parse(rc, out, where=""):
-        try:
-            if rc != 0:
-                raise ValueError
-            return json.loads(out.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            raise BenchError(f"measuring the compute ceiling{where} failed: "
-                             f"{(out.strip().splitlines() or ['no output'])[-1]}") from None
-
-    limit = s.timeout_s or 3600
-    try:
-        if runner.kind != "cluster":
-            return parse(*runner.output(cmd(processes), timeout_s=limit))
-        from concurrent.futures import ThreadPoolExecutor
-        hosts = list(runner.found)
-        per = processes // len(hosts)
-        with ThreadPoolExecutor(len(hosts)) as pool:
-            outs = list(pool.map(lambda h: runner.output_on(h, cmd(per), limit), hosts))
-    except RunnerError as e:
-        raise BenchError(str(e)) from None
-    nodes = {h: parse(rc, out, f" on {h}") for h, (rc, out) in zip(hosts, outs)}
-    return {"processes": processes, "images_per_s": sum(n["images_per_s"] for n in nodes.values()),
-            "per_process": [v for n in nodes.values() for v in n["per_process"]],
-            "per_node": {h: n["images_per_s"] for h, n in nodes.items()}}
-
-
-def ceiling_around(s: BenchSettings, processes: int, before_s: dict, runner: Runner) -> dict:
-    """The ceiling measured just before and just after a run, averaged: a shared
-    machine's speed drifts, and the run lies between the two."""
-    after = measure_ceiling(s, processes, runner)
-    b, a = before_s["images_per_s"], after["images_per_s"]
-    return {"processes": processes, "images_per_s": (a + b) / 2, "before": b, "after": a,
-            "nodes": list(after.get("per_node", {}))}
-
-
-def render(outcome: Outcome) -> str:
-    table = summary.render(summary.rows(outcome.records))
-    lines = [table]
-    for r in outcome.records:
-        c = outcome.ceilings.get(r.get("world", {}).get("np"))
-        if c and r.get("status") == "ok":
-            n, t = r["world"]["np"], r["figures"]["throughput_img_s"]
-            lines.append(f"np={n}: {t:,.4g} images/s = {t / c['images_per_s']:.0%} of the compute "
-                         f"ceiling, {c['images_per_s']:,.4g} images/s (the model's steps with no "
-                         f"framework in {n} independent process(es)"
-                         f"{' over ' + ', '.join(c['nodes']) if c.get('nodes') else ''}; "
-                         f"{c['before']:,.4g} before "
-                         f"the run, {c['after']:,.4g} after)")
-    lines.append(f"records: {os.path.join(outcome.run_dir, results.RESULTS_FILE)}")
-    return "\n".join(lines)

@@ -17,6 +17,7 @@ from pathlib import Path
 from lab.common import docker_api, proc
 from lab.common.docker_api import CLUSTER as LABEL
 from lab.common.kit import REPO_ROOT
+from lab.host.launch import HostsError, ranks_per_node
 from lab.host.runners import RunnerError
 
 COMPOSE_FILE = REPO_ROOT / "compose.yaml"
@@ -49,12 +50,11 @@ def node_names(n: int) -> list[str]:
 
 def host_slots(np: int, nodes: int) -> str:
     """horovodrun's -H for np ranks spread evenly over nodes: node1:2,node2:2."""
-    if nodes < 1:
-        raise ClusterError("--nodes must be at least 1")
-    if np % nodes:
-        raise ClusterError(f"--np {np} does not spread evenly over {nodes} nodes: "
-                           f"use a multiple of {nodes}")
-    return ",".join(f"{name}:{np // nodes}" for name in node_names(nodes))
+    try:
+        per = ranks_per_node(np, nodes)
+    except HostsError as e:
+        raise ClusterError(str(e)) from None
+    return ",".join(f"{name}:{per}" for name in node_names(nodes))
 
 
 def override_yaml(n: int) -> str:

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import collections
 import json
-import threading
 import time
 
 from lab.common import proc
 from lab.common.kit import REPO_ROOT
-from lab.host import launch, slurm
+from lab.host import jobs, launch, slurm
 from lab.host.cluster import ClusterError, engine, exec_out, host_slots, node_names, nodes, wait_ssh
 from lab.host.container import DATA_IN, RESULTS_IN, SOURCE_IN, hand_over
 from lab.host.runners import JobResult, Runner
@@ -18,57 +17,27 @@ from lab.host.runners import JobResult, Runner
 
 def run_on(found: dict, commands: dict[str, list[str]], env: dict, timeout_s: float,
            echo) -> JobResult:
-    """Run one command per node (host name -> command) at once, as the user lab, echoing
-    output prefixed by node. Ends when all have exited, when one fails (the others are
-    then stopped), at the timeout, or on Ctrl-C. Returns (worst exit code or None on
-    timeout, last lines, why)."""
+    """Run one command per node (host name -> command) at once through `docker exec`, as
+    the user lab, in the one job loop (lab.host.jobs): output prefixed by node; ends when
+    all have exited, one fails (the others are then stopped), a node stops, at the time
+    limit, or on Ctrl-C. The exit status is that of the node whose launcher failed first."""
     client = next(iter(found.values())).client
-    tail: collections.deque[str] = collections.deque(maxlen=proc.TAIL_LINES)
-    results: dict[str, int | None] = {}
-    execs = {}
-    lock = threading.Lock()
+    job = jobs.Job(list(commands), echo)
 
-    def pump(host, exec_id):
-        for text in proc.iter_lines(client.api.exec_start(exec_id, stream=True)):
-            with lock:
-                tail.append(f"[{host}] {text}")
-            echo(f"[{host}] {text}" if len(commands) > 1 else text)
-        results[host] = client.api.exec_inspect(exec_id)["ExitCode"]
+    def start(host, out):
+        ex = client.api.exec_create(found[host].id, commands[host], user="lab", environment=env,
+                                    workdir="/tmp")["Id"]
+        return jobs.StreamPart(host, lambda: client.api.exec_start(ex, stream=True),
+                               lambda: client.api.exec_inspect(ex)["ExitCode"], out)
 
-    threads = []
-    for host, cmd in commands.items():
-        ex = client.api.exec_create(found[host].id, cmd, user="lab", environment=env, workdir="/tmp")
-        execs[host] = ex["Id"]
-        t = threading.Thread(target=pump, args=(host, ex["Id"]), daemon=True)
-        t.start()
-        threads.append(t)
-    deadline = time.monotonic() + timeout_s if timeout_s > 0 else None
-    why = "exited"
-    try:
-        while any(t.is_alive() for t in threads):
-            time.sleep(0.5)
-            if any(rc not in (None, 0) for rc in results.values()):
-                why = "a node's launcher failed"
-                break
-            dead = [h for h, c in found.items() if _status(c) != "running"]
-            if dead:
-                why = f"{', '.join(dead)} stopped"
-                break
-            if deadline and time.monotonic() > deadline:
-                why = f"did not finish within {timeout_s:g} s and was stopped"
-                break
-    finally:
-        if any(t.is_alive() for t in threads):
-            stop_jobs(found)
-            for t in threads:
-                t.join(timeout=10)
-    if why.startswith("did not finish"):
-        return JobResult(None, list(tail), why)
-    codes = [rc for rc in results.values() if rc is not None]
-    rc = max(codes, key=abs) if codes else 1
-    if why != "exited" and rc == 0:
-        rc = 1
-    return JobResult(rc, list(tail), why)
+    def stop_all():
+        stop_jobs(found)
+        for part in job.parts.values():
+            part.thread.join(timeout=10)
+
+    o = job.run(start, timeout_s, stop_all, poll_s=0.5,
+                lost=lambda: [h for h, c in found.items() if _status(c) != "running"])
+    return JobResult(o.returncode, o.tail, o.why)
 
 
 def _status(container) -> str:
@@ -107,9 +76,13 @@ def cluster_commands(framework: str, backend: str, np: int, n: int,
         return {"node1": launch.horovod_command(np, hosts, launch.framework_for_backend(
             framework, backend), args, python="python")}
     if framework == "ddp":
-        host_slots(np, n)       # the same evenness check
+        # A rendezvous of this launch's own (port and id from its run id and attempt, as
+        # --hosts and Slurm do): a run left over on node1 never meets the next one.
+        host_slots(np, n)       # spread evenly, or refused
+        key = launch.run_key(args)
         return {h: launch.ddp_command(np // n, args, nnodes=n, node_rank=i,
-                                      rdzv_endpoint="node1:29500", python="python")
+                                      rdzv_endpoint=f"node1:{launch.rendezvous_port(key)}",
+                                      rdzv_id=key.replace("/", "-"), python="python")
                 for i, h in enumerate(node_names(n))}
     raise ClusterError("--nodes needs a distributed framework: --framework horovod or ddp")
 
@@ -156,6 +129,10 @@ class ClusterRunner(Runner):
             env["PYTHONPATH"] = SOURCE_IN
         return env
 
+    def placement(self, np: int) -> dict[str, int]:
+        host_slots(np, self.n)            # spread evenly, or refused
+        return {h: np // self.n for h in self.found}
+
     def output(self, command: list[str], timeout_s: float = 300) -> tuple[int | None, str]:
         return self.output_on("node1", command, timeout_s)
 
@@ -166,7 +143,8 @@ class ClusterRunner(Runner):
         """The ranks write as the image's user over ssh: give it the run's folder."""
         hand_over(path, self.results_dir, everyone=True)
 
-    def commands(self, framework: str, backend: str, np: int, args: list[str]) -> dict[str, list[str]]:
+    def commands(self, framework: str, backend: str, np: int, args: list[str],
+                 env=None) -> dict[str, list[str]]:
         return cluster_commands(framework, backend, np, self.n, args)
 
     def run(self, commands, env, timeout_s, echo, name=""):
@@ -188,6 +166,7 @@ class SlurmClusterRunner(ClusterRunner):
 
     launcher = "slurm"
     POLL_S = 1.0
+    CONTROLLER_SILENCE_S = 60.0     # scontrol failing this long: the job's state is unknown
 
     def __init__(self, n: int, frozen: bool = False, partition: str = "", echo=print):
         super().__init__(n, frozen=frozen, echo=echo)
@@ -219,7 +198,7 @@ class SlurmClusterRunner(ClusterRunner):
         super().prepare(path)
         self.run_dir = path
 
-    def commands(self, framework, backend, np, args):
+    def commands(self, framework, backend, np, args, env=None):
         job = slurm.SlurmJob(framework, backend, np, self.n, list(args), partition=self.partition)
         slurm.job_script(job)           # refuses what Slurm cannot run, before anything starts
         self._job = job
@@ -263,7 +242,7 @@ class SlurmClusterRunner(ClusterRunner):
         info: dict = {}
         ours = None
         seen: list[str] = []            # the states the job went through, as polled
-        node_failed_at = None
+        node_failed_at = silent_since = None
         t0 = time.monotonic()
         try:
             while True:
@@ -274,6 +253,17 @@ class SlurmClusterRunner(ClusterRunner):
                     if slurm.NODE_FAILURE_LINE in line and node_failed_at is None:
                         node_failed_at = time.monotonic()
                 rc, out = self._on_node1(["scontrol", "-o", "show", "job", job_id], timeout=30)
+                if rc == 0 or "Invalid job id" in out:
+                    silent_since = None
+                elif silent_since is None:
+                    silent_since = time.monotonic()
+                elif time.monotonic() - silent_since > self.CONTROLLER_SILENCE_S:
+                    # Without an answer the job's state is unknown, whatever --timeout-s is
+                    # (0: none): end here rather than poll forever.
+                    ours = (f"Slurm's controller did not answer for {self.CONTROLLER_SILENCE_S:g} s "
+                            f"({_last(out)}): the job's state is unknown; check `scontrol ping` "
+                            f"on node1 and `squeue -j {job_id}`")
+                    break
                 if rc == 0:
                     info = slurm.job_fields(out)
                     now = f"{info.get('JobState')}/{info.get('Reason')}"

@@ -168,7 +168,7 @@ class ImageRunner(Runner):
     def prepare(self, run_dir: str) -> None:
         hand_over(run_dir, self.results_dir)
 
-    def commands(self, framework, backend, np, worker_args):
+    def commands(self, framework, backend, np, worker_args, env=None):
         return {self.tag: launch.command(framework, backend, np, worker_args, python="python")}
 
     def run(self, commands, env, timeout_s, echo, name=""):

@@ -32,6 +32,7 @@ from __future__ import annotations
 import collections
 import re
 import signal as _signal
+import threading
 from dataclasses import dataclass
 
 _NODE_PREFIX = re.compile(r"^\[[\w.-]+\] ")          # the cluster runner's "[node2] "
@@ -216,3 +217,53 @@ class LauncherWatch:
             self._found(_from_code(self._pending_name, int(m.group(1)),
                                    shell=bool(self._horovod_exits)))
             self._pending_name = None
+
+
+class StreamWatches:
+    """A LauncherWatch per output stream: the lines of a job of several parts (the
+    cluster's nodes, your servers) arrive on one thread per part, prefixed "[host] ", and
+    two launchers' failure blocks printed at once must never be read as one (a rank of
+    one node blamed with another node's host or exit code). Lines are taken under a
+    lock; `first` is the first abnormal end any stream reported, in the order seen."""
+
+    def __init__(self, echo, tail: int = 40, **kw):
+        self.echo, self._kw = echo, kw
+        self._lock = threading.Lock()
+        self._watches: dict[str, LauncherWatch] = {}
+        self._seen: list[RankEnd] = []
+        self.tail: collections.deque[str] = collections.deque(maxlen=tail)
+
+    def _out(self, text: str) -> None:          # called with the lock held
+        self.tail.append(text)
+        self.echo(text)
+
+    def _note(self, watch: LauncherWatch) -> None:
+        if watch.first is not None and all(watch.first is not x for x in self._seen):
+            self._seen.append(watch.first)
+
+    def line(self, raw: str) -> None:
+        m = _NODE_PREFIX.match(raw)
+        key = m.group(0) if m else ""
+        with self._lock:
+            watch = self._watches.get(key)
+            if watch is None:
+                watch = self._watches[key] = LauncherWatch(self._out, **self._kw)
+            watch.line(raw)
+            self._note(watch)
+
+    def close(self) -> None:
+        with self._lock:
+            for watch in self._watches.values():
+                watch.close()
+                self._note(watch)
+
+    @property
+    def first(self) -> RankEnd | None:
+        with self._lock:
+            return self._seen[0] if self._seen else None
+
+    @property
+    def ends(self) -> list[RankEnd]:
+        """Each stream's first abnormal end, in the order they were seen."""
+        with self._lock:
+            return list(self._seen)

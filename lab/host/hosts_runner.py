@@ -18,13 +18,12 @@ import json
 import os
 import shlex
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 from lab.common import kit, proc
-from lab.host import launch
-from lab.host.launch import Host, HostsError
+from lab.host import jobs, launch
+from lab.host.launch import Host, HostsError, rendezvous_port  # noqa: F401 (tests import it here)
 from lab.host.runners import JobResult, Runner, RunnerError
 
 SSH = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
@@ -104,13 +103,6 @@ def remote(host: str, argv: list[str], env: dict[str, str] | None = None) -> lis
     return [*SSH, host, " ".join(words)]
 
 
-def rendezvous_port(key: str) -> int:
-    """29500 plus a number from 0 to 499 taken from the run (its id and attempt): two
-    runs that share a first host do not meet at each other's rendezvous."""
-    import zlib
-    return 29500 + zlib.crc32(key.encode()) % 500
-
-
 def check_hosts(hosts: list[Host]) -> None:
     """The first host's name is the others' rendezvous address: it must not be a name
     that means "this machine" everywhere."""
@@ -145,7 +137,7 @@ class HostsRunner(Runner):
         super().__init__(results_dir, os.path.abspath(data_dir) if data_dir else None)
         self.hosts, self.python, self.echo = hosts, python, echo
         self.nodes = len(hosts)
-        self._procs: dict[str, proc.Process] = {}
+        self._job: jobs.Job | None = None
         self._pattern = ""
         self._framework, self._worker_args = "", []
         self._port = 29500
@@ -164,6 +156,10 @@ class HostsRunner(Runner):
     def output_on(self, host: str, argv: list[str], timeout_s: float = 120) -> tuple[int | None, str]:
         res = proc.run(remote(host, argv, self._env({})), timeout=timeout_s)
         return (None if res.timed_out else res.returncode), res.stdout
+
+    def placement(self, np: int) -> dict[str, int]:
+        check_slots(self.hosts, [np])     # --np fills the slots exactly
+        return {h.name: h.slots for h in self.hosts}
 
     def output(self, argv, timeout_s=300):
         return self.output_on(self.hosts[0].name, argv, timeout_s)
@@ -199,10 +195,11 @@ class HostsRunner(Runner):
     def prepare(self, run_dir: str) -> None:
         """Ranks on other hosts run as the same user: nothing to hand over."""
 
-    def commands(self, framework, backend, np, worker_args):
+    def commands(self, framework, backend, np, worker_args, env=None):
+        """What run() starts, host -> argv: horovodrun on the first host, or one ssh per
+        host carrying the job's environment into torch.distributed.run."""
         check_slots(self.hosts, [np])
         check_hosts(self.hosts)
-        self._framework, self._worker_args = framework, list(worker_args)
 
         def arg(name):
             return worker_args[worker_args.index(name) + 1] if name in worker_args else ""
@@ -215,47 +212,19 @@ class HostsRunner(Runner):
             return {self.hosts[0].name: launch.horovod_command(
                 np, self.hosts, launch.framework_for_backend(framework, backend), worker_args,
                 python=self.python, horovodrun=kit.horovodrun(self.python))}
-        if framework == "ddp":      # built again in run(), with the job's environment
-            return ddp_commands(self.hosts, worker_args, self.python, {}, self._port)
+        if framework == "ddp":
+            return ddp_commands(self.hosts, worker_args, self.python, self._env(env or {}), self._port)
         raise HostsError("--hosts needs a distributed framework: --framework horovod or ddp")
 
     def run(self, commands, env, timeout_s, echo, name=""):
-        env = self._env(env)
-        if self._framework == "ddp":
-            commands = ddp_commands(self.hosts, self._worker_args, self.python, env, self._port)
-        many = len(commands) > 1
-        tail: list[str] = []
-        lock = threading.Lock()
-
-        def echo_from(host):
-            def out(line):
-                with lock:
-                    tail.append(f"[{host}] {line}" if many else line)
-                    del tail[:-proc.TAIL_LINES]
-                echo(f"[{host}] {line}" if many else line)
-            return out
-        self._procs = {h: proc.start(cmd, env=dict(os.environ, **env), echo=echo_from(h), keep_output=False)
-                       for h, cmd in commands.items()}
-        deadline = time.monotonic() + timeout_s if timeout_s > 0 else None
-        why = "exited"
-        try:
-            while any(p.poll() is None for p in self._procs.values()):
-                time.sleep(0.3)
-                if any(p.poll() not in (None, 0) for p in self._procs.values()):
-                    why = "a host's launcher failed"
-                    break
-                if deadline and time.monotonic() > deadline:
-                    why = f"did not finish within {timeout_s:g} s and was stopped"
-                    break
-        finally:
-            if any(p.poll() is None for p in self._procs.values()) or why != "exited":
-                self.stop()
-        codes = {h: p.wait(5).returncode for h, p in self._procs.items()}
-        self._procs = {}
-        if why.startswith("did not finish"):
-            return JobResult(None, tail, why)
-        rc = max((c for c in codes.values() if c is not None), key=abs, default=1)
-        return JobResult(rc if why == "exited" or rc else 1, tail, why)
+        """The commands as given (commands() built them), in the one job loop."""
+        env = dict(os.environ, **self._env(env))
+        self._job = jobs.Job(list(commands), echo)
+        o = self._job.run(lambda host, out: jobs.ProcessPart(
+            host, proc.start(commands[host], env=env, echo=out, keep_output=False)),
+            timeout_s, self.stop)
+        self._job = None
+        return JobResult(o.returncode, o.tail, o.why)
 
     def stop(self) -> None:
         """TERM, then KILL, to every rank of this job on every host, and the launchers here."""
@@ -267,5 +236,5 @@ class HostsRunner(Runner):
                                   self.hosts))
                 if sig == "TERM":
                     time.sleep(2)
-        for p in self._procs.values():
-            p.stop()
+        for part in (self._job.parts.values() if self._job else ()):
+            part.process.stop()

@@ -79,6 +79,15 @@ def check(s: BuildSettings, matrix: dict[str, str] | None = None) -> None:
                          f"for CUDA {', '.join(cuda_entries(matrix))}; pick one of those")
     if s.extra_ca and not Path(s.extra_ca).is_file():
         raise BuildError(f"--extra-ca {s.extra_ca}: no such file; give a PEM certificate bundle")
+    if s.extra_ca:
+        try:
+            text = Path(s.extra_ca).read_text(errors="replace")
+        except OSError as e:
+            raise BuildError(f"--extra-ca {s.extra_ca} cannot be read ({e.strerror})") from None
+        if "-----BEGIN CERTIFICATE-----" not in text:
+            raise BuildError(f"--extra-ca {s.extra_ca} holds no PEM certificate (no \"-----BEGIN "
+                             f"CERTIFICATE-----\" line): give the proxy's CA in PEM form "
+                             f"(openssl x509 -inform der -in CA.cer -out ca.pem converts a DER one)")
     if s.cuda_archs and s.flavor == "cpu":
         raise BuildError("--cuda-archs needs the GPU flavor: drop it for --flavor cpu")
     if s.cuda_archs:

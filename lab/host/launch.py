@@ -10,6 +10,31 @@ class HostsError(ValueError):
     """A host list that cannot be parsed; the message says the expected form."""
 
 
+def rendezvous_port(key: str) -> int:
+    """29500 plus a number from 0 to 499 taken from the run (its id and attempt): two
+    runs that share a first host do not meet at each other's rendezvous (the compose
+    cluster and your servers; Slurm's scripts take it from the job id)."""
+    import zlib
+    return 29500 + zlib.crc32(key.encode()) % 500
+
+
+def run_key(worker_args: list[str]) -> str:
+    """"<run id>/<attempt>" from the worker's arguments: names one launch."""
+    def arg(name):
+        return worker_args[worker_args.index(name) + 1] if name in worker_args else ""
+    return f"{arg('--run-id')}/{arg('--attempt')}"
+
+
+def ranks_per_node(np: int, nodes: int) -> int:
+    """The even-spread rule, the one place it is written: np ranks over `nodes` nodes,
+    the same number on each (the compose cluster, Slurm's --ntasks-per-node)."""
+    if nodes < 1:
+        raise HostsError("--nodes must be at least 1")
+    if np % nodes:
+        raise HostsError(f"--np {np} does not spread evenly over {nodes} nodes: use a multiple of {nodes}")
+    return np // nodes
+
+
 @dataclass(frozen=True)
 class Host:
     name: str
@@ -66,7 +91,7 @@ def horovod_command(np: int, hosts: list[Host], controller: str, worker_args: li
 
 def ddp_command(nproc_per_node: int, worker_args: list[str], nnodes: int = 1, node_rank: int = 0,
                 rdzv_endpoint: str | None = None, python: str = sys.executable,
-                static: bool = False) -> list[str]:
+                static: bool = False, rdzv_id: str = "") -> list[str]:
     """torch.distributed.run for one node: standalone on a single node, or joining a
     c10d rendezvous at rdzv_endpoint (host:port) on several (which ignores node_rank:
     it numbers the nodes itself, sorted by address; torch's dynamic_rendezvous), or,
@@ -85,7 +110,7 @@ def ddp_command(nproc_per_node: int, worker_args: list[str], nnodes: int = 1, no
         if rdzv_endpoint is None:
             raise ValueError("a multi-node DDP job needs a rendezvous endpoint host:port")
         cmd += [f"--nnodes={nnodes}", f"--node-rank={node_rank}", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={rdzv_endpoint}"]
+                f"--rdzv-endpoint={rdzv_endpoint}", *([f"--rdzv-id={rdzv_id}"] if rdzv_id else [])]
     return [*cmd, "-m", "lab.worker.train", *worker_args]
 
 

@@ -47,14 +47,24 @@ class Runner:
     def prepare(self, run_dir: str) -> None:
         """Make the run's folder writable for the ranks."""
 
-    def commands(self, framework: str, backend: str, np: int,
-                 worker_args: list[str]) -> dict[str, list[str]]:
-        """Host -> the command that starts its part of the job."""
+    def commands(self, framework: str, backend: str, np: int, worker_args: list[str],
+                 env: dict | None = None) -> dict[str, list[str]]:
+        """Host -> the command that starts its part of the job: exactly what run() starts
+        (a runner that must carry the job's environment in the command, over ssh, is
+        given it here too)."""
         raise NotImplementedError
 
     def run(self, commands: dict[str, list[str]], env: dict, timeout_s: float, echo,
             name: str = "") -> JobResult:
         raise NotImplementedError
+
+    def placement(self, np: int) -> dict[str, int]:
+        """Where `np` ranks run: host -> how many ("" is this machine, or the image on it)."""
+        return {"": np}
+
+    def output_on(self, host: str, argv: list[str], timeout_s: float = 300) -> tuple[int | None, str]:
+        """`output` on one host of placement() (runners of one place have only "")."""
+        return self.output(argv, timeout_s)
 
     def output(self, argv: list[str], timeout_s: float = 300) -> tuple[int | None, str]:
         """A short command (a probe) where the ranks run: (exit code, output)."""
@@ -106,7 +116,7 @@ class LocalRunner(Runner):
     def describe(self) -> str:
         return "running as local processes"
 
-    def commands(self, framework, backend, np, worker_args):
+    def commands(self, framework, backend, np, worker_args, env=None):
         return {"localhost": launch.command(framework, backend, np, worker_args,
                                             python=self.python,
                                             horovodrun=kit.horovodrun(self.python))}

@@ -92,11 +92,11 @@ def time_limit(seconds: float) -> str | None:
 
 
 def ranks_per_node(np: int, nodes: int) -> int:
-    if nodes < 1:
-        raise SlurmError("--nodes must be at least 1")
-    if np % nodes:
-        raise SlurmError(f"--np {np} does not spread evenly over {nodes} nodes: use a multiple of {nodes}")
-    return np // nodes
+    """lab.host.launch.ranks_per_node (the even-spread rule), as a SlurmError."""
+    try:
+        return launch.ranks_per_node(np, nodes)
+    except launch.HostsError as e:
+        raise SlurmError(str(e)) from None
 
 
 def parse_container(spec: str) -> tuple[str, str]:
@@ -258,10 +258,11 @@ def state_sentence(job_id: str, info: dict, failed: list[str]) -> str:
 
 
 def script_for_request(s, partition: str = "", gpus_per_node: int | None = None,
-                       container: str = "") -> tuple[str, list[str]]:
+                       container: str = "", time_limit_s: float = 0) -> tuple[str, list[str]]:
     """The batch script of one bench request (lab.host.request.BenchSettings) for a real
     cluster: (the script, notes). Nothing is submitted and nothing here is probed (the
-    cluster's stack is not this machine's): the request is checked as a configuration
+    cluster's stack is not this machine's); `time_limit_s` is #SBATCH --time (0: the
+    partition's own limit, not bench's per-run timeout). The request is checked as a configuration
     only, and --framework auto means DDP. The records go to --results-dir/<run id> on
     the cluster's shared storage; `invoke report` reads them there."""
     import dataclasses
@@ -294,10 +295,13 @@ def script_for_request(s, partition: str = "", gpus_per_node: int | None = None,
         cfg.check_world(np)
     except ConfigError as e:
         raise BenchError(str(e)) from None
-    gpus = gpus_per_node if gpus_per_node is not None else (
-        ranks_per_node(np, s.nodes) if s.device == "cuda" else 0)
+    try:
+        gpus = gpus_per_node if gpus_per_node is not None else (
+            ranks_per_node(np, s.nodes) if s.device == "cuda" else 0)
+    except SlurmError as e:
+        raise BenchError(str(e)) from None
     job = SlurmJob(framework, s.backend, np, s.nodes, cfg.to_args(), job_name=f"lab-{run_id}",
-                   time_limit_s=s.timeout_s, output=f"lab-{run_id}-%j.out",
+                   time_limit_s=time_limit_s, output=f"lab-{run_id}-%j.out",
                    env=job_env(s), partition=partition, gpus_per_node=gpus, container=container,
                    mounts=sorted({results_dir, data_dir}),
                    comment=f"dl-lab-kit (invoke sbatch): {s.model}, {framework} over {s.backend}, "

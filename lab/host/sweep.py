@@ -36,8 +36,7 @@ def run_request(s: BenchSettings, lists: dict, resume: bool = False, echo=print)
     if not rfile.exists():
         raise BenchError("the sweep recorded nothing; see the reasons above")
     return Outcome(str(rfile.parent), results.read_records(rfile)[0],
-                   sum(o.failed for o in outcomes), [],
-                   {k: v for o in outcomes for k, v in o.ceilings.items()})
+                   sum(o.failed for o in outcomes), [])
 
 
 def benchmark_plans(stack: dict, results_dir: str = "results") -> tuple[list[BenchSettings], list[str]]:
@@ -124,7 +123,7 @@ def run_sweep(base: BenchSettings, lists: dict, resume: bool = False, echo=print
             continue
         try:
             stack = runner = None
-            if s.nodes == 1 and s.where == "local":
+            if s.nodes == 1 and s.where == "local" and not (s.hosts or s.hostfile):
                 # Local processes: the same stack for every combination, probed once.
                 runner = local
                 if "local" not in stacks:

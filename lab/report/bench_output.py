@@ -1,0 +1,32 @@
+"""What `invoke bench` prints when it is done: the results table of its records, each
+run against the compute ceiling measured around it (figures.ceiling), and where the
+records are."""
+from __future__ import annotations
+
+import os
+
+from lab.common import results
+from lab.report import summary
+
+
+def ceiling_line(r: dict) -> str | None:
+    c = r.get("figures", {}).get("ceiling")
+    if not c or r.get("status") != "ok":
+        return None
+    n, t = r["world"]["np"], r["figures"]["throughput_img_s"]
+    shape = "x".join(map(str, c["input"])) if c.get("input") else "?"
+    where = f" over {', '.join(c['hosts'])}" if c.get("hosts") else ""
+    rep = r.get("config", {}).get("repeat", 0)
+    return (f"np={n}" + (f", {r['world'].get('nodes', 1)} node(s)" if r["world"].get("nodes", 1) > 1 else "")
+            + (f", repeat {rep + 1}" if rep else "")
+            + f": {t:,.4g} images/s = {t / c['images_per_s']:.0%} of the compute ceiling, "
+            f"{c['images_per_s']:,.4g} images/s (the model's steps on {shape} input, "
+            f"{c.get('classes', '?')} classes, with no framework in {n} independent process(es)"
+            f"{where}; {c['before']:,.4g} before the run, {c['after']:,.4g} after)")
+
+
+def render(records: list[dict], run_dir: str) -> str:
+    lines = [summary.render(summary.rows(records))]
+    lines += [line for line in map(ceiling_line, records) if line]
+    lines.append(f"records: {os.path.join(run_dir, results.RESULTS_FILE)}")
+    return "\n".join(lines)

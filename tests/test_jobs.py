@@ -1,0 +1,91 @@
+"""The one job loop (lab.host.jobs) with real processes, and the failure watch per
+stream (lab.host.failures.StreamWatches) on real launcher output read as two nodes
+printing at once."""
+import sys
+import time
+from pathlib import Path
+
+from lab.common import proc
+from lab.host import jobs
+from lab.host.failures import LauncherWatch, StreamWatches
+
+FIXTURES = Path(__file__).parent / "fixtures" / "launchers"
+
+
+def shell(script):
+    return [sys.executable, "-c", script]
+
+
+def run_job(scripts: dict, timeout_s=60):
+    shown = []
+    job = jobs.Job(list(scripts), shown.append)
+
+    def start(host, out):
+        return jobs.ProcessPart(host, proc.start(shell(scripts[host]), echo=out, keep_output=False))
+
+    def stop_all():
+        for part in job.parts.values():
+            part.process.stop(grace=1)
+    return job.run(start, timeout_s, stop_all, poll_s=0.05), shown
+
+
+def test_the_exit_status_is_the_first_failure_not_the_peers_killed_after_it():
+    """node2 fails with 1; node1 would run on and is stopped (killed by TERM: -15). The
+    job's status is 1, the failure's own (max by absolute value would say -15)."""
+    t0 = time.monotonic()
+    o, shown = run_job({"node1": "import time; print('up', flush=True); time.sleep(60)",
+                        "node2": "import sys, time; time.sleep(0.5); sys.exit(1)"})
+    assert o.returncode == 1 and o.first_failed == "node2" and o.why == "node2's launcher failed"
+    assert time.monotonic() - t0 < 20
+    assert "[node1] up" in shown and "[node1] up" in o.tail
+
+
+def test_the_earlier_of_two_failures_wins():
+    o, _ = run_job({"node1": "import sys, time; time.sleep(1.5); sys.exit(7)",
+                    "node2": "import sys, time; time.sleep(0.2); sys.exit(3)"})
+    assert o.returncode == 3 and o.first_failed == "node2"
+
+
+def test_all_parts_exiting_normally_and_the_time_limit():
+    o, shown = run_job({"a": "print('one')", "b": "print('two')"})
+    assert (o.returncode, o.why) == (0, "exited") and sorted(shown) == ["[a] one", "[b] two"]
+    o, _ = run_job({"a": "import time; time.sleep(60)"}, timeout_s=1)
+    assert o.returncode is None and o.why.startswith("did not finish within 1 s")
+
+
+def lines(name, host):
+    return [f"[{host}] {line}" for line in (FIXTURES / name).read_text().splitlines()]
+
+
+def first_alone(stream):
+    w = LauncherWatch(lambda line: None)
+    for line in stream:
+        w.line(line)
+    w.close()
+    return w.first
+
+
+def test_failure_blocks_of_two_nodes_printed_at_once_are_read_apart():
+    """Two launchers' output, line by line in turn (as two pump threads may deliver it):
+    each stream is parsed on its own, so neither rank is blamed with the other's host,
+    exit code or signal."""
+    a = lines("horovodrun-mpi-rank1-sigkill.txt", "node1")
+    b = lines("torchrun-rank1-sigkill-root-cause-rank0.txt", "node2")
+    alone = [first_alone(a), first_alone(b)]
+    assert alone[0] != alone[1] and None not in alone
+    interleaved = [x for pair in zip(a, b) for x in pair] + a[len(b):] + b[len(a):]
+    watches = StreamWatches(lambda line: None)
+    for line in interleaved:
+        watches.line(line)
+    watches.close()
+    assert sorted(watches.ends, key=alone.index) == alone
+    assert watches.first in alone
+
+
+def test_a_watch_per_stream_sees_what_one_stream_alone_says():
+    w = StreamWatches(lambda line: None)
+    for line in lines("torchrun-rank1-sigkill.txt", "node2"):
+        w.line(line)
+    w.close()
+    assert w.first == first_alone(lines("torchrun-rank1-sigkill.txt", "node2"))
+    assert (w.first.rank, w.first.signal) == (1, 9)
