@@ -31,6 +31,17 @@ DATA_PARALLEL_STRATEGIES = ("ddp", "zero1", "fsdp", "deepspeed")
 # own data parallelism; dataparallel is one process (framework none).
 TORCH_STRATEGIES = ("zero1", "fsdp", "pipeline", "model-parallel", "deepspeed", "rpc-pipeline")
 PIPELINE_SCHEDULES = ("gpipe", "1f1b")
+
+
+def framework_of(strategy: str) -> str | None:
+    """The strategy-to-framework rule, the one place it is written: the framework a
+    strategy runs on, or None for ddp (data parallelism by either framework: Horovod's
+    DistributedOptimizer or torch's DDP)."""
+    if strategy in TORCH_STRATEGIES:
+        return "ddp"                 # started by torch.distributed.run
+    if strategy == "dataparallel":
+        return "none"                # one process over the GPUs
+    return None
 FAULT_MODES = ("raise", "kill")   # --fault RANK:STEP[:MODE]: an exception, or SIGKILL to itself
 # scikit-learn's bundled digits: 1,797 images, 300 of them held out for testing.
 DIGITS_SAMPLES, DIGITS_TEST = 1797, 300
@@ -111,13 +122,14 @@ class RunConfig:
             raise ConfigError(f"--zero-stage is DeepSpeed's ZeRO stage, 0 to 3: not {self.zero_stage}")
         if self.micro_batches < 0:
             raise ConfigError("--micro-batches cannot be negative")
-        if self.strategy in TORCH_STRATEGIES and self.framework != "ddp":
+        need = framework_of(self.strategy)
+        if need == "ddp" and self.framework != "ddp":
             raise ConfigError(f"the {self.strategy} strategy runs on torch.distributed, started by "
                               f"torch.distributed.run: use --framework ddp (or leave it out)")
         if self.strategy == "dataparallel" and self.device != "cuda":
             raise ConfigError("the dataparallel strategy (nn.DataParallel) spreads one process "
                               "over GPUs: add --device cuda, or use --strategy ddp on CPUs")
-        if self.strategy == "dataparallel" and self.framework != "none":
+        if need == "none" and self.framework != "none":
             raise ConfigError("the dataparallel strategy is one process over the GPUs: "
                               "use --framework none (or leave it out)")
         if self.strategy != "ddp" and self.compression != "none":

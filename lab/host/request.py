@@ -15,9 +15,9 @@ from lab.common.config import (
     COMPRESSIONS,
     FRAMEWORKS,
     STRATEGIES,
-    TORCH_STRATEGIES,
     ConfigError,
     RunConfig,
+    framework_of,
 )
 from lab.common.kit import NO_MPI_IN_PIP_TORCH, horovod_gpu_path_problem
 
@@ -201,7 +201,7 @@ def resolve_framework(requested: str, stack: dict, strategy: str = "ddp") -> tup
     else ddp (with a note saying so)."""
     if requested != "auto":
         return requested, None
-    if strategy != "ddp":
+    if framework_of(strategy):
         return framework_of(strategy), None
     if "horovod" in stack:
         return "horovod", None
@@ -209,9 +209,7 @@ def resolve_framework(requested: str, stack: dict, strategy: str = "ddp") -> tup
                    "build Horovod with docker/install-horovod.sh to use it")
 
 
-def framework_of(strategy: str) -> str:
-    """The framework a strategy other than ddp runs on."""
-    return "ddp" if strategy in TORCH_STRATEGIES else ("none" if strategy == "dataparallel" else "ddp")
+
 
 
 def base_config(s: BenchSettings, framework: str) -> RunConfig:

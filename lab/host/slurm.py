@@ -275,8 +275,9 @@ def script_for_request(s, partition: str = "", gpus_per_node: int | None = None,
     if len(nps) != 1:
         raise BenchError("a batch script runs one process count: give --np one number")
     np = nps[0]
-    framework = "ddp" if s.framework == "auto" and s.strategy == "ddp" else \
-        resolve_framework(s.framework, {}, s.strategy)[0]
+    # auto: the strategy's framework, or for ddp, DDP (whether Horovod is installed on
+    # that cluster is not known here; resolve_framework decides from an empty stack)
+    framework = resolve_framework(s.framework, {}, s.strategy)[0]
     notes = ["--framework auto is DDP in a script for another cluster (whether Horovod is "
              "installed there is not known here)"] if s.framework == "auto" else []
     if s.run_id and (not RUN_ID.match(s.run_id) or ".." in s.run_id):

@@ -139,7 +139,7 @@ def run_sweep(base: BenchSettings, lists: dict, resume: bool = False, echo=print
         echo(f"-- skipped {label(s)}: {reason}")
         os.makedirs(rfile.parent, exist_ok=True)
         for n in s.np:
-            framework = s.framework if s.framework != "auto" else framework_of(s.strategy)
+            framework = s.framework if s.framework != "auto" else (framework_of(s.strategy) or "ddp")
             cfg = dataclasses.replace(base_config(s, framework),
                                       run_id=run_id, expected_np=n, link=s.link)
             results.append_record(rfile, results.make_record(

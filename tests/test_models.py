@@ -1,0 +1,100 @@
+"""One model spec: each model is one folder under lab/models, registered once; the LSTM on
+sequential MNIST is the proof that a model is one place. Real ranks learn with it."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import REPO, TORCHVISION_MISSING, requires_horovod
+
+from lab import models as specs
+from lab.common import results
+from lab.common.config import DATASETS, RunConfig
+from lab.worker import models
+
+needs_torchvision = pytest.mark.skipif(TORCHVISION_MISSING is not None, reason=f"torchvision: {TORCHVISION_MISSING}")
+
+
+@pytest.mark.parametrize("name", [n for n in specs.names() if n != "resnet50"] +
+                         [pytest.param("resnet50", marks=needs_torchvision)])
+def test_each_model_is_its_folder_and_its_layers_compute_its_forward(name):
+    spec = specs.get(name)
+    assert (REPO / "lab" / "models" / name / "net.py").is_file()
+    channels, size, classes = spec.input("digits")
+    torch.manual_seed(0)
+    model, _ = models.build(name, channels, size, classes)
+    model.eval()
+    layers = models.sequential_layers(name, model)
+    x = torch.randn(2, channels, size, size)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.nn.Sequential(*layers).eval()(x), model(x))
+    ids = [id(p) for layer in layers for p in layer.parameters()]
+    assert len(ids) == len(set(ids)) == len(list(model.parameters()))
+    # the spec's most pipeline stages: the layers with parameters (a stage starts at one)
+    cuttable = [models.has_parameters(layer) for layer in layers]
+    assert sum(cuttable) == spec.most_stages
+    bounds = models.cut_points(models.layer_costs(layers, x[:1]), spec.most_stages, cuttable)
+    assert all(any(models.has_parameters(layer) for layer in layers[a:b]) for a, b in bounds)
+    assert set(models.fsdp_units(name, model)) <= set(model.modules())
+
+
+def test_the_registry_is_what_the_flags_offer():
+    assert RunConfig.__dataclass_fields__["model"].default in specs.names()
+    assert set(specs.names()) == {"mnist", "resnet50", "lstm"}
+    for name in specs.names():
+        for data in DATASETS:
+            c, s, k = specs.get(name).input(data)
+            assert c >= 1 and s >= 1 and k >= 2
+    with pytest.raises(KeyError, match="choose one of mnist"):
+        specs.get("gpt2")
+
+
+def test_the_lstm_reads_rows_as_steps_and_counts_its_gates():
+    model, loss = models.build("lstm", 1, 28, 10)
+    layers = models.sequential_layers("lstm", model)
+    x = torch.zeros(1, 1, 28, 28)
+    assert layers[0](x).shape == (1, 28, 28)                 # 28 steps of 28 pixels
+    costs = models.layer_costs(layers, x)
+    hidden = model.lstm1.lstm.hidden_size
+    assert costs[1] == 28 * 4 * hidden * (28 + hidden)        # every step, 4 gates
+    assert costs[2] == 28 * 4 * hidden * (hidden + hidden)
+
+
+@needs_torchvision
+def test_the_ceiling_measures_the_runs_own_input():
+    """ResNet-50 on the digits: the ceiling times 1x28x28 images of 10 classes (the run's
+    input), not ImageNet's 3x224x224 of 1000."""
+    cp = subprocess.run([sys.executable, "-m", "lab.worker.ceiling", "--model", "resnet50", "--data",
+                         "digits", "--batch-size", "2", "--steps", "1", "--warmup", "0"], cwd=REPO,
+                        capture_output=True, text=True, timeout=300)
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    out = json.loads(cp.stdout)
+    assert out["input"] == [1, 28, 28] and out["classes"] == 10
+    from lab.host.ceiling import command
+    from lab.host.request import BenchSettings
+    argv = command(BenchSettings(np=[1], model="resnet50", data="digits"), 1, "python")
+    assert argv[argv.index("--data") + 1] == "digits" and argv[argv.index("--model") + 1] == "resnet50"
+
+
+@requires_horovod
+def test_an_lstm_learns_with_horovod_and_ddp_and_reports(tmp_path):
+    """The issue's sweep, one repeat: np 1 and 2 over Horovod and DDP on the real digits;
+    every run learns (chance is 10%), and the report has its rows."""
+    cp = subprocess.run([sys.executable, "-m", "invoke", "bench", "--local", "--np", "1,2", "--model", "lstm",
+                         "--framework", "horovod,ddp", "--data", "digits", "--epochs", "3",
+                         "--results-dir", str(tmp_path), "--run-id", "lstm"],
+                        cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-2000:]
+    recs = results.read_records(tmp_path / "lstm" / results.RESULTS_FILE)[0]
+    assert sorted((r["config"]["framework"], r["world"]["np"]) for r in recs) == [
+        ("ddp", 1), ("ddp", 2), ("horovod", 1), ("horovod", 2)]
+    for r in recs:
+        assert r["status"] == "ok" and r["config"]["model"] == "lstm"
+        assert r["figures"]["test_accuracy"] > 0.5, r["figures"]
+    rep = subprocess.run([sys.executable, "-m", "invoke", "report", str(tmp_path / "lstm")], cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert rep.returncode == 0, rep.stderr
+    text = (tmp_path / "lstm" / "report.md").read_text()
+    for r in recs:        # every run's accuracy is in the report's tables
+        assert f"{r['figures']['test_accuracy']:.2%}" in text
