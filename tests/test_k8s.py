@@ -289,6 +289,7 @@ def test_without_a_volume_the_record_is_printed_after_the_run(tmp_path):
     (dict(np="1", strategy="dataparallel"), {}, "invoke bench"),
     (dict(np="4", nodes="2"), dict(api="slurm"), "--api is one of"),
     (dict(np="4", nodes="2"), dict(gpus_per_node=1), "for --device cuda"),
+    (dict(np="4", nodes="2", device="cuda", framework="horovod", backend="gloo"), {}, "would measure NCCL"),
 ])
 def test_bad_input_is_one_sentence(flags, opts, words):
     o = k8s.K8sOptions(**{"registry": "reg.example/lab", **opts})

@@ -330,6 +330,12 @@ def manifest_for_request(s, opts: K8sOptions) -> Manifest:
         cfg.check_world(np)
     except ConfigError as e:
         raise BenchError(str(e)) from None
+    if framework == "horovod" and s.device == "cuda":
+        # the image of --backend mpi does its GPU operations over MPI, the others over NCCL
+        from lab.common.kit import horovod_gpu_path_problem
+        problem = horovod_gpu_path_problem("MPI" if s.backend == "mpi" else "NCCL", s.backend)
+        if problem:
+            raise BenchError(problem)
     image = image_ref(s.device, framework, s.backend, opts.registry, opts.image)
     name = dns_name(f"lab-{run_id}")
     labels = {MANAGED_BY: "k8s", RUN_ID_LABEL: run_id[:63]}
