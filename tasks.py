@@ -160,7 +160,7 @@ def k8s(c, np=None, nodes=None, framework=None, backend=None, model=None, data=N
         settings, lists = settings_from_flags(flags, dict(c.config.get("bench", {})))
         if any(len(v) > 1 for v in lists.values()):
             raise BenchError("a Kubernetes job runs one combination: give one value per flag")
-        opts = kube.K8sOptions(**{**dict(c.config.get("k8s", {})), **given})
+        opts = kube.options({**dict(c.config.get("k8s", {})), **given})
         if gpus_per_node is not None:
             opts.gpus_per_node = whole("gpus_per_node", gpus_per_node)
         manifest = kube.manifest_for_request(settings, opts)

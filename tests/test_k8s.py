@@ -325,3 +325,29 @@ def test_invoke_k8s_bad_input_is_one_line(tmp_path, args, words):
     assert cp.returncode == 2
     assert "Traceback" not in cp.stderr and len(cp.stderr.strip().splitlines()) == 1
     assert cp.stderr.startswith("error: ") and words in cp.stderr
+
+
+def test_the_readmes_examples_are_what_invoke_k8s_writes(tmp_path):
+    """The README's `invoke k8s` commands, run as written (in an empty folder): the lines
+    it shows, and manifests that validate."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Running on Kubernetes", 1)[1].split("\n## ", 1)[0]
+    commands = re.findall(r"^(invoke k8s .*)$", section, re.M)
+    assert len(commands) == 2
+    shown = re.search(r"prints \(.*?\):\n\n```\n(.*?)```", section, re.S).group(1)
+    for i, command in enumerate(commands):
+        cp = invoke(*command.split()[2:], cwd=tmp_path)
+        assert cp.returncode == 0, cp.stderr
+        if i == 0:
+            assert cp.stdout == shown
+        path = tmp_path / cp.stdout.splitlines()[-1].split(" -f ")[1]
+        validate(yaml.safe_load(path.read_text()))
+    trainjob = yaml.safe_load((tmp_path / "results/fsdp-2x4/k8s/trainjob.yaml").read_text())
+    assert trainjob["spec"]["activeDeadlineSeconds"] == 1800
+
+
+def test_invoke_yamls_k8s_defaults_are_options_and_a_wrong_key_is_one_sentence():
+    defaults = yaml.safe_load((REPO / "invoke.yaml").read_text())["k8s"]
+    assert k8s.options(defaults).api == "auto"
+    with pytest.raises(BenchError, match="has no setting 'regsitry'"):
+        k8s.options({"regsitry": "r"})

@@ -55,6 +55,16 @@ class K8sOptions:
     runtime: str = "torch-distributed"   # TrainJob: the ClusterTrainingRuntime
 
 
+def options(values: dict) -> K8sOptions:
+    """invoke.yaml's `k8s:` defaults with the flags over them."""
+    known = {f.name for f in dataclasses.fields(K8sOptions)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise BenchError(f"invoke.yaml's k8s: has no setting {unknown[0]!r}: use "
+                         f"{', '.join(sorted(known))}")
+    return K8sOptions(**values)
+
+
 def choose_api(api: str, framework: str, strategy: str) -> str:
     """The operator that can start this framework, or one sentence why the chosen one cannot."""
     if api not in APIS:
@@ -352,6 +362,9 @@ def manifest_for_request(s, opts: K8sOptions) -> Manifest:
         body = trainjob(meta, image, inside, per, gpus, args, env, opts.pvc, results_file, opts.runtime)
     else:
         body = pytorchjob(meta, image, inside, per, gpus, args, env, opts.pvc, results_file)
+    if not opts.image:
+        notes.append(f"the cluster pulls {image}: push it there first with `docker tag "
+                     f"{local_image(image, opts.registry)} {image} && docker push {image}`")
     if not opts.pvc:
         notes.append(f"no --pvc: the record stays in the pod; the job prints it in its log "
                      f"after {RECORD_PREFIX!r}")
