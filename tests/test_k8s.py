@@ -351,3 +351,28 @@ def test_invoke_yamls_k8s_defaults_are_options_and_a_wrong_key_is_one_sentence()
     assert k8s.options(defaults).api == "auto"
     with pytest.raises(BenchError, match="has no setting 'regsitry'"):
         k8s.options({"regsitry": "r"})
+
+
+# The hostfile mpi-operator v0.8.0 writes for a job's workers (the expected ConfigMap in
+# its pkg/controller/mpi_job_controller_test.go, "openmpi-without-slots"; one
+# "<pod>.<job>.<namespace>.svc slots=N" line per worker, as newConfigMap formats it).
+OPERATOR_HOSTFILE = ("openmpi-without-slots-worker-0.openmpi-without-slots.tenant-a.svc slots=1\n"
+                     "openmpi-without-slots-worker-1.openmpi-without-slots.tenant-a.svc slots=1\n")
+
+
+def test_the_operators_hostfile_is_read_by_horovodrun_and_the_record_printer(tmp_path):
+    """horovodrun's own reader takes the operator's hostfile, and the launcher's shell
+    names its first host (where rank 0 runs) for printing the record."""
+    pytest.importorskip("horovod")
+    from horovod.runner.common.util.hosts import parse_host_files
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text(OPERATOR_HOSTFILE)
+    assert parse_host_files(str(hostfile)) == (
+        "openmpi-without-slots-worker-0.openmpi-without-slots.tenant-a.svc:1,"
+        "openmpi-without-slots-worker-1.openmpi-without-slots.tenant-a.svc:1")
+    body = manifest(np="4", nodes="2", framework="horovod", backend="gloo").body
+    script = container(body["spec"]["mpiReplicaSpecs"]["Launcher"]["template"])["command"][2]
+    first = re.search(r'"(\$\(head .*?\))"', script).group(1).replace("/etc/mpi/hostfile", str(hostfile))
+    out = subprocess.run(["bash", "-c", f'echo "{first}"'], capture_output=True, text=True).stdout
+    assert out.strip() == "openmpi-without-slots-worker-0.openmpi-without-slots.tenant-a.svc"
+    subprocess.run(["bash", "-n", "-c", script], check=True)

@@ -187,7 +187,10 @@ def mpijob(meta: dict, image: str, s, np: int, per: int, gpus: int, worker_args:
     else:
         # Sockets between pods (TCP, not InfiniBand or UCX): mpi-operator's Horovod example
         # (examples/v2beta1/horovod/tensorflow-mnist.yaml) passes -mca pml ob1 -mca btl
-        # ^openib. Ranks started over SSH get the environment only through -x.
+        # ^openib. Ranks started over SSH get the environment only through -x. The
+        # command line's plm_rsh_args wins over the OMPI_MCA_plm_rsh_args the operator
+        # sets (Open MPI reads the command line before the environment), so it keeps
+        # the operator's ConnectionAttempts=10 and adds the port.
         mpirun = ["mpirun", "--prefix", OPENMPI_PREFIX[s.device], "-np", str(np),
                   "-bind-to", "none", "-map-by", "slot", "-mca", "pml", "ob1", "-mca", "btl",
                   "^openib", "-mca", "plm_rsh_args", ssh]
