@@ -151,6 +151,10 @@ def test_fsdp_on_8_gpus_of_2_nodes_is_a_valid_trainjob():
     assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["volumes"]
     assert pod["containers"][0]["name"] == "node"      # the runtime's container
     assert trainer["image"].startswith("reg.example/lab/dl-lab-kit:gpu-nccl-")
+    # Trainer's webhook refuses the env names its torch plugin sets (v2.3.0 pkg/constants
+    # TorchRunReservedEnvNames: PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK,
+    # PET_MASTER_ADDR, PET_MASTER_PORT; plugins/torch/torch.go Validate)
+    assert not [e for e in trainer["env"] if e["name"].startswith("PET_")]
 
 
 def test_the_older_operator_gets_a_valid_pytorchjob():

@@ -6,9 +6,8 @@ operators, built by pure functions (settings in, a dict out; nothing is submitte
   for DDP and the torch strategies: torchrun in every node;
 - a PyTorchJob (training-operator, kubeflow.org/v1, `--api pytorchjob`) for clusters
   that still run the older operator.
-The shapes follow the operators' own releases (named where each fact is used); the tests
-validate every manifest against their published CRD schemas (tests/fixtures/k8s/). None
-of this has run on a live cluster here: no API server can run on the kit's machines."""
+The shapes follow the operators' releases (named where each fact is used); tests check
+them against their CRD schemas (tests/fixtures/k8s/). Never run on a live cluster here."""
 from __future__ import annotations
 
 import dataclasses
@@ -84,11 +83,12 @@ def choose_api(api: str, framework: str, strategy: str) -> str:
     return api
 
 
-def image_ref(device: str, framework: str, backend: str, registry: str, image: str) -> str:
+def image_ref(device: str, framework: str, backend: str, registry: str, image: str) -> tuple[str, str]:
     """The kit's image for the run, from the version matrix's tags (lab.host.images.tags)
-    under the user's registry; a cluster cannot see this machine's images."""
+    under the user's registry (a cluster cannot see this machine's images), and the local
+    tag it is pushed from."""
     if image:
-        return image
+        return image, image
     if not registry:
         raise BenchError("a cluster pulls the image from a registry: give --registry "
                          "REGISTRY/PATH (after `docker tag` and `docker push` of the built "
@@ -98,12 +98,7 @@ def image_ref(device: str, framework: str, backend: str, registry: str, image: s
     ops = "MPI" if (framework == "horovod" and backend == "mpi") else ""
     build = BuildSettings(flavor="gpu", gpu_ops=ops) if device == "cuda" else BuildSettings(flavor="cpu")
     tag = tags(build, kit_version())[-1]       # the one with the kit's version
-    return f"{registry.rstrip('/')}/{tag}"
-
-
-def local_image(ref: str, registry: str) -> str:
-    """The local tag an image reference under --registry was made from."""
-    return ref[len(registry.rstrip('/')) + 1:] if registry and ref.startswith(registry) else ref
+    return f"{registry.rstrip('/')}/{tag}", tag
 
 
 def env_list(env: dict[str, str]) -> list[dict]:
@@ -231,7 +226,8 @@ def torchrun(nodes: int, per: int, worker_args: list[str]) -> list[str]:
     PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT
     (Trainer v2.3.0 pkg/runtime/framework/plugins/torch/torch.go; training-operator
     v1.9.0 pkg/controller.v1/pytorch/envvar.go and master.go), which torchrun reads for
-    the flags not given. Node 0 holds rank 0 (a static rendezvous keeps the node rank)."""
+    the flags not given. Node 0 holds rank 0 (a static rendezvous keeps the node rank;
+    Trainer's node 0 is the master, PET_MASTER_ADDR <job>-node-0-0.<job>)."""
     return ["python", "-m", "torch.distributed.run", f"--nnodes={nodes}",
             f"--nproc-per-node={per}", "-m", "lab.worker.train", *worker_args]
 
@@ -349,7 +345,7 @@ def manifest_for_request(s, opts: K8sOptions) -> Manifest:
         problem = horovod_gpu_path_problem("MPI" if s.backend == "mpi" else "NCCL", s.backend)
         if problem:
             raise BenchError(problem)
-    image = image_ref(s.device, framework, s.backend, opts.registry, opts.image)
+    image, local = image_ref(s.device, framework, s.backend, opts.registry, opts.image)
     name = dns_name(f"lab-{run_id}")
     labels = {MANAGED_BY: "k8s", RUN_ID_LABEL: run_id[:63]}
     meta: dict = {"name": name, "labels": labels}
@@ -367,7 +363,7 @@ def manifest_for_request(s, opts: K8sOptions) -> Manifest:
         body = pytorchjob(meta, image, inside, per, gpus, args, env, opts.pvc, results_file)
     if not opts.image:
         notes.append(f"the cluster pulls {image}: push it there first with `docker tag "
-                     f"{local_image(image, opts.registry)} {image} && docker push {image}`")
+                     f"{local} {image} && docker push {image}`")
     if not opts.pvc:
         notes.append(f"no --pvc: the record stays in the pod; the job prints it in its log "
                      f"after {RECORD_PREFIX!r}")
