@@ -142,7 +142,7 @@ K8S_HELP.update({
 })
 
 
-@task(help=K8S_HELP)
+@task(help=K8S_HELP, auto_shortflags=False)
 def k8s(c, np=None, nodes=None, framework=None, backend=None, model=None, data=None, device=None,
         epochs=None, batch_size=None, compression=None, warmup_steps=None, max_steps=None,
         threads=None, results_dir=None, run_id=None, strategy=None, micro_batches=None,

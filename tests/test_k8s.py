@@ -380,3 +380,15 @@ def test_the_operators_hostfile_is_read_by_horovodrun_and_the_record_printer(tmp
     out = subprocess.run(["bash", "-c", f'echo "{first}"'], capture_output=True, text=True).stdout
     assert out.strip() == "openmpi-without-slots-worker-0.openmpi-without-slots.tenant-a.svc"
     subprocess.run(["bash", "-n", "-c", script], check=True)
+
+
+def test_every_flag_has_its_help_and_no_odd_short_flag(tmp_path):
+    """invoke would make `-` the short flag of a name holding a dash once the letters are
+    taken (`--=STRING` in the help): the task takes long flags only."""
+    cp = invoke("--help", cwd=tmp_path)
+    assert cp.returncode == 0, cp.stderr
+    flags = re.findall(r"^\s+(-\S*)=STRING", cp.stdout, re.M)
+    assert "--" not in flags and "--timeout-s" in flags and "--registry" in flags
+    import tasks
+    assert sorted(f[2:].replace("-", "_") for f in flags) == sorted(
+        a for a in tasks.k8s.body.__code__.co_varnames[1:tasks.k8s.body.__code__.co_argcount])
