@@ -78,8 +78,8 @@ def choose_api(api: str, framework: str, strategy: str) -> str:
                          f"{KINDS[api][1]} cannot do (it runs torchrun in each pod): "
                          f"use --api mpijob")
     if framework == "ddp" and api == "mpijob":
-        raise BenchError(f"--strategy {strategy} starts with torchrun, not mpirun, and this "
-                         f"torch has no MPI back end: use --api trainjob (or pytorchjob)")
+        raise BenchError(f"--strategy {strategy} starts with torchrun, not mpirun (the image's torch, "
+                         f"PyTorch's wheels, has no MPI back end): use --api trainjob (or pytorchjob)")
     return api
 
 
