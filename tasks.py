@@ -130,6 +130,56 @@ def sbatch(c, np=None, nodes=None, framework=None, backend=None, model=None, dat
         print(text, end="")
 
 
+K8S_HELP = {k: BENCH_HELP[k] for k in (
+    "np", "framework", "backend", "model", "data", "device", "epochs", "batch-size",
+    "compression", "warmup-steps", "max-steps", "threads", "results-dir", "run-id", "strategy",
+    "micro-batches", "schedule", "zero-stage")}
+K8S_HELP.update({
+    "nodes": "pods (one per node) the job asks for; --np spreads evenly over them",
+    "timeout-s": "the job's activeDeadlineSeconds (0: none)",
+    "api": "auto (MPIJob for Horovod, TrainJob for DDP and the torch strategies), mpijob, "
+           "trainjob or pytorchjob (training-operator v1 clusters)",
+    "registry": "REGISTRY/PATH the cluster pulls the kit's image from (docker tag + push it there)",
+    "image": "the whole image reference instead of --registry's",
+    "gpus-per-node": "nvidia.com/gpu per pod; default with --device cuda: the ranks per node",
+    "pvc": "a PersistentVolumeClaim for results and data (default: none; the record is printed "
+           "in the log)",
+    "namespace": "the namespace of the job (default: kubectl's)",
+})
+
+
+@task(help=K8S_HELP, auto_shortflags=False)
+def k8s(c, np=None, nodes=None, framework=None, backend=None, model=None, data=None, device=None,
+        epochs=None, batch_size=None, compression=None, warmup_steps=None, max_steps=None,
+        threads=None, results_dir=None, run_id=None, strategy=None, micro_batches=None,
+        schedule=None, zero_stage=None, timeout_s=None, api=None, registry=None, image=None,
+        gpus_per_node=None, pvc=None, namespace=None):
+    """Write a bench run as a Kubeflow MPIJob, TrainJob or PyTorchJob (nothing is submitted)."""
+    flags = {k: v for k, v in locals().items()
+             if k not in ("c", "api", "registry", "image", "gpus_per_node", "pvc", "namespace")}
+    from lab.host import k8s as kube
+    from lab.host.request import BenchError, settings_from_flags, whole
+
+    given = {k: v for k, v in dict(api=api, registry=registry, image=image, pvc=pvc,
+                                   namespace=namespace).items() if v is not None}
+    try:
+        settings, lists = settings_from_flags(flags, dict(c.config.get("bench", {})))
+        if any(len(v) > 1 for v in lists.values()):
+            raise BenchError("a Kubernetes job runs one combination: give one value per flag")
+        opts = kube.options({**dict(c.config.get("k8s", {})), **given})
+        if gpus_per_node is not None:
+            opts.gpus_per_node = whole("gpus_per_node", gpus_per_node)
+        manifest = kube.manifest_for_request(settings, opts)
+        path = kube.write(manifest, settings.results_dir)
+    except BenchError as e:
+        raise Exit(f"error: {e}", code=2)
+    import sys
+    for note in manifest.notes:
+        print(f"note: {note}", file=sys.stderr)
+    print(f"wrote {path} ({manifest.kind} {manifest.name})")
+    print(f"kubectl apply -f {path}")
+
+
 @task(help={"results-dir": "where the benchmark's records go"})
 def benchmark(c, results_dir="results"):
     """Measure MNIST and ResNet-50 throughput at np 1 and 2 beside the compute ceiling."""

@@ -80,6 +80,11 @@ COVERED = {   # command -> the test that runs it
     "invoke bench --local --np 1,2 --strategy deepspeed --zero-stage 3 --model resnet50 --data digits "
     "--batch-size 16 --epochs 1 --max-steps 20 --warmup-steps 3 --repeat 2 --run-id strategies-resnet50":
         "tests/test_strategy_deepspeed.py::test_stage3_partitions_the_parameters",
+    "invoke k8s --np 4 --nodes 2 --framework horovod --backend mpi --registry registry.example.org/me "
+    "--run-id hvd-2x2": "tests/test_k8s.py::test_the_readmes_examples_are_what_invoke_k8s_writes",
+    "invoke k8s --np 8 --nodes 2 --device cuda --strategy fsdp --backend nccl --registry "
+    "registry.example.org/me --pvc lab-results --timeout-s 1800 --run-id fsdp-2x4":
+        "tests/test_k8s.py::test_the_readmes_examples_are_what_invoke_k8s_writes",
     "invoke report results/strategies-resnet50":
         "tests/test_report.py::test_strategies_table_in_the_sources_shape",
 }
