@@ -21,7 +21,7 @@ from lab.host import ceiling
 from lab.host.failures import RankEnd, StreamWatches
 from lab.host.launch import HostsError
 from lab.host.request import BenchError, BenchSettings, base_config, check_request, check_settings, parse_np
-from lab.host.runners import JobResult, Runner, RunnerError, choose_runner
+from lab.host.runners import JobResult, Launch, Runner, RunnerError, choose_runner
 
 
 @dataclass
@@ -265,8 +265,9 @@ def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, ec
     inside = dataclasses.replace(cfg, results_dir=runner.results_in,
                                  data_dir=runner.data_in or cfg.data_dir)
     try:
-        commands = runner.commands(cfg.framework, s.backend, cfg.expected_np, inside.to_args(),
-                                   env=job_env(s))
+        commands = runner.commands(Launch(cfg.framework, s.backend, cfg.expected_np,
+                                          tuple(inside.to_args()), tuple(job_env(s).items()),
+                                          s.timeout_s, cfg.run_id, cfg.attempt))
     except (RunnerError, HostsError) as e:
         raise BenchError(str(e)) from None
     echo(f"== {cfg.framework} over {s.backend}, {np} process(es): "

@@ -68,7 +68,7 @@ def dead_nodes(found: dict) -> dict[str, str]:
 
 
 def cluster_commands(framework: str, backend: str, np: int, n: int,
-                     args: list[str]) -> dict[str, list[str]]:
+                     args: list[str], key: str = "") -> dict[str, list[str]]:
     """Node -> the command it runs: Horovod from node1 over all nodes (NCCL rides on the
     Gloo controller, as locally: launch.framework_for_backend), DDP on every node."""
     if framework == "horovod":
@@ -79,7 +79,6 @@ def cluster_commands(framework: str, backend: str, np: int, n: int,
         # A rendezvous of this launch's own (port and id from its run id and attempt, as
         # --hosts and Slurm do): a run left over on node1 never meets the next one.
         host_slots(np, n)       # spread evenly, or refused
-        key = launch.run_key(args)
         return {h: launch.ddp_command(np // n, args, nnodes=n, node_rank=i,
                                       rdzv_endpoint=f"node1:{launch.rendezvous_port(key)}",
                                       rdzv_id=key.replace("/", "-"), python="python")
@@ -143,9 +142,8 @@ class ClusterRunner(Runner):
         """The ranks write as the image's user over ssh: give it the run's folder."""
         hand_over(path, self.results_dir, everyone=True)
 
-    def commands(self, framework: str, backend: str, np: int, args: list[str],
-                 env=None) -> dict[str, list[str]]:
-        return cluster_commands(framework, backend, np, self.n, args)
+    def commands(self, job) -> dict[str, list[str]]:
+        return cluster_commands(job.framework, job.backend, job.np, self.n, list(job.worker_args), job.key)
 
     def run(self, commands, env, timeout_s, echo, name=""):
         return run_on(self.found, commands, self.env(env), timeout_s, echo)
@@ -186,6 +184,7 @@ class SlurmClusterRunner(ClusterRunner):
                                f"`invoke up --nodes {n} --scheduler slurm`")
         self.run_dir: str | None = None
         self._job = None
+        self._launch = None
         self._job_id: str | None = None
         self._nodes_of: tuple[str, list[str]] = ("", [])
         self.last_job: dict | None = None     # the job submitted last: its id and script
@@ -198,11 +197,20 @@ class SlurmClusterRunner(ClusterRunner):
         super().prepare(path)
         self.run_dir = path
 
-    def commands(self, framework, backend, np, args, env=None):
-        job = slurm.SlurmJob(framework, backend, np, self.n, list(args), partition=self.partition)
-        slurm.job_script(job)           # refuses what Slurm cannot run, before anything starts
-        self._job = job
-        return {"node1": ["sbatch", "--parsable", "job.sbatch"]}
+    def commands(self, job):
+        """node1 -> the sbatch of this launch's script (<run>/slurm/<attempt>/job.sbatch,
+        written by run() just before it runs this very command)."""
+        import dataclasses
+        self._launch = job
+        inside = self._paths(job.attempt or "job")[1]
+        self._job = slurm.SlurmJob(
+            job.framework, job.backend, job.np, self.n, list(job.worker_args), partition=self.partition,
+            job_name=f"lab-{job.attempt or 'job'}"[:64], time_limit_s=job.timeout_s,
+            output=f"{inside}/slurm-%j.out", env=self.env(job.environment),
+            comment=f"dl-lab-kit: {job.framework} over {job.backend}, {job.np} rank(s) on {self.n} "
+                    f"node(s).\nSubmit with: sbatch job.sbatch")
+        slurm.job_script(dataclasses.replace(self._job))   # refuses what Slurm cannot run, first
+        return {"node1": ["sbatch", "--parsable", f"{inside}/job.sbatch"]}
 
     def _paths(self, attempt: str) -> tuple[str, str]:
         """The attempt's Slurm folder: (on this host, as the nodes see it)."""
@@ -211,24 +219,18 @@ class SlurmClusterRunner(ClusterRunner):
         return os.path.join(self.results_dir, rel), f"{self.results_in}/{rel}"
 
     def run(self, commands, env, timeout_s, echo, name=""):
-        import dataclasses
+        """Write the script commands() named, then run that command on node1."""
         import os
 
         self.last_job = None
-        args = self._job.worker_args
-        attempt = args[args.index("--attempt") + 1] if "--attempt" in args else "job"
-        here, inside = self._paths(attempt)
+        here, inside = self._paths(self._launch.attempt or "job")
         os.makedirs(here, exist_ok=True)
-        job = dataclasses.replace(
-            self._job, job_name=f"lab-{attempt}"[:64], time_limit_s=timeout_s,
-            output=f"{inside}/slurm-%j.out", env=self.env(env),
-            comment=f"dl-lab-kit: {self._job.framework} over {self._job.backend}, {self._job.np} "
-                    f"rank(s) on {self.n} node(s).\nSubmit with: sbatch job.sbatch")
         with open(os.path.join(here, "job.sbatch"), "w") as f:
-            f.write(slurm.job_script(job))
+            f.write(slurm.job_script(self._job))
         hand_over(os.path.dirname(here), self.results_dir, everyone=True)
         script = os.path.relpath(os.path.join(here, "job.sbatch"), self.run_dir)
-        rc, out = self._on_node1(["sbatch", "--parsable", f"{inside}/job.sbatch"], timeout=60)
+        self.started = {"node1": list(commands["node1"])}
+        rc, out = self._on_node1(commands["node1"], timeout=60)
         if rc != 0:
             why = f"sbatch refused the job: {_last(out)}"
             return JobResult(1, [why], why, {"name": "slurm", "job_id": None, "script": script})

@@ -168,8 +168,9 @@ class ImageRunner(Runner):
     def prepare(self, run_dir: str) -> None:
         hand_over(run_dir, self.results_dir)
 
-    def commands(self, framework, backend, np, worker_args, env=None):
-        return {self.tag: launch.command(framework, backend, np, worker_args, python="python")}
+    def commands(self, job):
+        return {self.tag: launch.command(job.framework, job.backend, job.np, list(job.worker_args),
+                                         python="python")}
 
     def run(self, commands, env, timeout_s, echo, name=""):
         """One container for the job: (exit code or None at the time limit, last lines,

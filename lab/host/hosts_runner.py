@@ -195,34 +195,35 @@ class HostsRunner(Runner):
     def prepare(self, run_dir: str) -> None:
         """Ranks on other hosts run as the same user: nothing to hand over."""
 
-    def commands(self, framework, backend, np, worker_args, env=None):
+    def commands(self, job):
         """What run() starts, host -> argv: horovodrun on the first host, or one ssh per
         host carrying the job's environment into torch.distributed.run."""
-        check_slots(self.hosts, [np])
+        check_slots(self.hosts, [job.np])
         check_hosts(self.hosts)
-
-        def arg(name):
-            return worker_args[worker_args.index(name) + 1] if name in worker_args else ""
-        run, attempt = arg("--run-id"), arg("--attempt")
-        self._port = rendezvous_port(f"{run}/{attempt}")
+        self._port = rendezvous_port(job.key)
         # matches this run's ranks and launchers (to_args puts --run-id before --attempt),
         # never pkill's own command line
-        self._pattern = f"lab[.]worker[.]train.*{run}.*{attempt}"
-        if framework == "horovod":
+        self._pattern = f"lab[.]worker[.]train.*{job.run_id}.*{job.attempt}"
+        args = list(job.worker_args)
+        if job.framework == "horovod":
             return {self.hosts[0].name: launch.horovod_command(
-                np, self.hosts, launch.framework_for_backend(framework, backend), worker_args,
+                job.np, self.hosts, launch.framework_for_backend(job.framework, job.backend), args,
                 python=self.python, horovodrun=kit.horovodrun(self.python))}
-        if framework == "ddp":
-            return ddp_commands(self.hosts, worker_args, self.python, self._env(env or {}), self._port)
+        if job.framework == "ddp":
+            return ddp_commands(self.hosts, args, self.python, self._env(job.environment), self._port)
         raise HostsError("--hosts needs a distributed framework: --framework horovod or ddp")
 
     def run(self, commands, env, timeout_s, echo, name=""):
         """The commands as given (commands() built them), in the one job loop."""
         env = dict(os.environ, **self._env(env))
         self._job = jobs.Job(list(commands), echo)
-        o = self._job.run(lambda host, out: jobs.ProcessPart(
-            host, proc.start(commands[host], env=env, echo=out, keep_output=False)),
-            timeout_s, self.stop)
+        self.started = {}
+
+        def start(host, out):
+            part = jobs.ProcessPart(host, proc.start(commands[host], env=env, echo=out, keep_output=False))
+            self.started[host] = list(part.process.argv)
+            return part
+        o = self._job.run(start, timeout_s, self.stop)
         self._job = None
         return JobResult(o.returncode, o.tail, o.why)
 

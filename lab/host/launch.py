@@ -18,13 +18,6 @@ def rendezvous_port(key: str) -> int:
     return 29500 + zlib.crc32(key.encode()) % 500
 
 
-def run_key(worker_args: list[str]) -> str:
-    """"<run id>/<attempt>" from the worker's arguments: names one launch."""
-    def arg(name):
-        return worker_args[worker_args.index(name) + 1] if name in worker_args else ""
-    return f"{arg('--run-id')}/{arg('--attempt')}"
-
-
 def ranks_per_node(np: int, nodes: int) -> int:
     """The even-spread rule, the one place it is written: np ranks over `nodes` nodes,
     the same number on each (the compose cluster, Slurm's --ntasks-per-node)."""

@@ -21,6 +21,30 @@ class RunnerError(Exception):
     """No engine, no image, no cluster, or a job that could not start: one sentence."""
 
 
+@dataclass(frozen=True)
+class Launch:
+    """One launch of a job, built once by bench from the run's configuration: what every
+    runner's commands() turns into one command per host (and, where a runner must carry
+    them inside the command, its environment and time limit)."""
+    framework: str
+    backend: str
+    np: int
+    worker_args: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+    timeout_s: float = 0
+    run_id: str = ""
+    attempt: str = ""
+
+    @property
+    def key(self) -> str:
+        """"<run id>/<attempt>": names this launch (rendezvous, process patterns)."""
+        return f"{self.run_id}/{self.attempt}"
+
+    @property
+    def environment(self) -> dict[str, str]:
+        return dict(self.env)
+
+
 @dataclass
 class JobResult:
     returncode: int | None      # None: stopped at its time limit
@@ -36,6 +60,7 @@ class Runner:
     python = "python"
     tag = ""
     nodes = 1
+    started: dict[str, list[str]] | None = None   # what run() last started, host -> argv
 
     def __init__(self, results_dir: str, data_dir: str | None):
         self.results_dir, self.data_dir = results_dir, data_dir
@@ -47,11 +72,8 @@ class Runner:
     def prepare(self, run_dir: str) -> None:
         """Make the run's folder writable for the ranks."""
 
-    def commands(self, framework: str, backend: str, np: int, worker_args: list[str],
-                 env: dict | None = None) -> dict[str, list[str]]:
-        """Host -> the command that starts its part of the job: exactly what run() starts
-        (a runner that must carry the job's environment in the command, over ssh, is
-        given it here too)."""
+    def commands(self, job: Launch) -> dict[str, list[str]]:
+        """Host -> the command that starts its part of the job: exactly what run() starts."""
         raise NotImplementedError
 
     def run(self, commands: dict[str, list[str]], env: dict, timeout_s: float, echo,
@@ -116,14 +138,15 @@ class LocalRunner(Runner):
     def describe(self) -> str:
         return "running as local processes"
 
-    def commands(self, framework, backend, np, worker_args, env=None):
-        return {"localhost": launch.command(framework, backend, np, worker_args,
+    def commands(self, job: Launch):
+        return {"localhost": launch.command(job.framework, job.backend, job.np, list(job.worker_args),
                                             python=self.python,
                                             horovodrun=kit.horovodrun(self.python))}
 
     def run(self, commands, env, timeout_s, echo, name=""):
         (cmd,) = commands.values()
         self._running = proc.start(cmd, env=dict(os.environ, **env), echo=echo, keep_output=False)
+        self.started = {next(iter(commands)): list(self._running.argv)}
         try:
             res = self._running.wait(timeout_s)
         finally:
