@@ -309,3 +309,22 @@ def test_a_rank_killed_from_outside_is_named_with_its_signal(tmp_path, framework
     assert failed["error"]["signal"] == 9
     assert "rank 1" in failed["error"]["reason"] and "signal 9 (SIGKILL)" in failed["error"]["reason"]
     assert "Traceback (most recent call last)" not in out
+
+
+def test_more_ranks_than_cores_is_said_before_the_run_and_recorded(tmp_path):
+    """`invoke bench --local --np N` with N x threads over this machine's cores: one line
+    before the run, and the record carries world.cores and world.oversubscribed."""
+    from lab.worker.capabilities import cores
+    n = cores() + 1
+    cp = subprocess.run([sys.executable, "-m", "invoke", "bench", "--local", "--np", f"1,{n}", "--framework",
+                         "ddp", "--max-steps", "8", "--warmup-steps", "2", "--results-dir", str(tmp_path)],
+                        capture_output=True, text=True, timeout=600)
+    assert cp.returncode == 0, cp.stdout[-2000:] + cp.stderr[-2000:]
+    lines = [line for line in cp.stdout.splitlines() if line.startswith("oversubscribed:")]
+    assert lines == [f"oversubscribed: {n} rank(s) x 1 thread(s) on this machine share {cores()} core(s); "
+                     f"their time per step measures the scheduler as much as the training, and the "
+                     f"report will not read this row as scaling (lower --np or --threads, or add nodes)"]
+    assert cp.stdout.index("oversubscribed:") < cp.stdout.index(f"{n} process(es)")   # before it runs
+    recs = {r["world"]["np"]: r for r in results.read_records(next(tmp_path.glob("*/results.jsonl")))[0]}
+    assert recs[n]["world"]["oversubscribed"] is True and recs[n]["world"]["cores"] == cores()
+    assert recs[1]["world"]["oversubscribed"] is False

@@ -38,6 +38,11 @@ SCHEMA = {
                     "records: the hosts asked for); on every record"),
     "world.hosts": ("list[str]", "host name of each rank, by rank"),
     "world.devices_per_node": ("int", "ranks (devices) per host"),
+    "world.cores": ("int, optional", "added by bench: the cores of the machine where the ranks ran "
+                    "most crowded (their affinity; the compose cluster's nodes share this machine's)"),
+    "world.oversubscribed": ("bool, optional", "added by bench: the ranks times --threads exceeded "
+                             "those cores, so the run's times measure the scheduler too; the report "
+                             "never reads such a row as scaling"),
     "world.scheduler": ("object, optional", "a job run by a scheduler: name (slurm), job_id, nodelist "
                         "(from the ranks' SLURM_* variables), and, added by bench once the job "
                         "ended, state (Slurm's final JobState) and exit_code (exit:signal)"),

@@ -235,12 +235,39 @@ def run(s: BenchSettings, echo=print, stack: dict | None = None,
             progress.start((f"{s.strategy}, " if s.strategy != "ddp" else "")
                            + f"{framework} over {s.backend}, {s.compression}, np {np}"
                            + (f", repeat {rep + 1} of {s.repeat}" if s.repeat > 1 else ""))
-            failed += run_one(s, cfg, np, runner, rfile, echo)
+            load, line = oversubscription(runner.machines(cfg.expected_np, stack), s.threads)
+            if line:
+                echo(line)
+            failed += run_one(s, cfg, np, runner, rfile, echo, load)
     finally:
         if shaped:
             cluster.unshape(runner.found)
     records = [r for r in results.read_records(rfile)[0] if r.get("run_id") == run_id]
     return Outcome(str(rdir), records, failed, notes)
+
+
+def oversubscription(machines: list[tuple[str, int, int]], threads: int) -> tuple[dict, str | None]:
+    """The record's world.cores and world.oversubscribed for ranks placed on machines
+    (name, ranks, cores), and the one line to print when the ranks' threads exceed a
+    machine's cores: its "efficiency" would measure the scheduler, not the scaling."""
+    worst = max(machines, key=lambda m: m[1] * threads / max(m[2], 1))
+    name, ranks, cores = worst
+    over = ranks * threads > cores
+    line = None
+    if over:
+        where = f" on {name}" if name else ""
+        line = (f"oversubscribed: {ranks} rank(s) x {threads} thread(s){where} share {cores} core(s); "
+                f"their time per step measures the scheduler as much as the training, and the "
+                f"report will not read this row as scaling (lower --np or --threads, or add nodes)")
+    return {"cores": cores, "oversubscribed": over}, line
+
+
+def add_world(rfile, before: int, fields: dict) -> None:
+    """Facts only bench knows (where the ranks ran), onto the records this launch wrote."""
+    def update(rec):
+        rec.setdefault("world", {}).update(fields)
+        return rec
+    results.update_records(rfile, before, update)
 
 
 def check_steps(s: BenchSettings, framework: str, nps: list[int]) -> None:
@@ -257,7 +284,8 @@ def check_steps(s: BenchSettings, framework: str, nps: list[int]) -> None:
         raise BenchError(str(e)) from None
 
 
-def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, echo) -> int:
+def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, echo,
+            load: dict | None = None) -> int:
     """One launch of `np` ranks; 0 when it wrote its record, 1 when it failed (recorded)."""
     ceiling_before = ceiling.measure(s, np, runner) if s.ceiling else None
     # The launch time goes to the ranks, which measure their start-up against it.
@@ -290,10 +318,14 @@ def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, ec
         if getattr(runner, "last_job", None):       # a Slurm job: which one was cancelled
             error["slurm"] = {**runner.last_job, "state": "CANCELLED (scancel by bench)"}
         _record_failure(rfile, cfg, np, s.nodes, started, error)
+        if load:
+            add_world(rfile, before, load)
         raise
     except RunnerError as e:
         res = JobResult(1, [str(e)], str(e))
     wrote = len(results.read_records(rfile)[0]) > before
+    if wrote and load:
+        add_world(rfile, before, load)
     if wrote and res.scheduler and res.scheduler.get("job_id"):
         add_scheduler_state(rfile, before, res.scheduler)
     if res.returncode == 0 and wrote:
@@ -308,6 +340,8 @@ def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, ec
     if res.scheduler:
         error["slurm"] = {k: v for k, v in res.scheduler.items() if k != "name"}
     _record_failure(rfile, cfg, np, s.nodes, started, error)
+    if load:
+        add_world(rfile, before, load)
     return 1
 
 

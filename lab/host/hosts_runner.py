@@ -138,6 +138,7 @@ class HostsRunner(Runner):
         self.hosts, self.python, self.echo = hosts, python, echo
         self.nodes = len(hosts)
         self._job: jobs.Job | None = None
+        self.cores: dict[str, int | None] = {}
         self._pattern = ""
         self._framework, self._worker_args = "", []
         self._port = 29500
@@ -156,6 +157,10 @@ class HostsRunner(Runner):
     def output_on(self, host: str, argv: list[str], timeout_s: float = 120) -> tuple[int | None, str]:
         res = proc.run(remote(host, argv, self._env({})), timeout=timeout_s)
         return (None if res.timed_out else res.returncode), res.stdout
+
+    def machines(self, np: int, stack: dict) -> list[tuple[str, int, int]]:
+        """Each server, its slots, and the cores it reported (lab.worker.capabilities)."""
+        return [(h.name, h.slots, int(self.cores.get(h.name) or 1)) for h in self.hosts]
 
     def placement(self, np: int) -> dict[str, int]:
         check_slots(self.hosts, [np])     # --np fills the slots exactly
@@ -190,6 +195,7 @@ class HostsRunner(Runner):
         if wrong:
             raise RunnerError(f"{wrong[0]}: install the same versions on every host"
                               + (f" ({len(wrong) - 1} more difference(s))" if len(wrong) > 1 else ""))
+        self.cores = {h: st.get("cores") for h, st in stacks.items()}
         return stacks[self.hosts[0].name]
 
     def prepare(self, run_dir: str) -> None:

@@ -84,6 +84,12 @@ class Runner:
         """Where `np` ranks run: host -> how many ("" is this machine, or the image on it)."""
         return {"": np}
 
+    def machines(self, np: int, stack: dict) -> list[tuple[str, int, int]]:
+        """(machine, ranks on it, its cores) for `np` ranks: what oversubscription is judged
+        by. One machine here; the compose cluster's nodes share this one's cores."""
+        return [("this machine" if self.kind in ("local", "image", "cluster") else "", np,
+                 int(stack.get("cores") or 1))]
+
     def output_on(self, host: str, argv: list[str], timeout_s: float = 300) -> tuple[int | None, str]:
         """`output` on one host of placement() (runners of one place have only "")."""
         return self.output(argv, timeout_s)
