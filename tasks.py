@@ -57,14 +57,16 @@ def bench(c, np=None, framework=None, backend=None, model=None, data=None, data_
     """Run distributed training (one run, or a sweep over lists), record it and print the table."""
     flags = {k: v for k, v in locals().items() if k not in ("c", "resume")}
     from lab.host.bench import Terminated, terminate_as_interrupt
+    from lab.host.progress import Display
     from lab.host.request import BenchError, settings_from_flags
     from lab.host.sweep import run_request
     from lab.report.bench_output import render
 
+    display = Display()
     try:
         settings, lists = settings_from_flags(flags, dict(c.config.get("bench", {})))
         with terminate_as_interrupt():
-            outcome = run_request(settings, lists, resume=resume)
+            outcome = run_request(settings, lists, resume=resume, echo=display.line)
     except BenchError as e:
         raise Exit(f"error: {e}", code=2)
     except Terminated:
@@ -72,6 +74,8 @@ def bench(c, np=None, framework=None, backend=None, model=None, data=None, data_
                    code=143)
     except KeyboardInterrupt:
         raise Exit("interrupted: the runs that finished are kept in the results directory", code=130)
+    finally:
+        display.close()
     print(render(outcome.records, outcome.run_dir))
     if outcome.failed:
         raise Exit(f"{outcome.failed} run(s) failed; the failures are recorded in "

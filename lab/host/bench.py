@@ -15,7 +15,7 @@ import signal
 import time
 from dataclasses import dataclass
 
-from lab.common import results
+from lab.common import progress, results
 from lab.common.config import RunConfig
 from lab.host import ceiling
 from lab.host.failures import RankEnd, StreamWatches
@@ -421,6 +421,7 @@ def first_failure(failure_dir: str) -> dict | None:
 
 
 def _failure_reason_from_tail(tail: list[str]) -> str:
+    tail = [line for line in tail if progress.parse(line) is None]
     for line in reversed(tail):
         if "failed:" in line or "Error" in line:
             return line.strip()[:300]

@@ -35,6 +35,8 @@ import signal as _signal
 import threading
 from dataclasses import dataclass
 
+from lab.common import progress
+
 _NODE_PREFIX = re.compile(r"^\[[\w.-]+\] ")          # the cluster runner's "[node2] "
 _MPIRUN_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
 _HOROVOD_EXIT = re.compile(r"^Process (\d+) exit with status code (-?\d+)\.$")
@@ -234,7 +236,8 @@ class StreamWatches:
         self.tail: collections.deque[str] = collections.deque(maxlen=tail)
 
     def _out(self, text: str) -> None:          # called with the lock held
-        self.tail.append(text)
+        if progress.parse(text) is None:        # a failure's log tail has no progress lines
+            self.tail.append(text)
         self.echo(text)
 
     def _note(self, watch: LauncherWatch) -> None:

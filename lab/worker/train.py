@@ -19,7 +19,7 @@ import traceback
 # the launch time bench passes in --launched-at; the ranks of one job share a clock).
 PROCESS_T0 = time.time()
 
-from lab.common import results  # noqa: E402
+from lab.common import progress, results  # noqa: E402
 from lab.common.config import ConfigError, parse_args  # noqa: E402
 
 # Wall-clock marks of this rank's start-up (lab.worker.train.startup_phases).
@@ -109,6 +109,8 @@ def train(cfg, d, log=print) -> dict | None:
     step_times: list[float] = []
     epochs = []
     global_step = 0
+    total_steps = steps * cfg.epochs
+    said_at, said_step = time.perf_counter(), 0     # the last progress line (rank 0)
     b = cfg.batch_size
     for epoch in range(cfg.epochs):
         idx = data.shard_indices(len(train_split), strategy.data_rank, strategy.data_world,
@@ -137,6 +139,11 @@ def train(cfg, d, log=print) -> dict | None:
             if global_step >= cfg.warmup_steps:
                 step_times.append(time.perf_counter() - t0)
             global_step += 1
+            now = time.perf_counter()
+            if d.rank == 0 and now - said_at >= progress.EVERY_S:
+                rate = strategy.images_per_step() * (global_step - said_step) / (now - said_at)
+                log(progress.line(global_step, total_steps, rate), flush=True)
+                said_at, said_step = now, global_step
         epoch_time = time.perf_counter() - epoch_start
 
         correct, total = strategy.evaluate(test_split, cfg.test_batch_size)
