@@ -47,7 +47,7 @@ BENCH_HELP = {
 }
 
 
-@task(help=BENCH_HELP)
+@task(help=BENCH_HELP, auto_shortflags=False)   # 27 flags: the automatic short ones ran out (micro-batches got "-")
 def bench(c, np=None, framework=None, backend=None, model=None, data=None, data_dir=None,
           device=None, epochs=None, batch_size=None, compression=None, warmup_steps=None,
           max_steps=None, threads=None, results_dir=None, run_id=None, timeout_s=None,

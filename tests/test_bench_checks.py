@@ -169,3 +169,12 @@ def test_gpus_are_counted_per_node_on_the_cluster():
     for framework, backend in (("ddp", "nccl"), ("horovod", "nccl")):
         s = BenchSettings(np=[2], nodes=2, device="cuda", framework=framework, backend=backend)
         assert check_request(s, stack)[0] == framework
+
+
+def test_every_bench_flag_is_shown_under_its_own_name():
+    """invoke gives each flag a one-letter form while letters last; with 27 flags
+    --micro-batches was shown as `--=STRING`: bench has long flags only."""
+    cp = subprocess.run([sys.executable, "-m", "invoke", "bench", "--help"], capture_output=True, text=True,
+                        timeout=120)
+    assert cp.returncode == 0 and "--micro-batches=STRING" in cp.stdout
+    assert "--=" not in cp.stdout
