@@ -11,15 +11,27 @@ REPO = Path(__file__).resolve().parent.parent
 
 # The modules whose tests share the Docker engine: the lab images, the compose cluster
 # (one per module, brought up and down), containers counted by label. Under pytest-xdist
-# (`-n 2 --dist loadgroup`, the README's test command) they run in one group, one after
-# another on one worker, while the other worker takes the rest (local processes only).
+# (`-n 2`, the README's test command) they run one after another on one worker while the
+# other worker takes the rest (local processes only). The grouping is xdist's own
+# scheduler for scopes (LoadScopeScheduling) with the scope decided here: xdist 3.8's
+# `--dist loadgroup` marks a group by rewriting item._nodeid, which pytest 9.2 no longer
+# reads (its nodeid comes from item._id), so its groups are silently ignored.
 DOCKER_MODULES = {"test_image", "test_cluster", "test_setup"}
 
 
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if item.module.__name__.rpartition(".")[2] in DOCKER_MODULES:
-            item.add_marker(pytest.mark.xdist_group("docker"))
+def scope_of(nodeid: str) -> str:
+    """"docker" for a test of those modules, else the test itself (a scope of one)."""
+    module = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+    return "docker" if module[:-3] in DOCKER_MODULES else nodeid
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class DockerTestsTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            return scope_of(nodeid)
+    return DockerTestsTogether(config, log)
 
 
 def _horovod_state():
