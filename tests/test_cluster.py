@@ -590,7 +590,8 @@ def test_each_ddp_launch_on_the_cluster_has_its_own_rendezvous():
     from lab.host.cluster_runner import cluster_commands
 
     def rendezvous(run, attempt):
-        cmds = cluster_commands("ddp", "gloo", 4, 2, ["--run-id", run, "--attempt", attempt])
+        cmds = cluster_commands("ddp", "gloo", 4, 2, ["--run-id", run, "--attempt", attempt],
+                                f"{run}/{attempt}")
         found = [{a.split("=")[0]: a.split("=", 1)[1] for a in c if a.startswith("--rdzv-")}
                  for c in cmds.values()]
         assert found[0] == found[1]                   # every node meets at the same place

@@ -74,7 +74,8 @@ def test_horovod_over_mpi_two_processes(stack, tmp_path, mnist_like):
 def test_serial_baseline_and_sweep_speedup(stack, tmp_path, mnist_like):
     outcome, _ = run(stack, tmp_path, mnist_like, framework="ddp", np=[1, 2], epochs=1)
     assert [r["world"]["np"] for r in outcome.records] == [1, 2]
-    rows = bench.summary.rows(outcome.records)
+    from lab.report import summary
+    rows = summary.rows(outcome.records)
     assert rows[0]["speedup"] == pytest.approx(1.0)
     expected = (outcome.records[1]["figures"]["throughput_img_s"]
                 / outcome.records[0]["figures"]["throughput_img_s"])

@@ -64,7 +64,7 @@ class RunConfig:
     epochs: int = 1
     batch_size: int = 64          # per rank
     test_batch_size: int = 1000   # per rank
-    lr: float = 0.0               # 0: the model's (lab.models); SGD's is scaled by the world size
+    lr: float = 0.01              # before scaling by the world size (SGD; the model's spec picks it)
     momentum: float = 0.5
     compression: str = "none"
     seed: int = 42

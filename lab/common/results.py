@@ -26,7 +26,7 @@ SCHEMA = {
     "started_at": ("str", "UTC start time, ISO 8601"),
     "finished_at": ("str", "UTC end time, ISO 8601"),
     "config": ("object", "the run's configuration: model, framework, backend, device, data, "
-               "epochs, batch_size (per rank), test_batch_size, lr (0: the model's; before scaling), momentum, "
+               "epochs, batch_size (per rank), test_batch_size, lr (before scaling), momentum, "
                "compression, seed, warmup_steps, max_steps, synthetic_size, threads, link (the "
                "simulated cluster's link shaping, RATE[/DELAY], empty when none), repeat (which "
                "repeat of its combination, from 0: bench --repeat), strategy (how the work is spread: "

@@ -14,7 +14,7 @@ import dataclasses
 import shlex
 from dataclasses import dataclass
 
-from lab.host.docker_api import LABEL_PREFIX, MANAGED_BY
+from lab.common.docker_api import LABEL_PREFIX, MANAGED_BY
 from lab.host.request import RUN_ID, BenchError, base_config, resolve_framework
 
 APIS = ("auto", "mpijob", "trainjob", "pytorchjob")

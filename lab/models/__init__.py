@@ -27,8 +27,7 @@ class ModelSpec:
     synthetic_samples: int = 0         # training samples of synthetic data (0: 8 batches)
     needs: tuple[str, ...] = ()        # packages beyond torch (import names), checked first
     ceiling_steps: tuple[int, int] = (200, 10)   # (steps, warm-up) the ceiling times
-    optimizer: str = "sgd"             # sgd (with --momentum) or adam
-    lr: float = 0.01                   # its learning rate (SGD: before scaling by the world)
+    optimizer: str = "sgd"             # sgd (RunConfig's lr and momentum) or adam (its lr)
     refuses: dict = field(default_factory=dict)  # strategy -> why it cannot run this model
 
     @property

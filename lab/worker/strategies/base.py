@@ -36,12 +36,12 @@ class Strategy:
         return self.d.rank if self.data_world > 1 else 0
 
     def lr(self) -> float:
-        """--lr, or the model's (its spec), scaled for SGD by the data-parallel width (the
-        linear scaling rule: Goyal et al. 2017, "Accurate, Large Minibatch SGD"). Adam's
-        step does not grow with the gradient's size, so its rate is not scaled."""
-        spec = models.get(self.cfg.model)
-        base = self.cfg.lr or spec.lr
-        return base * self.data_world if spec.optimizer == "sgd" else base
+        """The learning rate, scaled for SGD by the data-parallel width (the linear scaling
+        rule: Goyal et al. 2017, "Accurate, Large Minibatch SGD"). Adam's step does not
+        grow with the gradient's size, so its rate is not scaled."""
+        if models.get(self.cfg.model).optimizer == "sgd":
+            return self.cfg.lr * self.data_world
+        return self.cfg.lr
 
     def optimizer_class(self) -> tuple[type, dict]:
         """The model's optimizer (its spec: SGD with --momentum, or Adam) and its arguments,
