@@ -20,7 +20,7 @@ from lab.common.config import RunConfig
 from lab.host import ceiling
 from lab.host.failures import RankEnd, StreamWatches
 from lab.host.launch import HostsError
-from lab.host.request import BenchError, BenchSettings, base_config, check_request, check_settings, parse_np
+from lab.host.request import BenchError, BenchSettings, base_config, check_request, check_settings
 from lab.host.runners import JobResult, Launch, Runner, RunnerError, choose_runner
 
 
@@ -162,8 +162,7 @@ def run(s: BenchSettings, echo=print, stack: dict | None = None,
     """Check the request, then run one job per process count into one results directory,
     --repeat times, interleaved (every process count once, then again). `repeats`: which
     repeat indices to run (a sweep runs one at a time); default all of them."""
-    nps = parse_np(s.np)
-    s = dataclasses.replace(s, np=nps)
+    nps = list(s.np)          # parsed once, by request.settings_from_flags
     check_settings(s)
     check_link(s)
     if runner is None:

@@ -19,7 +19,6 @@ from lab.host.request import (
     check_settings,
     framework_of,
     is_sweep,
-    parse_np,
 )
 from lab.host.runners import LocalRunner
 
@@ -107,7 +106,7 @@ def run_sweep(base: BenchSettings, lists: dict, resume: bool = False, echo=print
 
     todo = []
     for rep, (i, s) in stats.interleaved(list(enumerate(sweep_plan(base, lists))), base.repeat):
-        nps = [n for n in parse_np(s.np) if done_key(s.framework, s.backend, s.compression,
+        nps = [n for n in s.np if done_key(s.framework, s.backend, s.compression,
                                                      s.nodes, n, s.link, rep, s.strategy) not in have]
         if nps:
             todo.append((rep, i, dataclasses.replace(s, np=nps)))
