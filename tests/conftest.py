@@ -25,6 +25,7 @@ def scope_of(nodeid: str) -> str:
     return "docker" if module[:-3] in DOCKER_MODULES else nodeid
 
 
+@pytest.hookimpl(optionalhook=True)     # a hook of xdist's: unknown when xdist is not loaded
 def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
