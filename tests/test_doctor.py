@@ -201,3 +201,110 @@ def test_table_and_summary_render_every_check():
     assert "0.06 GiB" in text and "mpirun not found" in text
     assert report.summary(checks, 1.25) == ("doctor: 2 checks in 1.2 s: 0 PASS, 1 WARN, 1 FAIL, "
                                              "0 SKIP; problems found")
+
+
+# A GPU host faked from captured output (tests/fixtures/README.md names each source):
+# NVML made unimportable so the gpus probe reads `nvidia-smi`, a stand-in that prints
+# the capture; torch in the stack made to see the same GPUs. No engine: the stack is
+# checked as local processes; its multi-process probes have their own tests, so the
+# stack here is the torch probe (what the GPU findings read).
+def _fake_gpu_host(monkeypatch, tmp_path, capture, gpus_seen, docker=False):
+    import torch
+
+    from lab.host import docker_api
+    bin_ = tmp_path / "bin"
+    bin_.mkdir(exist_ok=True)
+    _fake(bin_ / "nvidia-smi", f"cat '{FIX / capture}'")
+    monkeypatch.setenv("PATH", f"{bin_}:{os.environ['PATH']}")
+    monkeypatch.setitem(sys.modules, "pynvml", None)          # import pynvml -> ImportError
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus_seen)
+    monkeypatch.setattr(stack, "collect", lambda np: [stack.probe_torch()])
+    if not docker:
+        def no_engine(*a, **k):
+            raise docker_api.DockerUnavailable("no Docker engine (the test's host has none)")
+        monkeypatch.setattr(docker_api, "client", no_engine)
+
+
+def _doctor_json(capsys, **flags):
+    """`invoke doctor --json` with these flags: (exit code, checks by (where, name))."""
+    from invoke import Context
+    from invoke.exceptions import Exit
+
+    import tasks
+    code = 0
+    try:
+        tasks.doctor(Context(), json=True, **flags)
+    except Exit as e:
+        code = e.code
+    doc = json.loads(capsys.readouterr().out)
+    return code, {(c["where"], c["name"]): c for c in doc["checks"]}
+
+
+def test_doctor_on_a_one_gpu_host_exits_0_with_its_default_flags(monkeypatch, tmp_path, capsys):
+    _fake_gpu_host(monkeypatch, tmp_path, "nvidia-smi-1x-l4.txt", gpus_seen=1)
+    code, checks = _doctor_json(capsys)
+    assert checks[("host", "gpus")]["value"]["count"] == 1
+    one = checks[("both", "finding: one GPU per rank with NCCL")]
+    assert one["status"] == PASS and "--np 1 or fewer" in one["fix"]
+    assert code == 0, [c for c in checks.values() if c["status"] == FAIL]
+
+
+def test_doctor_on_an_eight_gpu_host(monkeypatch, tmp_path, capsys):
+    _fake_gpu_host(monkeypatch, tmp_path, "nvidia-smi-8x-h100.txt", gpus_seen=8)
+    code, checks = _doctor_json(capsys, np=8)
+    assert checks[("host", "gpus")]["value"]["count"] == 8
+    assert checks[("both", "finding: one GPU per rank with NCCL")]["status"] == PASS
+    assert checks[("both", "finding: the ranks see every GPU of the host")]["status"] == PASS
+    assert code == 0
+
+
+class _Img:
+    """An image as the Docker SDK returns it: tags, id, labels (lab.host.images writes
+    them: the CUDA 13.0 entry's architectures, docker/versions.env)."""
+    def __init__(self, tag):
+        from lab.common import versions
+        from lab.host.images import LABEL_PREFIX
+        m = versions.read()
+        self.tags, self.id, self.short_id = [tag], "sha256:" + tag, tag[-8:]
+        self.labels = {LABEL_PREFIX + "cuda_archs": m["CUDA_13_0_ARCHS"],
+                       LABEL_PREFIX + "cuda_ptx": m["CUDA_13_0_PTX"]}
+
+
+def _engine_with(monkeypatch, tags):
+    import docker
+
+    from lab.host import docker_api, runners
+    images = {t: _Img(t) for t in tags}
+
+    class Images:
+        def get(self, tag):
+            if tag in images:
+                return images[tag]
+            raise docker.errors.ImageNotFound(tag)
+    cli = type("Cli", (), {"images": Images()})()
+    monkeypatch.setattr(docker_api, "client", lambda *a, **k: cli)
+    monkeypatch.setattr(runners, "host_gpu_capabilities", lambda: ["8.9"])   # an L4
+
+
+@pytest.mark.parametrize("built,checked", [
+    (["dl-lab-kit:gpu-mpi"], ["dl-lab-kit:gpu-mpi"]),
+    (["dl-lab-kit:gpu-nccl", "dl-lab-kit:gpu-mpi"], ["dl-lab-kit:gpu-nccl", "dl-lab-kit:gpu-mpi"]),
+])
+def test_doctor_checks_whichever_gpu_images_are_built(monkeypatch, built, checked):
+    from lab.host import doctor
+    gpus = probes.parse_nvidia_smi((FIX / "nvidia-smi-1x-l4.txt").read_text())
+    monkeypatch.setattr(host, "collect", lambda: [Result("gpus", PASS, gpus)])
+    _engine_with(monkeypatch, built)
+    seen = []
+
+    def in_image(runner, np):
+        seen.append(runner.tag)
+        return [dict(Result("torch", PASS, {"cuda_build": "13.0", "cuda_available": True,
+                                            "device_count": 1}).as_dict(), where="image")]
+    monkeypatch.setattr(doctor, "stack_in_image", in_image)
+    checks, _, notes = doctor.run(np=2, echo=lambda line: None)
+    assert seen == checked
+    assert all(f"the stack is checked in the image {t}" in " ".join(notes) for t in checked)
+    if len(checked) == 2:       # each image's rows name it
+        assert {c["where"] for c in checks if c["name"] == "torch"} == {f"image {t}" for t in checked}
