@@ -308,3 +308,17 @@ def test_doctor_checks_whichever_gpu_images_are_built(monkeypatch, built, checke
     assert all(f"the stack is checked in the image {t}" in " ".join(notes) for t in checked)
     if len(checked) == 2:       # each image's rows name it
         assert {c["where"] for c in checks if c["name"] == "torch"} == {f"image {t}" for t in checked}
+
+
+@pytest.mark.parametrize("ops,status", [("NCCL", WARN), (None, WARN), ("MPI", FAIL)])
+def test_an_mpi_that_cannot_take_gpu_memory_fails_only_where_horovod_gives_it_some(monkeypatch, ops, status):
+    """mpirun ends non-zero when a rank hands a GPU buffer to a non-CUDA-aware MPI (the
+    GPU run cannot happen here: run_command is made to fail as that mpirun does)."""
+    def mpirun_fails(argv, timeout=10, env=None):
+        raise probes.ProbeError("mpirun exited with 139: rank 0 ... Segmentation fault")
+    monkeypatch.setattr(stack, "run_command", mpirun_fails)
+    torch_r = Result("torch", PASS, {"cuda_build": "13.0", "cuda_available": True, "device_count": 1})
+    hvd = Result("horovod", PASS, {"gpu_operations": ops})
+    r = stack.probe_mpi_gpu_allreduce(torch_r, 2, hvd=hvd)
+    assert r.status == status, r.fix
+    assert ("--gpu-ops MPI" in r.fix) and (("use NCCL GPU operations" in r.fix) is False)
