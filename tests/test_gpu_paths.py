@@ -377,3 +377,53 @@ def test_without_an_image_the_runtime_probe_looks_for_the_hook(monkeypatch):
     assert r.status == FAIL and "nvidia-container-runtime-hook" in r.fix
     monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/" + name)
     assert host.probe_gpu_runtime(gpus, None).status == PASS
+
+
+# A CDI-only host: the NVIDIA container toolkit installed the CDI hook and generated a
+# spec, but no nvidia-container-runtime-hook. moby registers "gpu" for either hook
+# (daemon/devices_nvidia_linux.go, getNVIDIADeviceDrivers). The spec is nvidia-ctk's own
+# expected output (tests/fixtures/README.md), written with its default kind.
+from pathlib import Path  # noqa: E402
+
+FIX = Path(__file__).parent / "fixtures"
+
+
+def test_a_cdi_only_host_gives_containers_gpus(monkeypatch, tmp_path):
+    import shutil
+
+    from envcheck import host
+    from envcheck.probes import FAIL, PASS, Result
+    monkeypatch.setattr(host, "_docker", lambda: (object(), None))
+    hooks = {"nvidia-cdi-hook": "/usr/bin/nvidia-cdi-hook"}
+    monkeypatch.setattr(shutil, "which", lambda name: hooks.get(name))
+    gpus = Result("gpus", PASS, {"count": 1}, "")
+    cdi = tmp_path / "etc-cdi"
+    cdi.mkdir()
+    r = host.probe_gpu_runtime(gpus, None, cdi_dirs=(str(cdi),))
+    assert r.status == FAIL and "nvidia-ctk cdi generate" in r.fix      # the hook, no spec
+    spec = (FIX / "cdi-spec-nvidia-ctk-generate.yaml").read_text()
+    (cdi / "nvidia.yaml").write_text(spec.replace("kind: example.com/device", "kind: nvidia.com/gpu"))
+    r = host.probe_gpu_runtime(gpus, None, cdi_dirs=(str(cdi),))
+    assert r.status == PASS and r.value["cdi_specs"] == [str(cdi / "nvidia.yaml")]
+    # Another vendor's spec alone does not give NVIDIA GPUs.
+    (cdi / "nvidia.yaml").write_text(spec)
+    assert host.probe_gpu_runtime(gpus, None, cdi_dirs=(str(cdi),)).status == FAIL
+
+
+def test_the_allreduce_probe_picks_its_gpu_before_the_nccl_group(fake_gpus, monkeypatch):
+    import torch.distributed as dist
+
+    from envcheck import allreduce
+
+    class Stop(Exception):
+        pass
+
+    def stop(*a, **k):
+        raise Stop
+    monkeypatch.setattr(dist, "get_rank", stop)        # end the probe once the group exists
+    with pytest.raises(Stop):
+        allreduce.main(["--backend", "nccl", "--sizes", "4096", "--iters", "1"])
+    assert fake_gpus[0] == ("set_device", torch.device("cuda", 1))
+    name, backend, kw = fake_gpus[1]
+    assert (name, backend) == ("init_process_group", "nccl")
+    assert kw["device_id"] == torch.device("cuda", 1)
