@@ -293,10 +293,18 @@ def probe_shm(path: str = "/dev/shm") -> Result:
 
 
 @probe("memlock")
-def probe_memlock(gpus: Result | None = None) -> Result:
+def probe_memlock(gpus: int = 0, on_host: bool = False) -> Result:
+    """The locked-memory limit of this process. Judged where the ranks run (the stack
+    part, with the GPUs torch sees there): NCCL and InfiniBand pin host memory. On the
+    host it is only shown: the lab's GPU containers get memlock unlimited
+    (lab.host.container.job_spec; compose.gpu.yaml's ulimits), and a --local run is
+    judged by the stack part, which runs here then."""
     soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     value = "unlimited" if soft == resource.RLIM_INFINITY else soft
-    if soft != resource.RLIM_INFINITY and gpus is not None and gpus.status == PASS and gpus.value.get("count"):
+    if on_host:
+        return Result("memlock", PASS, value, "" if soft == resource.RLIM_INFINITY else
+                      "judged where the ranks run (lab containers with GPUs get unlimited)")
+    if soft != resource.RLIM_INFINITY and gpus:
         return Result("memlock", WARN, value, "NCCL and InfiniBand pin memory: raise the limit "
                       "(`ulimit -l unlimited`, or --ulimit memlock=-1 for containers)")
     return Result("memlock", PASS, value)
@@ -359,4 +367,4 @@ def collect() -> list[Result]:
     images = probe_lab_images()
     return [probe_os(), probe_cpu_model(), probe_docker_engine(), gpus, probe_gpu_topology(gpus),
             probe_gpu_runtime(gpus, images), images, probe_driver_for_image(gpus, images), probe_shm(),
-            probe_memlock(gpus), probe_nccl_socket_ifname()]
+            probe_memlock(on_host=True), probe_nccl_socket_ifname()]

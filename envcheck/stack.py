@@ -217,12 +217,16 @@ def probe_allreduce_sweep(torch_r: Result, np: int = 2, timeout: float = 180) ->
     raise ProbeError("the all-reduce sweep printed no result")
 
 
+def _gpus(torch_r: Result) -> int:
+    return (torch_r.value or {}).get("device_count", 0) if torch_r.status == PASS else 0
+
+
 def collect(np: int = 2) -> list[Result]:
     torch_r = probe_torch()
     hvd = probe_horovod()
     mpi = probe_mpi()
     from envcheck.host import probe_memlock, probe_nccl_socket_ifname, probe_shm
     return [torch_r, probe_cudnn(), hvd, probe_nccl(hvd), mpi, probe_mpi_cuda_build(mpi),
-            probe_shm(), probe_memlock(), probe_nccl_socket_ifname(),
+            probe_shm(), probe_memlock(_gpus(torch_r)), probe_nccl_socket_ifname(),
             probe_mpi_hello(np), probe_mpi_gpu_allreduce(torch_r, np, hvd=hvd), probe_nccl_tests(torch_r, np),
             probe_allreduce_sweep(torch_r, np)]

@@ -206,8 +206,8 @@ def test_table_and_summary_render_every_check():
 # A GPU host faked from captured output (tests/fixtures/README.md names each source):
 # NVML made unimportable so the gpus probe reads `nvidia-smi`, a stand-in that prints
 # the capture; torch in the stack made to see the same GPUs. No engine: the stack is
-# checked as local processes; its multi-process probes have their own tests, so the
-# stack here is the torch probe (what the GPU findings read).
+# checked as local processes; the probes that launch ranks over GPUs or load cuDNN
+# (which needs the driver) cannot run here and are left out; they have their own tests.
 def _fake_gpu_host(monkeypatch, tmp_path, capture, gpus_seen, docker=False):
     import torch
 
@@ -219,7 +219,9 @@ def _fake_gpu_host(monkeypatch, tmp_path, capture, gpus_seen, docker=False):
     monkeypatch.setitem(sys.modules, "pynvml", None)          # import pynvml -> ImportError
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus_seen)
-    monkeypatch.setattr(stack, "collect", lambda np: [stack.probe_torch()])
+    for launch in ("probe_cudnn", "probe_mpi_hello", "probe_mpi_gpu_allreduce", "probe_nccl_tests",
+                   "probe_allreduce_sweep"):
+        monkeypatch.setattr(stack, launch, lambda *a, _n=launch, **k: Result(_n, SKIP, None, "not run here"))
     if not docker:
         def no_engine(*a, **k):
             raise docker_api.DockerUnavailable("no Docker engine (the test's host has none)")
@@ -251,11 +253,18 @@ def test_doctor_on_a_one_gpu_host_exits_0_with_its_default_flags(monkeypatch, tm
 
 
 def test_doctor_on_an_eight_gpu_host(monkeypatch, tmp_path, capsys):
+    """memlock at the usual 8 MiB (RLIMIT_MEMLOCK's default on Linux since 5.16): judged
+    where the ranks run, here local processes over 8 GPUs, so a WARN there; on the host
+    it is only shown (lab GPU containers get unlimited)."""
+    import resource
     _fake_gpu_host(monkeypatch, tmp_path, "nvidia-smi-8x-h100.txt", gpus_seen=8)
+    monkeypatch.setattr(resource, "getrlimit", lambda what: (8 * 2**20, 8 * 2**20))
     code, checks = _doctor_json(capsys, np=8)
     assert checks[("host", "gpus")]["value"]["count"] == 8
     assert checks[("both", "finding: one GPU per rank with NCCL")]["status"] == PASS
     assert checks[("both", "finding: the ranks see every GPU of the host")]["status"] == PASS
+    assert checks[("host", "memlock")]["status"] == PASS
+    assert checks[("local", "memlock")]["status"] == WARN and "ulimit -l" in checks[("local", "memlock")]["fix"]
     assert code == 0
 
 
