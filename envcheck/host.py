@@ -362,9 +362,10 @@ def probe_driver_for_image(gpus: Result, images: Result) -> Result:
 
 
 def collect() -> list[Result]:
+    from envcheck import rdma
     from envcheck.probes import probe_cpu_model, probe_os
     gpus = probe_gpus()
     images = probe_lab_images()
     return [probe_os(), probe_cpu_model(), probe_docker_engine(), gpus, probe_gpu_topology(gpus),
             probe_gpu_runtime(gpus, images), images, probe_driver_for_image(gpus, images), probe_shm(),
-            probe_memlock(on_host=True), probe_nccl_socket_ifname()]
+            probe_memlock(on_host=True), probe_nccl_socket_ifname(), *rdma.collect(gpus)]

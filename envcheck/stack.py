@@ -226,7 +226,8 @@ def collect(np: int = 2) -> list[Result]:
     hvd = probe_horovod()
     mpi = probe_mpi()
     from envcheck.host import probe_memlock, probe_nccl_socket_ifname, probe_shm
+    from envcheck.rdma import probe_verbs_libraries
     return [torch_r, probe_cudnn(), hvd, probe_nccl(hvd), mpi, probe_mpi_cuda_build(mpi),
             probe_shm(), probe_memlock(_gpus(torch_r)), probe_nccl_socket_ifname(),
             probe_mpi_hello(np), probe_mpi_gpu_allreduce(torch_r, np, hvd=hvd), probe_nccl_tests(torch_r, np),
-            probe_allreduce_sweep(torch_r, np)]
+            probe_allreduce_sweep(torch_r, np), probe_verbs_libraries()]
