@@ -427,3 +427,53 @@ def test_the_allreduce_probe_picks_its_gpu_before_the_nccl_group(fake_gpus, monk
     name, backend, kw = fake_gpus[1]
     assert (name, backend) == ("init_process_group", "nccl")
     assert kw["device_id"] == torch.device("cuda", 1)
+
+
+# The driver decides too: the GPU images set NVIDIA_DISABLE_REQUIRE, so a CUDA 13 image
+# starts on an R535 or R560 driver and torch sees no GPU. Drivers from captured
+# nvidia-smi lines (tests/fixtures/README.md); the images' CUDA and architectures from
+# docker/versions.env, as lab.host.images labels them.
+from envcheck.probes import parse_nvidia_smi  # noqa: E402
+
+DRIVERS = {d[:3]: d for d in (parse_nvidia_smi(line)["driver"] for line in
+                              (FIX / "nvidia-smi-driver-lines.txt").read_text().splitlines()[1:])}
+
+
+def _image(tag, cuda):
+    m = versions.read()
+    key = "CUDA_" + cuda.replace(".", "_")
+    img = FakeImage(tag, m[key + "_ARCHS"], m[key + "_PTX"])
+    img.labels[LABEL_PREFIX + "cuda_version"] = cuda
+    return img
+
+
+@pytest.mark.parametrize("branch,expected", [("535", "cu126"), ("560", "cu126"), ("580", "cu130")])
+def test_a_gpu_run_takes_the_image_this_driver_runs(engine_with, monkeypatch, tmp_path, branch, expected):
+    new, old = _image("dl-lab-kit:gpu-nccl", "13.0"), _image("dl-lab-kit:gpu-nccl-cu126", "12.6")
+    engine_with({new.tags[0]: new, old.tags[0]: old}, ["8.0"])          # an A100: both have its code
+    monkeypatch.setattr(runners, "host_gpu_driver", lambda: DRIVERS[branch])
+    got = runners.choose_runner(device="cuda", framework="ddp", backend="nccl",
+                                results_dir=str(tmp_path))[0].image
+    assert got is {"cu126": old, "cu130": new}[expected]
+
+
+def test_no_built_image_runs_on_this_driver_is_one_sentence(engine_with, monkeypatch, tmp_path):
+    new = _image("dl-lab-kit:gpu-nccl", "13.0")
+    engine_with({new.tags[0]: new}, ["8.6"])
+    monkeypatch.setattr(runners, "host_gpu_driver", lambda: DRIVERS["560"])
+    kw = dict(device="cuda", framework="ddp", backend="nccl", results_dir=str(tmp_path))
+    with pytest.raises(runners.RunnerError, match=r"runs none of the GPU images built.*"
+                                                  r"560\.28\.03 is too old for CUDA 13\.0"):
+        runners.choose_runner(**kw)
+    assert runners.choose_runner(check_gpu_code=False, **kw)[0].image is new     # doctor reports it
+
+
+def test_up_gpu_brings_the_cluster_up_from_the_image_this_host_runs(engine_with, monkeypatch):
+    from lab.host import cluster, docker_api
+    new, old = _image("dl-lab-kit:gpu-nccl", "13.0"), _image("dl-lab-kit:gpu-nccl-cu126", "12.6")
+    engine_with({new.tags[0]: new, old.tags[0]: old}, ["8.0"])
+    monkeypatch.setattr(runners, "host_gpu_driver", lambda: DRIVERS["560"])
+    assert cluster._gpu_image(docker_api.client()) == "dl-lab-kit:gpu-nccl-cu126"
+    engine_with({new.tags[0]: new}, ["8.0"])
+    with pytest.raises(cluster.ClusterError, match="560.28.03 is too old for CUDA 13.0"):
+        cluster._gpu_image(docker_api.client())
