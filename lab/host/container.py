@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from lab.common import kit, proc
+from lab.common.forwarded_env import forwarded
 from lab.host import launch
 from lab.host.docker_api import MANAGED_BY
 from lab.host.runners import JobResult, Runner, RunnerError
@@ -74,6 +75,7 @@ def job_spec(image: str, command: list[str], *, results_dir: str, data_dir: str 
     """What the container of one job gets. Host paths are made absolute."""
     env = {"PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
            "LAB_IMAGE_ID": image_id, "LAB_IMAGE_LABELS": json.dumps(image_labels or {})}
+    env.update(forwarded(os.environ, own_network=True))      # NCCL_*, UCX_*, ... (one list)
     env.update(environment or {})
     mounts = {os.path.abspath(results_dir): (RESULTS_IN, "rw")}
     if data_dir and os.path.isdir(data_dir):

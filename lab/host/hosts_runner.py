@@ -23,6 +23,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from lab.common import kit, proc
+from lab.common.forwarded_env import forwarded
 from lab.host import launch
 from lab.host.launch import Host, HostsError
 from lab.host.runners import JobResult, Runner, RunnerError
@@ -158,6 +159,7 @@ class HostsRunner(Runner):
 
     def _env(self, extra: dict) -> dict:
         env = {k: os.environ[k] for k in FORWARDED if k in os.environ}
+        env.update(forwarded(os.environ))          # NCCL_*, UCX_*, OMPI_MCA_*, ... (one list)
         env.update(extra)
         return env
 
