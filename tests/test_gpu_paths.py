@@ -477,3 +477,16 @@ def test_up_gpu_brings_the_cluster_up_from_the_image_this_host_runs(engine_with,
     engine_with({new.tags[0]: new}, ["8.0"])
     with pytest.raises(cluster.ClusterError, match="560.28.03 is too old for CUDA 13.0"):
         cluster._gpu_image(docker_api.client())
+
+
+def test_cpu_jobs_in_a_gpu_image_are_spared_open_mpis_libcuda_notice(tmp_path, monkeypatch):
+    from lab.host.container import job_spec
+    monkeypatch.delenv("OMPI_MCA_opal_warn_on_missing_libcuda", raising=False)
+
+    def env(gpus):
+        return job_spec("dl-lab-kit:gpu-mpi", ["true"], results_dir=str(tmp_path), data_dir=None,
+                        frozen=True, gpus=gpus, host_uid=1000, host_gid=1000).environment
+    assert env(False)["OMPI_MCA_opal_warn_on_missing_libcuda"] == "0"
+    assert "OMPI_MCA_opal_warn_on_missing_libcuda" not in env(True)     # GPU jobs: it matters there
+    monkeypatch.setenv("OMPI_MCA_opal_warn_on_missing_libcuda", "1")
+    assert env(False)["OMPI_MCA_opal_warn_on_missing_libcuda"] == "1"   # the user's word wins
