@@ -490,3 +490,32 @@ def test_cpu_jobs_in_a_gpu_image_are_spared_open_mpis_libcuda_notice(tmp_path, m
     assert "OMPI_MCA_opal_warn_on_missing_libcuda" not in env(True)     # GPU jobs: it matters there
     monkeypatch.setenv("OMPI_MCA_opal_warn_on_missing_libcuda", "1")
     assert env(False)["OMPI_MCA_opal_warn_on_missing_libcuda"] == "1"   # the user's word wins
+
+
+# --hosts with GPUs: each host runs its slots' ranks (mpirun's hostfile semantics), so
+# each is checked against its own GPUs, not the first host's with ceil(np/hosts) ranks.
+def _hosts_runner(monkeypatch, tmp_path, gpus: dict):
+    from lab.host.hosts_runner import HostsRunner
+    from lab.host.launch import parse_hosts
+    spec = ",".join(f"{h}:{slots}" for h, (slots, _) in gpus.items())
+    r = HostsRunner(parse_hosts(spec), str(tmp_path), None)
+    base = {"kit": "x", "python": "3.11", "torch": "2.13.0", "cuda_available": True, "mpirun": True,
+            "ddp_backends": {"gloo": True, "mpi": False, "nccl": True}}
+    answers = {h: json.dumps(dict(base, gpus=n)) for h, (_, n) in gpus.items()}
+    monkeypatch.setattr(r, "output_on", lambda host, argv, timeout_s=120: (0, answers[host]))
+    return r
+
+
+def test_uneven_gpu_hosts_are_checked_each_against_its_own(monkeypatch, tmp_path):
+    from lab.host.hosts_runner import HostsError
+    r = _hosts_runner(monkeypatch, tmp_path, {"small": (2, 2), "big": (4, 4)})   # slots, GPUs
+    stack = r.probe_stack()
+    s = BenchSettings(np=[6], framework="ddp", backend="nccl", device="cuda", nodes=2)
+    assert check_request(s, stack)[0] == "ddp"          # 2 ranks on 2 GPUs, 4 on 4: it fits
+    args = RunConfig(framework="ddp", backend="nccl", device="cuda").to_args()
+    assert r.commands("ddp", "nccl", 6, args)           # and the hosts agree
+    r = _hosts_runner(monkeypatch, tmp_path, {"small": (4, 2), "big": (2, 4)})
+    r.probe_stack()
+    with pytest.raises(HostsError, match=r"host small runs 4 rank\(s\).*sees 2 GPU\(s\).*small:2"):
+        r.commands("ddp", "nccl", 6, args)
+    assert r.commands("ddp", "gloo", 6, RunConfig(framework="ddp", backend="gloo").to_args())  # CPU runs

@@ -97,6 +97,21 @@ def stack_mismatches(stacks: dict[str, dict]) -> list[str]:
     return out
 
 
+def gpu_shortfalls(hosts: list[Host], stacks: dict[str, dict]) -> list[str]:
+    """One sentence per host that would run more ranks (its slots: each slot one rank,
+    check_slots) than torch sees GPUs there. Hosts may differ (h1:8,h2:4 on an 8-GPU and
+    a 4-GPU server): each is checked against its own count, not the first host's."""
+    out = []
+    for h in hosts:
+        gpus = int((stacks.get(h.name) or {}).get("gpus") or 0)
+        if h.slots > gpus:
+            out.append(f"host {h.name} runs {h.slots} rank(s), each needing a GPU of its own, and "
+                       f"torch sees {gpus} GPU(s) there: give it {gpus} slot(s) ({h.name}:{gpus})"
+                       if gpus else f"torch sees no GPU on host {h.name}: leave it out of --hosts "
+                       f"or run with --device cpu")
+    return out
+
+
 def remote(host: str, argv: list[str], env: dict[str, str] | None = None) -> list[str]:
     """ssh to `host` running argv with `env` set (one shell-quoted command)."""
     assigns = [f"{k}={shlex.quote(str(v))}" for k, v in (env or {}).items()]
@@ -150,6 +165,7 @@ class HostsRunner(Runner):
         self._pattern = ""
         self._framework, self._worker_args = "", []
         self._port = 29500
+        self.stacks: dict[str, dict] = {}       # each host's stack, once probed
 
     def describe(self) -> str:
         return f"running on {launch.format_hosts(self.hosts)} over SSH"
@@ -196,7 +212,12 @@ class HostsRunner(Runner):
         if wrong:
             raise RunnerError(f"{wrong[0]}: install the same versions on every host"
                               + (f" ({len(wrong) - 1} more difference(s))" if len(wrong) > 1 else ""))
-        return stacks[self.hosts[0].name]
+        self.stacks = stacks
+        # The request's own GPU check assumes alike hosts (ceil(np/hosts) ranks on each,
+        # against the stack's "gpus"): given the most any host has, it refuses only what
+        # no spread could run; commands() checks each host's slots against its own GPUs.
+        return dict(stacks[self.hosts[0].name],
+                    gpus=max(int(s.get("gpus") or 0) for s in stacks.values()))
 
     def prepare(self, run_dir: str) -> None:
         """Ranks on other hosts run as the same user: nothing to hand over."""
@@ -208,6 +229,9 @@ class HostsRunner(Runner):
 
         def arg(name):
             return worker_args[worker_args.index(name) + 1] if name in worker_args else ""
+        short = gpu_shortfalls(self.hosts, self.stacks) if arg("--device") == "cuda" else []
+        if short:
+            raise HostsError(short[0] + (f" ({len(short) - 1} more host(s) alike)" if len(short) > 1 else ""))
         run, attempt = arg("--run-id"), arg("--attempt")
         self._port = rendezvous_port(f"{run}/{attempt}")
         # matches this run's ranks and launchers (to_args puts --run-id before --attempt),
