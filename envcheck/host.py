@@ -182,10 +182,10 @@ RUNTIME_FIX = ("install the NVIDIA Container Toolkit so that dockerd finds "
                "engine (`sudo systemctl restart docker`)")
 
 
-def cdi_specs(dirs=CDI_DIRS) -> list[str]:
-    """The CDI spec files (.yaml, .json) under `dirs` that declare NVIDIA's GPU kind."""
+def cdi_specs(dirs=None) -> list[str]:
+    """The CDI spec files (.yaml, .json) under `dirs` (CDI_DIRS) that declare NVIDIA's GPU kind."""
     found = []
-    for d in dirs:
+    for d in CDI_DIRS if dirs is None else dirs:
         try:
             names = sorted(os.listdir(d))
         except OSError:
@@ -203,7 +203,7 @@ def cdi_specs(dirs=CDI_DIRS) -> list[str]:
     return found
 
 
-def runtime_without_image(cdi_dirs=CDI_DIRS) -> Result:
+def runtime_without_image(cdi_dirs=None) -> Result:
     """No lab image to try a GPU container with: what dockerd would register, read from
     the same facts it reads. moby (daemon/devices_nvidia_linux.go, getNVIDIADeviceDrivers)
     gives the "gpu" capability when either nvidia-container-runtime-hook or nvidia-cdi-hook
@@ -221,7 +221,7 @@ def runtime_without_image(cdi_dirs=CDI_DIRS) -> Result:
     if cdi_hook:
         return Result(name, FAIL, {"tried": None, "hook": cdi_hook, "cdi_specs": []},
                       f"{CDI_HOOK} is installed but no CDI spec of kind {CDI_KIND} is in "
-                      f"{' or '.join(cdi_dirs)}: `sudo nvidia-ctk cdi generate "
+                      f"{' or '.join(cdi_dirs or CDI_DIRS)}: `sudo nvidia-ctk cdi generate "
                       f"--output=/etc/cdi/nvidia.yaml`")
     return Result(name, FAIL, {"tried": None, "hook": None},
                   f"no {RUNTIME_HOOK} or {CDI_HOOK} on the PATH and no lab image to try a GPU "
@@ -229,7 +229,7 @@ def runtime_without_image(cdi_dirs=CDI_DIRS) -> Result:
 
 
 @probe("gpu_container_runtime")
-def probe_gpu_runtime(gpus: Result, images: Result | None = None, cdi_dirs=CDI_DIRS) -> Result:
+def probe_gpu_runtime(gpus: Result, images: Result | None = None, cdi_dirs=None) -> Result:
     """Whether `--gpus` works: what decides it is the engine, which registers the "gpu"
     capability only when nvidia-container-runtime-hook is on dockerd's PATH (moby
     daemon/nvidia_linux.go, v20.10-v28.2; devices_nvidia_linux.go from v28.3; from

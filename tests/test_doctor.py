@@ -449,3 +449,36 @@ def test_this_machine_lists_the_rdma_checks_as_skip_with_reasons():
     checks = {r.name: r for r in host.collect()}
     for name in ("rdma_devices", "gpudirect_peermem", "gpu_nic_affinity", "nccl_rdma_settings"):
         assert checks[name].status == SKIP and checks[name].fix, name
+
+
+def test_doctor_on_a_cdi_only_host_exits_0(monkeypatch, tmp_path, capsys):
+    """One GPU (the L4 capture), an engine with no lab image yet, and the container
+    toolkit's CDI hook and spec but no nvidia-container-runtime-hook: the engine can give
+    containers GPUs (moby registers "gpu" for the CDI hook), so no FAIL."""
+    from lab.host import docker_api
+    _fake_gpu_host(monkeypatch, tmp_path, "nvidia-smi-1x-l4.txt", gpus_seen=1, docker=True)
+    import docker
+
+    class Images:
+        def list(self, name=None):
+            return []
+
+        def get(self, tag):
+            raise docker.errors.ImageNotFound(tag)
+
+    class Engine:
+        images = Images()
+
+        def version(self):
+            return {"Version": "29.2.0", "ApiVersion": "1.52"}
+    monkeypatch.setattr(docker_api, "client", lambda *a, **k: Engine())
+    _fake(tmp_path / "bin" / "nvidia-cdi-hook", "exit 0")
+    cdi = tmp_path / "cdi"
+    cdi.mkdir()
+    spec = (FIX / "cdi-spec-nvidia-ctk-generate.yaml").read_text()
+    (cdi / "nvidia.yaml").write_text(spec.replace("kind: example.com/device", "kind: nvidia.com/gpu"))
+    monkeypatch.setattr(host, "CDI_DIRS", (str(cdi),))
+    code, checks = _doctor_json(capsys)
+    runtime = checks[("host", "gpu_container_runtime")]
+    assert runtime["status"] == PASS and runtime["value"]["cdi_specs"] == [str(cdi / "nvidia.yaml")]
+    assert code == 0, [c for c in checks.values() if c["status"] == FAIL]
