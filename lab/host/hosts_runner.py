@@ -229,7 +229,8 @@ class HostsRunner(Runner):
 
         def arg(name):
             return worker_args[worker_args.index(name) + 1] if name in worker_args else ""
-        short = gpu_shortfalls(self.hosts, self.stacks) if arg("--device") == "cuda" else []
+        # Each host's own GPUs, once its stack is known (probe_stack).
+        short = gpu_shortfalls(self.hosts, self.stacks) if arg("--device") == "cuda" and self.stacks else []
         if short:
             raise HostsError(short[0] + (f" ({len(short) - 1} more host(s) alike)" if len(short) > 1 else ""))
         run, attempt = arg("--run-id"), arg("--attempt")
