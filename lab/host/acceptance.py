@@ -52,6 +52,10 @@ def plan(gpus: int, out: str, cpus: int = 2, python: str = sys.executable) -> tu
                           timeout_s=timeout_s))
     if gpus:
         nps = ",".join(str(n) for n in range(1, gpus + 1))
+        # The README benchmark's MNIST sizes; ResNet-50 at a GPU's batch.
+        sizes = {"mnist": ("--epochs", "1", "--max-steps", "300", "--warmup-steps", "20"),
+                 "resnet50": ("--epochs", "1", "--batch-size", "64", "--max-steps", "100",
+                              "--warmup-steps", "10")}
         steps.append(Step("nccl-tests", f"nccl-tests all_reduce_perf over 1..{gpus} GPU(s)",
                           [python, "-m", "lab.host.acceptance", "nccl-tests", str(gpus)]))
         for model in ("mnist", "resnet50"):
@@ -60,13 +64,14 @@ def plan(gpus: int, out: str, cpus: int = 2, python: str = sys.executable) -> tu
                                  ("ddp", "nccl", "DDP over NCCL")):
                 bench(f"{model}-{fw}-{be}", f"{model}: {what}, np {nps}", "--model", model,
                       "--device", "cuda", "--framework", fw, "--backend", be, "--np", nps,
-                      "--data", "synthetic")
+                      "--data", "synthetic", *sizes[model])
         bench("strategies", f"resnet50: ddp, zero1, fsdp, deepspeed on {gpus} GPU(s)",
-              "--model", "resnet50", "--device", "cuda", "--backend", "nccl", "--np", str(gpus),
-              "--strategy", "ddp,zero1,fsdp,deepspeed", "--data", "synthetic")
+              "--model", "resnet50", "--device", "cuda", "--framework", "ddp", "--backend", "nccl",
+              "--np", str(gpus), "--strategy", "ddp,zero1,fsdp,deepspeed", "--data", "synthetic",
+              *sizes["resnet50"])
         bench("dataparallel", f"resnet50: DataParallel, one process over {gpus} GPU(s)",
               "--model", "resnet50", "--device", "cuda", "--np", "1", "--strategy", "dataparallel",
-              "--data", "synthetic")
+              "--data", "synthetic", *sizes["resnet50"])
         missing.append("runs across servers (one machine; --hosts or the cluster give those rows)")
     else:
         n = max(1, min(2, cpus))
@@ -75,18 +80,19 @@ def plan(gpus: int, out: str, cpus: int = 2, python: str = sys.executable) -> tu
                     "nccl-tests (needs GPUs)", "NCCL, and Horovod's NCCL and MPI GPU operations",
                     "DataParallel and GPU memory per device"]
         # Small enough that the whole CPU plan fits in minutes on 2 cores.
-        short = ("--data", "synthetic", "--max-steps", "60", "--warmup-steps", "10", "--threads", "1")
+        short = ("--data", "synthetic", "--epochs", "1", "--max-steps", "60", "--warmup-steps", "10",
+                 "--threads", "1")
         for fw, be in (("horovod", "gloo"), ("horovod", "mpi"), ("ddp", "gloo")):
             bench(f"mnist-{fw}-{be}", f"mnist: {fw} over {be} on CPUs, np {nps}", "--model", "mnist",
                   "--device", "cpu", "--framework", fw, "--backend", be, "--np", nps, *short)
-        tiny = ("--data", "synthetic", "--max-steps", "2", "--warmup-steps", "1", "--batch-size", "8",
-                "--threads", "1")
+        tiny = ("--data", "synthetic", "--epochs", "1", "--max-steps", "2", "--warmup-steps", "1",
+                "--batch-size", "8", "--threads", "1")
         for fw, be in (("ddp", "gloo"), ("horovod", "mpi")):
             bench(f"resnet50-{fw}-{be}", f"resnet50: {fw} over {be} on CPUs, np {nps}",
                   "--model", "resnet50", "--device", "cpu", "--framework", fw, "--backend", be,
                   "--np", nps, *tiny)
         bench("strategies", f"mnist: ddp, zero1, fsdp on CPUs, np {n}", "--model", "mnist",
-              "--device", "cpu", "--backend", "gloo", "--np", str(n),
+              "--device", "cpu", "--framework", "ddp", "--backend", "gloo", "--np", str(n),
               "--strategy", "ddp,zero1,fsdp", *short)
     steps.append(Step("report", "invoke report over every run above",
                       _invoke("report", results, python=python), timeout_s=600))
