@@ -48,3 +48,19 @@ def test_the_gpu_count_comes_from_doctors_json():
     doc["checks"][0].update(status="SKIP", value=None)
     assert acceptance.gpu_count(json.dumps(doc)) == (0, "")
     assert acceptance.gpu_count("") == (0, "")
+
+
+def test_every_bench_step_is_a_request_bench_accepts():
+    """Each bench step's flags, as `invoke bench` hands them to settings_from_flags."""
+    import inspect
+
+    import tasks
+    from lab.host.request import settings_from_flags
+    params = [p for p in inspect.signature(tasks.bench.body).parameters if p not in ("c", "resume")]
+    for gpus in (0, 1, 8):
+        steps, _ = acceptance.plan(gpus, "/tmp/acc")
+        for step in (s for s in steps if "bench" in s.argv):
+            flags = dict.fromkeys(params)
+            flags.update({k[2:].replace("-", "_"): v for k, v in _flags(step).items()})
+            settings, lists = settings_from_flags(flags, {"timeout_s": 3600, "where": "auto"})
+            assert settings.repeat == 3, step.name
