@@ -45,6 +45,7 @@ def test_the_gpu_count_comes_from_doctors_json():
     doc = {"checks": [{"where": "host", "name": "gpus", "status": "PASS",
                        "value": {"count": 8, "driver": "550.90.07"}}]}
     assert acceptance.gpu_count(json.dumps(doc)) == (8, "550.90.07")
+    assert acceptance.gpu_count("a warning first\n" + json.dumps(doc)) == (8, "550.90.07")
     doc["checks"][0].update(status="SKIP", value=None)
     assert acceptance.gpu_count(json.dumps(doc)) == (0, "")
     assert acceptance.gpu_count("") == (0, "")

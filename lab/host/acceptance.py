@@ -102,9 +102,10 @@ def plan(gpus: int, out: str, cpus: int = 2, python: str = sys.executable) -> tu
 def gpu_count(doctor_json: str) -> tuple[int, str]:
     """(GPUs on the host, driver) from doctor's JSON; (0, "") when it has none or the
     JSON is missing."""
+    lines = [ln for ln in doctor_json.splitlines() if ln.startswith("{") and '"checks"' in ln]
     try:
-        doc = json.loads(doctor_json)
-    except ValueError:
+        doc = json.loads(lines[-1])           # the JSON line, whatever else was printed
+    except (IndexError, ValueError):
         return 0, ""
     for c in doc.get("checks", []):
         if c.get("where") == "host" and c.get("name") == "gpus" and c.get("status") == "PASS":
