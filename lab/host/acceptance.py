@@ -161,8 +161,11 @@ def run(out_root: str = "results", echo=print) -> str:
     if doctor.outcome == "exit 1":
         doctor.outcome = "ok"           # it ran; its FAILs are in doctor.json
         doctor.what += " (some checks FAIL: see doctor.json)"
-    with open(os.path.join(out, "doctor.json")) as f:
-        gpus, driver = gpu_count(f.read())
+    try:
+        with open(os.path.join(out, "doctor.json")) as f:
+            gpus, driver = gpu_count(f.read())
+    except OSError:
+        gpus, driver = 0, ""
     steps, missing = plan(gpus, out, cpus=os.cpu_count() or 1)
     mode = (f"GPU mode, {gpus} GPU(s), driver {driver}" if gpus else
             "CPU mode (no GPU on this machine: the CPU equivalent ran)")
