@@ -325,3 +325,12 @@ def report(c, path):
     except ReportError as e:
         raise Exit(f"error: {e}", code=2)
     print(f"wrote {out} and its curves beside it")
+
+
+@task(help={"results-dir": "where the acceptance folder and its archive go"})
+def acceptance(c, results_dir="results"):
+    """Collect this machine's evidence in one archive: doctor, nccl-tests over 1..N GPUs,
+    bench (MNIST, ResNet-50; Horovod NCCL/MPI and DDP; np 1..N; --repeat 3), the
+    data-parallel strategies and the report. Without a GPU, the CPU equivalent."""
+    from lab.host.acceptance import run
+    print(f"wrote {run(results_dir)}")

@@ -26,12 +26,18 @@ def main(argv=None) -> int:
     from envcheck.probes import allreduce_busbw
 
     torch.set_num_threads(1)
-    dist.init_process_group(a.backend)
-    rank, n = dist.get_rank(), dist.get_world_size()
+    # The rank's GPU first: NCCL's communicator binds to the current device when it is
+    # created, and every rank would otherwise start on GPU 0 (as lab/worker/dist.py
+    # does). device_id: "the communicator is immediately formed" on that device
+    # (torch/distributed/distributed_c10d.py, init_process_group's docstring, torch >= 2.3).
     device = torch.device("cpu")
+    kw = {}
     if a.backend == "nccl":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
+        kw["device_id"] = device
+    dist.init_process_group(a.backend, **kw)
+    rank, n = dist.get_rank(), dist.get_world_size()
 
     def sync():
         if device.type == "cuda":

@@ -168,20 +168,75 @@ def probe_gpu_topology(gpus: Result) -> Result:
 
 
 RUNTIME_HOOK = "nvidia-container-runtime-hook"
+CDI_HOOK = "nvidia-cdi-hook"
+# Where CDI specs are read from (the CDI spec's default directories, cncf-tags/
+# container-device-interface SPEC.md: /etc/cdi static, /var/run/cdi dynamic; the NVIDIA
+# container toolkit's `spec-dirs` default is the same pair).
+CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
+# `nvidia-ctk cdi generate` writes kind nvidia.com/gpu by default (--vendor nvidia.com,
+# --class gpu: nvidia-container-toolkit cmd/nvidia-ctk/cdi/generate/generate.go); moby's
+# CDI path asks for "nvidia.com/gpu=<id>" (daemon/devices_nvidia_linux.go).
+CDI_KIND = "nvidia.com/gpu"
 RUNTIME_FIX = ("install the NVIDIA Container Toolkit so that dockerd finds "
-               f"{RUNTIME_HOOK} on its PATH, then restart the engine "
-               "(`sudo systemctl restart docker`)")
+               f"{RUNTIME_HOOK} (or {CDI_HOOK} with a CDI spec) on its PATH, then restart the "
+               "engine (`sudo systemctl restart docker`)")
+
+
+def cdi_specs(dirs=None) -> list[str]:
+    """The CDI spec files (.yaml, .json) under `dirs` (CDI_DIRS) that declare NVIDIA's GPU kind."""
+    found = []
+    for d in CDI_DIRS if dirs is None else dirs:
+        try:
+            names = sorted(os.listdir(d))
+        except OSError:
+            continue
+        for n in names:
+            if not n.endswith((".yaml", ".yml", ".json")):
+                continue
+            try:
+                with open(os.path.join(d, n), errors="replace") as f:
+                    text = f.read(65536)
+            except OSError:
+                continue
+            if re.search(r'"?kind"?\s*:\s*"?' + re.escape(CDI_KIND) + r'"?\s*(,|$)', text, re.MULTILINE):
+                found.append(os.path.join(d, n))
+    return found
+
+
+def runtime_without_image(cdi_dirs=None) -> Result:
+    """No lab image to try a GPU container with: what dockerd would register, read from
+    the same facts it reads. moby (daemon/devices_nvidia_linux.go, getNVIDIADeviceDrivers)
+    gives the "gpu" capability when either nvidia-container-runtime-hook or nvidia-cdi-hook
+    is on its PATH; through the CDI hook a request becomes nvidia.com/gpu=<id>, which
+    needs a CDI spec of that kind (`nvidia-ctk cdi generate`)."""
+    import shutil
+    name = "gpu_container_runtime"
+    hook = shutil.which(RUNTIME_HOOK)
+    if hook:
+        return Result(name, PASS, {"tried": None, "hook": hook})
+    cdi_hook = shutil.which(CDI_HOOK)
+    specs = cdi_specs(cdi_dirs)
+    if cdi_hook and specs:
+        return Result(name, PASS, {"tried": None, "hook": cdi_hook, "cdi_specs": specs})
+    if cdi_hook:
+        return Result(name, FAIL, {"tried": None, "hook": cdi_hook, "cdi_specs": []},
+                      f"{CDI_HOOK} is installed but no CDI spec of kind {CDI_KIND} is in "
+                      f"{' or '.join(cdi_dirs or CDI_DIRS)}: `sudo nvidia-ctk cdi generate "
+                      f"--output=/etc/cdi/nvidia.yaml`")
+    return Result(name, FAIL, {"tried": None, "hook": None},
+                  f"no {RUNTIME_HOOK} or {CDI_HOOK} on the PATH and no lab image to try a GPU "
+                  f"container with: {RUNTIME_FIX}")
 
 
 @probe("gpu_container_runtime")
-def probe_gpu_runtime(gpus: Result, images: Result | None = None) -> Result:
+def probe_gpu_runtime(gpus: Result, images: Result | None = None, cdi_dirs=None) -> Result:
     """Whether `--gpus` works: what decides it is the engine, which registers the "gpu"
     capability only when nvidia-container-runtime-hook is on dockerd's PATH (moby
     daemon/nvidia_linux.go, v20.10-v28.2; devices_nvidia_linux.go from v28.3; from
-    docker-v29.2 also through nvidia-cdi-hook and CDI); an "nvidia" runtime entry or CDI
-    spec files alone neither make nor prove it. So a container of a lab image is started
+    docker-v29.2 also through nvidia-cdi-hook and CDI); an "nvidia" runtime entry alone
+    neither makes nor proves it. So a container of a lab image is started
     with every GPU (docker run --gpus all ... true), as bench's would be; without an image
-    the hook is looked for on this PATH (dockerd usually has the same)."""
+    the hooks and CDI specs are looked for on this host (runtime_without_image)."""
     name = "gpu_container_runtime"
     if gpus.status != PASS or not gpus.value.get("count"):
         return Result(name, SKIP, None, "no GPU on this host")
@@ -191,13 +246,7 @@ def probe_gpu_runtime(gpus: Result, images: Result | None = None) -> Result:
     tags = sorted((images.value or {}) if images is not None and images.status == PASS else {},
                   key=lambda t: (":gpu" not in t, t))
     if not tags:
-        import shutil
-        hook = shutil.which(RUNTIME_HOOK)
-        if hook:
-            return Result(name, PASS, {"tried": None, "hook": hook})
-        return Result(name, FAIL, {"tried": None, "hook": None},
-                      f"no {RUNTIME_HOOK} on the PATH and no lab image to try a GPU container "
-                      f"with: {RUNTIME_FIX}")
+        return runtime_without_image(cdi_dirs)
     from docker.types import DeviceRequest
 
     import docker
@@ -244,10 +293,18 @@ def probe_shm(path: str = "/dev/shm") -> Result:
 
 
 @probe("memlock")
-def probe_memlock(gpus: Result | None = None) -> Result:
+def probe_memlock(gpus: int = 0, on_host: bool = False) -> Result:
+    """The locked-memory limit of this process. Judged where the ranks run (the stack
+    part, with the GPUs torch sees there): NCCL and InfiniBand pin host memory. On the
+    host it is only shown: the lab's GPU containers get memlock unlimited
+    (lab.host.container.job_spec; compose.gpu.yaml's ulimits), and a --local run is
+    judged by the stack part, which runs here then."""
     soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     value = "unlimited" if soft == resource.RLIM_INFINITY else soft
-    if soft != resource.RLIM_INFINITY and gpus is not None and gpus.status == PASS and gpus.value.get("count"):
+    if on_host:
+        return Result("memlock", PASS, value, "" if soft == resource.RLIM_INFINITY else
+                      "judged where the ranks run (lab containers with GPUs get unlimited)")
+    if soft != resource.RLIM_INFINITY and gpus:
         return Result("memlock", WARN, value, "NCCL and InfiniBand pin memory: raise the limit "
                       "(`ulimit -l unlimited`, or --ulimit memlock=-1 for containers)")
     return Result("memlock", PASS, value)
@@ -305,9 +362,10 @@ def probe_driver_for_image(gpus: Result, images: Result) -> Result:
 
 
 def collect() -> list[Result]:
+    from envcheck import rdma
     from envcheck.probes import probe_cpu_model, probe_os
     gpus = probe_gpus()
     images = probe_lab_images()
     return [probe_os(), probe_cpu_model(), probe_docker_engine(), gpus, probe_gpu_topology(gpus),
             probe_gpu_runtime(gpus, images), images, probe_driver_for_image(gpus, images), probe_shm(),
-            probe_memlock(gpus), probe_nccl_socket_ifname()]
+            probe_memlock(on_host=True), probe_nccl_socket_ifname(), *rdma.collect(gpus)]

@@ -16,6 +16,7 @@ from envcheck.probes import (
     FAIL,
     PASS,
     SKIP,
+    WARN,
     ProbeError,
     Result,
     parse_check_build,
@@ -142,19 +143,40 @@ def probe_mpi_hello(np: int = 2, timeout: float = 60) -> Result:
 
 
 @probe("mpi_gpu_allreduce")
-def probe_mpi_gpu_allreduce(torch_r: Result, np: int = 2, timeout: float = 120) -> Result:
-    """Step 3 of 3: a GPU buffer all-reduced through MPI (only a CUDA-aware MPI can)."""
+def probe_mpi_gpu_allreduce(torch_r: Result, np: int = 2, timeout: float = 120,
+                            hvd: Result | None = None) -> Result:
+    """Step 3 of 3: a GPU buffer all-reduced through MPI (only a CUDA-aware MPI can). A
+    FAIL only where Horovod hands GPU data to MPI (its GPU operations are MPI); where they
+    are NCCL (or there are none) GPU tensors never reach MPI (Horovod 0.28.1,
+    horovod/common/operations.cc, CreateOperationManager: MPI_GPUAllreduce is registered
+    only when built with HOROVOD_GPU_ALLREDUCE == 'M', the NCCL ops with 'N'), so a
+    non-CUDA-aware MPI is only a WARN there."""
     gpus = (torch_r.value or {}).get("device_count", 0) if torch_r.status == PASS else 0
     if gpus < 1:
         return Result("mpi_gpu_allreduce", SKIP, None, "no GPU visible: nothing to all-reduce on a GPU")
     n = min(np, gpus)
-    text = run_command(_mpirun(n) + [sys.executable, "-m", "envcheck.mpi_hello", "--gpu"], timeout=timeout)
+    try:
+        text = run_command(_mpirun(n) + [sys.executable, "-m", "envcheck.mpi_hello", "--gpu"],
+                           timeout=timeout)
+    except ProbeError as e:
+        text, why = "", str(e)
+    else:
+        why = ""
     answers = _hello_lines(text)
-    ok = len(answers) == n and all(a["allreduce"]["ok"] for a in answers)
-    if not ok:
-        return Result("mpi_gpu_allreduce", FAIL, {"np": n, "answers": len(answers)},
-                      "MPI could not all-reduce GPU memory: it is not CUDA-aware (use NCCL GPU operations)")
-    return Result("mpi_gpu_allreduce", PASS, {"np": n})
+    if len(answers) == n and all(a["allreduce"]["ok"] for a in answers):
+        return Result("mpi_gpu_allreduce", PASS, {"np": n})
+    ops = (hvd.value or {}).get("gpu_operations") if hvd is not None and hvd.status == PASS else None
+    value = {"np": n, "answers": len(answers), "horovod_gpu_operations": ops}
+    detail = f" ({why})" if why else ""
+    if ops == "MPI":
+        return Result("mpi_gpu_allreduce", FAIL, value,
+                      f"MPI could not all-reduce GPU memory{detail} and Horovod's GPU operations are "
+                      f"MPI: build the image with --gpu-ops MPI (its Open MPI is CUDA-aware) or use "
+                      f"--gpu-ops NCCL")
+    return Result("mpi_gpu_allreduce", WARN, value,
+                  f"this MPI is not CUDA-aware{detail}; Horovod's GPU operations are "
+                  f"{ops or 'absent'}, so GPU data never goes through MPI here: only a --gpu-ops "
+                  f"MPI image (invoke build --gpu-ops MPI) needs it")
 
 
 @probe("nccl_all_reduce_perf")
@@ -195,12 +217,17 @@ def probe_allreduce_sweep(torch_r: Result, np: int = 2, timeout: float = 180) ->
     raise ProbeError("the all-reduce sweep printed no result")
 
 
+def _gpus(torch_r: Result) -> int:
+    return (torch_r.value or {}).get("device_count", 0) if torch_r.status == PASS else 0
+
+
 def collect(np: int = 2) -> list[Result]:
     torch_r = probe_torch()
     hvd = probe_horovod()
     mpi = probe_mpi()
     from envcheck.host import probe_memlock, probe_nccl_socket_ifname, probe_shm
+    from envcheck.rdma import probe_verbs_libraries
     return [torch_r, probe_cudnn(), hvd, probe_nccl(hvd), mpi, probe_mpi_cuda_build(mpi),
-            probe_shm(), probe_memlock(), probe_nccl_socket_ifname(),
-            probe_mpi_hello(np), probe_mpi_gpu_allreduce(torch_r, np), probe_nccl_tests(torch_r, np),
-            probe_allreduce_sweep(torch_r, np)]
+            probe_shm(), probe_memlock(_gpus(torch_r)), probe_nccl_socket_ifname(),
+            probe_mpi_hello(np), probe_mpi_gpu_allreduce(torch_r, np, hvd=hvd), probe_nccl_tests(torch_r, np),
+            probe_allreduce_sweep(torch_r, np), probe_verbs_libraries()]

@@ -201,3 +201,174 @@ def test_table_and_summary_render_every_check():
     assert "0.06 GiB" in text and "mpirun not found" in text
     assert report.summary(checks, 1.25) == ("doctor: 2 checks in 1.2 s: 0 PASS, 1 WARN, 1 FAIL, "
                                              "0 SKIP; problems found")
+
+
+# A GPU host faked from captured output (tests/fixtures/README.md names each source):
+# NVML made unimportable so the gpus probe reads `nvidia-smi`, a stand-in that prints
+# the capture; torch in the stack made to see the same GPUs. No engine: the stack is
+# checked as local processes; the probes that launch ranks over GPUs or load cuDNN
+# (which needs the driver) cannot run here and are left out; they have their own tests.
+def _fake_gpu_host(monkeypatch, tmp_path, capture, gpus_seen, docker=False):
+    import torch
+
+    from lab.common import docker_api
+    bin_ = tmp_path / "bin"
+    bin_.mkdir(exist_ok=True)
+    _fake(bin_ / "nvidia-smi", f"cat '{FIX / capture}'")
+    monkeypatch.setenv("PATH", f"{bin_}:{os.environ['PATH']}")
+    monkeypatch.setitem(sys.modules, "pynvml", None)          # import pynvml -> ImportError
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus_seen)
+    for launch in ("probe_cudnn", "probe_mpi_hello", "probe_mpi_gpu_allreduce", "probe_nccl_tests",
+                   "probe_allreduce_sweep"):
+        monkeypatch.setattr(stack, launch, lambda *a, _n=launch, **k: Result(_n, SKIP, None, "not run here"))
+    if not docker:
+        def no_engine(*a, **k):
+            raise docker_api.DockerUnavailable("no Docker engine (the test's host has none)")
+        monkeypatch.setattr(docker_api, "client", no_engine)
+
+
+def _doctor_json(capsys, **flags):
+    """`invoke doctor --json` with these flags: (exit code, checks by (where, name))."""
+    from invoke import Context
+    from invoke.exceptions import Exit
+
+    import tasks
+    code = 0
+    try:
+        tasks.doctor(Context(), json=True, **flags)
+    except Exit as e:
+        code = e.code
+    doc = json.loads(capsys.readouterr().out)
+    return code, {(c["where"], c["name"]): c for c in doc["checks"]}
+
+
+def test_doctor_on_a_one_gpu_host_exits_0_with_its_default_flags(monkeypatch, tmp_path, capsys):
+    _fake_gpu_host(monkeypatch, tmp_path, "nvidia-smi-1x-l4.txt", gpus_seen=1)
+    code, checks = _doctor_json(capsys)
+    assert checks[("host", "gpus")]["value"]["count"] == 1
+    one = checks[("both", "finding: one GPU per rank with NCCL")]
+    assert one["status"] == PASS and "--np 1 or fewer" in one["fix"]
+    assert code == 0, [c for c in checks.values() if c["status"] == FAIL]
+
+
+def test_doctor_on_an_eight_gpu_host(monkeypatch, tmp_path, capsys):
+    """memlock at the usual 8 MiB (RLIMIT_MEMLOCK's default on Linux since 5.16): judged
+    where the ranks run, here local processes over 8 GPUs, so a WARN there; on the host
+    it is only shown (lab GPU containers get unlimited)."""
+    import resource
+    _fake_gpu_host(monkeypatch, tmp_path, "nvidia-smi-8x-h100.txt", gpus_seen=8)
+    monkeypatch.setattr(resource, "getrlimit", lambda what: (8 * 2**20, 8 * 2**20))
+    code, checks = _doctor_json(capsys, np=8)
+    assert checks[("host", "gpus")]["value"]["count"] == 8
+    assert checks[("both", "finding: one GPU per rank with NCCL")]["status"] == PASS
+    assert checks[("both", "finding: the ranks see every GPU of the host")]["status"] == PASS
+    assert checks[("host", "memlock")]["status"] == PASS
+    assert checks[("local", "memlock")]["status"] == WARN and "ulimit -l" in checks[("local", "memlock")]["fix"]
+    assert code == 0
+
+
+class _Img:
+    """An image as the Docker SDK returns it: tags, id, labels (lab.host.images writes
+    them: the CUDA 13.0 entry's architectures, docker/versions.env)."""
+    def __init__(self, tag):
+        from lab.common import versions
+        from lab.host.images import LABEL_PREFIX
+        m = versions.read()
+        self.tags, self.id, self.short_id = [tag], "sha256:" + tag, tag[-8:]
+        self.labels = {LABEL_PREFIX + "cuda_archs": m["CUDA_13_0_ARCHS"],
+                       LABEL_PREFIX + "cuda_ptx": m["CUDA_13_0_PTX"]}
+
+
+def _engine_with(monkeypatch, tags):
+    import docker
+    from lab.common import docker_api
+    from lab.host import runners
+    images = {t: _Img(t) for t in tags}
+
+    class Images:
+        def get(self, tag):
+            if tag in images:
+                return images[tag]
+            raise docker.errors.ImageNotFound(tag)
+    cli = type("Cli", (), {"images": Images()})()
+    monkeypatch.setattr(docker_api, "client", lambda *a, **k: cli)
+    monkeypatch.setattr(runners, "host_gpu_capabilities", lambda: ["8.9"])   # an L4
+
+
+@pytest.mark.parametrize("built,checked", [
+    (["dl-lab-kit:gpu-mpi"], ["dl-lab-kit:gpu-mpi"]),
+    (["dl-lab-kit:gpu-nccl", "dl-lab-kit:gpu-mpi"], ["dl-lab-kit:gpu-nccl", "dl-lab-kit:gpu-mpi"]),
+])
+def test_doctor_checks_whichever_gpu_images_are_built(monkeypatch, built, checked):
+    from lab.host import doctor
+    gpus = probes.parse_nvidia_smi((FIX / "nvidia-smi-1x-l4.txt").read_text())
+    monkeypatch.setattr(host, "collect", lambda: [Result("gpus", PASS, gpus)])
+    _engine_with(monkeypatch, built)
+    seen = []
+
+    def in_image(runner, np):
+        seen.append(runner.tag)
+        return [dict(Result("torch", PASS, {"cuda_build": "13.0", "cuda_available": True,
+                                            "device_count": 1}).as_dict(), where="image")]
+    monkeypatch.setattr(doctor, "stack_in_image", in_image)
+    checks, _, notes = doctor.run(np=2, echo=lambda line: None)
+    assert seen == checked
+    assert all(f"the stack is checked in the image {t}" in " ".join(notes) for t in checked)
+    if len(checked) == 2:       # each image's rows name it
+        assert {c["where"] for c in checks if c["name"] == "torch"} == {f"image {t}" for t in checked}
+
+
+@pytest.mark.parametrize("ops,status", [("NCCL", WARN), (None, WARN), ("MPI", FAIL)])
+def test_an_mpi_that_cannot_take_gpu_memory_fails_only_where_horovod_gives_it_some(monkeypatch, ops, status):
+    """mpirun ends non-zero when a rank hands a GPU buffer to a non-CUDA-aware MPI (the
+    GPU run cannot happen here: run_command is made to fail as that mpirun does)."""
+    def mpirun_fails(argv, timeout=10, env=None):
+        raise probes.ProbeError("mpirun exited with 139: rank 0 ... Segmentation fault")
+    monkeypatch.setattr(stack, "run_command", mpirun_fails)
+    torch_r = Result("torch", PASS, {"cuda_build": "13.0", "cuda_available": True, "device_count": 1})
+    hvd = Result("horovod", PASS, {"gpu_operations": ops})
+    r = stack.probe_mpi_gpu_allreduce(torch_r, 2, hvd=hvd)
+    assert r.status == status, r.fix
+    assert ("--gpu-ops MPI" in r.fix) and (("use NCCL GPU operations" in r.fix) is False)
+
+
+
+def test_this_machine_lists_the_rdma_checks_as_skip_with_reasons():
+    """No GPU and no RDMA device here: every GPUDirect RDMA check is a SKIP that says why."""
+    checks = {r.name: r for r in host.collect()}
+    for name in ("rdma_devices", "gpudirect_peermem", "gpu_nic_affinity", "nccl_rdma_settings"):
+        assert checks[name].status == SKIP and checks[name].fix, name
+
+
+def test_doctor_on_a_cdi_only_host_exits_0(monkeypatch, tmp_path, capsys):
+    """One GPU (the L4 capture), an engine with no lab image yet, and the container
+    toolkit's CDI hook and spec but no nvidia-container-runtime-hook: the engine can give
+    containers GPUs (moby registers "gpu" for the CDI hook), so no FAIL."""
+    from lab.common import docker_api
+    _fake_gpu_host(monkeypatch, tmp_path, "nvidia-smi-1x-l4.txt", gpus_seen=1, docker=True)
+    import docker
+
+    class Images:
+        def list(self, name=None):
+            return []
+
+        def get(self, tag):
+            raise docker.errors.ImageNotFound(tag)
+
+    class Engine:
+        images = Images()
+
+        def version(self):
+            return {"Version": "29.2.0", "ApiVersion": "1.52"}
+    monkeypatch.setattr(docker_api, "client", lambda *a, **k: Engine())
+    _fake(tmp_path / "bin" / "nvidia-cdi-hook", "exit 0")
+    cdi = tmp_path / "cdi"
+    cdi.mkdir()
+    spec = (FIX / "cdi-spec-nvidia-ctk-generate.yaml").read_text()
+    (cdi / "nvidia.yaml").write_text(spec.replace("kind: example.com/device", "kind: nvidia.com/gpu"))
+    monkeypatch.setattr(host, "CDI_DIRS", (str(cdi),))
+    code, checks = _doctor_json(capsys)
+    runtime = checks[("host", "gpu_container_runtime")]
+    assert runtime["status"] == PASS and runtime["value"]["cdi_specs"] == [str(cdi / "nvidia.yaml")]
+    assert code == 0, [c for c in checks.values() if c["status"] == FAIL]

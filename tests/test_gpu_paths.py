@@ -377,3 +377,148 @@ def test_without_an_image_the_runtime_probe_looks_for_the_hook(monkeypatch):
     assert r.status == FAIL and "nvidia-container-runtime-hook" in r.fix
     monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/" + name)
     assert host.probe_gpu_runtime(gpus, None).status == PASS
+
+
+# A CDI-only host: the NVIDIA container toolkit installed the CDI hook and generated a
+# spec, but no nvidia-container-runtime-hook. moby registers "gpu" for either hook
+# (daemon/devices_nvidia_linux.go, getNVIDIADeviceDrivers). The spec is nvidia-ctk's own
+# expected output (tests/fixtures/README.md), written with its default kind.
+from pathlib import Path  # noqa: E402
+
+FIX = Path(__file__).parent / "fixtures"
+
+
+def test_a_cdi_only_host_gives_containers_gpus(monkeypatch, tmp_path):
+    import shutil
+
+    from envcheck import host
+    from envcheck.probes import FAIL, PASS, Result
+    monkeypatch.setattr(host, "_docker", lambda: (object(), None))
+    hooks = {"nvidia-cdi-hook": "/usr/bin/nvidia-cdi-hook"}
+    monkeypatch.setattr(shutil, "which", lambda name: hooks.get(name))
+    gpus = Result("gpus", PASS, {"count": 1}, "")
+    cdi = tmp_path / "etc-cdi"
+    cdi.mkdir()
+    r = host.probe_gpu_runtime(gpus, None, cdi_dirs=(str(cdi),))
+    assert r.status == FAIL and "nvidia-ctk cdi generate" in r.fix      # the hook, no spec
+    spec = (FIX / "cdi-spec-nvidia-ctk-generate.yaml").read_text()
+    (cdi / "nvidia.yaml").write_text(spec.replace("kind: example.com/device", "kind: nvidia.com/gpu"))
+    r = host.probe_gpu_runtime(gpus, None, cdi_dirs=(str(cdi),))
+    assert r.status == PASS and r.value["cdi_specs"] == [str(cdi / "nvidia.yaml")]
+    # Another vendor's spec alone does not give NVIDIA GPUs.
+    (cdi / "nvidia.yaml").write_text(spec)
+    assert host.probe_gpu_runtime(gpus, None, cdi_dirs=(str(cdi),)).status == FAIL
+
+
+def test_the_allreduce_probe_picks_its_gpu_before_the_nccl_group(fake_gpus, monkeypatch):
+    import torch.distributed as dist
+
+    from envcheck import allreduce
+
+    class Stop(Exception):
+        pass
+
+    def stop(*a, **k):
+        raise Stop
+    monkeypatch.setattr(dist, "get_rank", stop)        # end the probe once the group exists
+    with pytest.raises(Stop):
+        allreduce.main(["--backend", "nccl", "--sizes", "4096", "--iters", "1"])
+    assert fake_gpus[0] == ("set_device", torch.device("cuda", 1))
+    name, backend, kw = fake_gpus[1]
+    assert (name, backend) == ("init_process_group", "nccl")
+    assert kw["device_id"] == torch.device("cuda", 1)
+
+
+# The driver decides too: the GPU images set NVIDIA_DISABLE_REQUIRE, so a CUDA 13 image
+# starts on an R535 or R560 driver and torch sees no GPU. Drivers from captured
+# nvidia-smi lines (tests/fixtures/README.md); the images' CUDA and architectures from
+# docker/versions.env, as lab.host.images labels them.
+from envcheck.probes import parse_nvidia_smi  # noqa: E402
+
+DRIVERS = {d[:3]: d for d in (parse_nvidia_smi(line)["driver"] for line in
+                              (FIX / "nvidia-smi-driver-lines.txt").read_text().splitlines()[1:])}
+
+
+def _image(tag, cuda):
+    m = versions.read()
+    key = "CUDA_" + cuda.replace(".", "_")
+    img = FakeImage(tag, m[key + "_ARCHS"], m[key + "_PTX"])
+    img.labels[LABEL_PREFIX + "cuda_version"] = cuda
+    return img
+
+
+@pytest.mark.parametrize("branch,expected", [("535", "cu126"), ("560", "cu126"), ("580", "cu130")])
+def test_a_gpu_run_takes_the_image_this_driver_runs(engine_with, monkeypatch, tmp_path, branch, expected):
+    new, old = _image("dl-lab-kit:gpu-nccl", "13.0"), _image("dl-lab-kit:gpu-nccl-cu126", "12.6")
+    engine_with({new.tags[0]: new, old.tags[0]: old}, ["8.0"])          # an A100: both have its code
+    monkeypatch.setattr(runners, "host_gpu_driver", lambda: DRIVERS[branch])
+    got = runners.choose_runner(device="cuda", framework="ddp", backend="nccl",
+                                results_dir=str(tmp_path))[0].image
+    assert got is {"cu126": old, "cu130": new}[expected]
+
+
+def test_no_built_image_runs_on_this_driver_is_one_sentence(engine_with, monkeypatch, tmp_path):
+    new = _image("dl-lab-kit:gpu-nccl", "13.0")
+    engine_with({new.tags[0]: new}, ["8.6"])
+    monkeypatch.setattr(runners, "host_gpu_driver", lambda: DRIVERS["560"])
+    kw = dict(device="cuda", framework="ddp", backend="nccl", results_dir=str(tmp_path))
+    with pytest.raises(runners.RunnerError, match=r"runs none of the GPU images built.*"
+                                                  r"560\.28\.03 is too old for CUDA 13\.0"):
+        runners.choose_runner(**kw)
+    assert runners.choose_runner(check_gpu_code=False, **kw)[0].image is new     # doctor reports it
+
+
+def test_up_gpu_brings_the_cluster_up_from_the_image_this_host_runs(engine_with, monkeypatch):
+    from lab.common import docker_api
+    from lab.host import cluster
+    new, old = _image("dl-lab-kit:gpu-nccl", "13.0"), _image("dl-lab-kit:gpu-nccl-cu126", "12.6")
+    engine_with({new.tags[0]: new, old.tags[0]: old}, ["8.0"])
+    monkeypatch.setattr(runners, "host_gpu_driver", lambda: DRIVERS["560"])
+    assert cluster._gpu_image(docker_api.client()) == "dl-lab-kit:gpu-nccl-cu126"
+    engine_with({new.tags[0]: new}, ["8.0"])
+    with pytest.raises(cluster.ClusterError, match="560.28.03 is too old for CUDA 13.0"):
+        cluster._gpu_image(docker_api.client())
+
+
+def test_cpu_jobs_in_a_gpu_image_are_spared_open_mpis_libcuda_notice(tmp_path, monkeypatch):
+    from lab.host.container import job_spec
+    monkeypatch.delenv("OMPI_MCA_opal_warn_on_missing_libcuda", raising=False)
+
+    def env(gpus):
+        return job_spec("dl-lab-kit:gpu-mpi", ["true"], results_dir=str(tmp_path), data_dir=None,
+                        frozen=True, gpus=gpus, host_uid=1000, host_gid=1000).environment
+    assert env(False)["OMPI_MCA_opal_warn_on_missing_libcuda"] == "0"
+    assert "OMPI_MCA_opal_warn_on_missing_libcuda" not in env(True)     # GPU jobs: it matters there
+    monkeypatch.setenv("OMPI_MCA_opal_warn_on_missing_libcuda", "1")
+    assert env(False)["OMPI_MCA_opal_warn_on_missing_libcuda"] == "1"   # the user's word wins
+
+
+# --hosts with GPUs: each host runs its slots' ranks (mpirun's hostfile semantics), so
+# each is checked against its own GPUs, not the first host's with ceil(np/hosts) ranks.
+def _hosts_runner(monkeypatch, tmp_path, gpus: dict):
+    from lab.host.hosts_runner import HostsRunner
+    from lab.host.launch import parse_hosts
+    spec = ",".join(f"{h}:{slots}" for h, (slots, _) in gpus.items())
+    r = HostsRunner(parse_hosts(spec), str(tmp_path), None)
+    base = {"kit": "x", "python": "3.11", "torch": "2.13.0", "cuda_available": True, "mpirun": True,
+            "ddp_backends": {"gloo": True, "mpi": False, "nccl": True}}
+    answers = {h: json.dumps(dict(base, gpus=n)) for h, (_, n) in gpus.items()}
+    monkeypatch.setattr(r, "output_on", lambda host, argv, timeout_s=120: (0, answers[host]))
+    return r
+
+
+def test_uneven_gpu_hosts_are_checked_each_against_its_own(monkeypatch, tmp_path):
+    from lab.host.hosts_runner import HostsError
+    r = _hosts_runner(monkeypatch, tmp_path, {"small": (2, 2), "big": (4, 4)})   # slots, GPUs
+    stack = r.probe_stack()
+    s = BenchSettings(np=[6], framework="ddp", backend="nccl", device="cuda", nodes=2)
+    assert check_request(s, stack)[0] == "ddp"          # 2 ranks on 2 GPUs, 4 on 4: it fits
+    from lab.host.runners import Launch
+    args = tuple(RunConfig(framework="ddp", backend="nccl", device="cuda").to_args())
+    gpu_job = Launch("ddp", "nccl", 6, args, device="cuda")
+    assert r.commands(gpu_job)                          # and the hosts agree
+    r = _hosts_runner(monkeypatch, tmp_path, {"small": (4, 2), "big": (2, 4)})
+    r.probe_stack()
+    with pytest.raises(HostsError, match=r"host small runs 4 rank\(s\).*sees 2 GPU\(s\).*small:2"):
+        r.commands(gpu_job)
+    assert r.commands(Launch("ddp", "gloo", 6, tuple(RunConfig(framework="ddp", backend="gloo").to_args())))

@@ -294,7 +294,7 @@ def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, ec
     try:
         commands = runner.commands(Launch(cfg.framework, s.backend, cfg.expected_np,
                                           tuple(inside.to_args()), tuple(job_env(s).items()),
-                                          s.timeout_s, cfg.run_id, cfg.attempt))
+                                          s.timeout_s, cfg.run_id, cfg.attempt, cfg.device))
     except (RunnerError, HostsError) as e:
         raise BenchError(str(e)) from None
     echo(f"== {cfg.framework} over {s.backend}, {np} process(es): "

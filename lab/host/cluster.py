@@ -150,6 +150,17 @@ def nodes(client) -> dict[str, object]:
     return dict(sorted(found.items(), key=lambda kv: int(kv[0][4:]) if kv[0][4:].isdigit() else 0))
 
 
+def _gpu_image(client) -> str | None:
+    """For `up --gpu`: the GPU image bench would take on this host (code for its GPUs, a
+    CUDA its driver runs: lab.host.runners.gpu_image), None when no GPU image is built."""
+    from lab.host.runners import RunnerError, candidate_images, gpu_image, matrix_cudas
+    try:
+        img = gpu_image(client, candidate_images("cuda", "ddp", "nccl", matrix_cudas()))
+    except RunnerError as e:
+        raise ClusterError(str(e)) from None
+    return img.tags[0] if img is not None and img.tags else None
+
+
 def up(n: int = 2, image: str | None = None, gpu: bool = False, echo=print,
        scheduler: str = "none") -> dict:
     if n < 1:
@@ -159,14 +170,16 @@ def up(n: int = 2, image: str | None = None, gpu: bool = False, echo=print,
     if gpu and n > 2:
         raise ClusterError("compose.gpu.yaml gives GPUs to node1 and node2: add nodes to it for --gpu with more")
     client = engine()
+    if image is None and gpu and not os.environ.get("LAB_IMAGE"):
+        image = _gpu_image(client)
     if image is None:
         image = os.environ.get("LAB_IMAGE", f"{docker_api.IMAGE_REPO}:{'gpu-nccl' if gpu else 'cpu'}")
     import docker
     try:
         client.images.get(image)
     except docker.errors.ImageNotFound:
-        raise ClusterError(f"the image {image} is not built: `invoke build --flavor cpu` "
-                           f"(or name another with --image)") from None
+        raise ClusterError(f"the image {image} is not built: `invoke build"
+                           f"{'' if gpu else ' --flavor cpu'}` (or name another with --image)") from None
     if scheduler == "slurm" and not has_slurm(client, image):
         raise ClusterError(f"the image {image} has no Slurm (built before the kit installed it): "
                            f"rebuild it with `invoke build`, or leave out --scheduler slurm")

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import time
 
 from lab.common import proc
+from lab.common.forwarded_env import forwarded
 from lab.common.kit import REPO_ROOT
 from lab.host import jobs, launch, slurm
 from lab.host.cluster import ClusterError, engine, exec_out, host_slots, node_names, nodes, wait_ssh
@@ -123,7 +125,8 @@ class ClusterRunner(Runner):
 
     def env(self, extra: dict) -> dict:
         env = {"PYTHONUNBUFFERED": "1", "LAB_IMAGE_ID": self.image.id,
-               "LAB_IMAGE_LABELS": json.dumps(self.image.labels or {}), **extra}
+               "LAB_IMAGE_LABELS": json.dumps(self.image.labels or {}),
+               **forwarded(os.environ, own_network=True), **extra}
         if not self.frozen:
             env["PYTHONPATH"] = SOURCE_IN
         return env

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from lab.common import kit, proc
 from lab.common.docker_api import MANAGED_BY
+from lab.common.forwarded_env import forwarded
 from lab.host import launch
 from lab.host.runners import JobResult, Runner, RunnerError
 
@@ -26,6 +27,12 @@ RESULTS_IN = "/results"
 DATA_IN = "/data"
 SOURCE_IN = "/opt/lab-src"
 IMAGE_UID = 1000             # the image's user `lab` (docker/Dockerfile)
+# A CPU job in a GPU image: its CUDA-aware Open MPI looks for libcuda.so.1, which only a
+# container with GPUs is given, and prints a multi-line "CUDA-aware support is disabled"
+# notice per rank. Open MPI 4.1 shows it only while opal_warn_on_missing_libcuda is
+# true (opal/mca/common/cuda/common_cuda.c, mca_common_cuda_stage_one_init); a value
+# the user exported is forwarded and wins.
+QUIET_NO_LIBCUDA = ("OMPI_MCA_opal_warn_on_missing_libcuda", "0")
 
 
 @dataclass
@@ -74,6 +81,9 @@ def job_spec(image: str, command: list[str], *, results_dir: str, data_dir: str 
     """What the container of one job gets. Host paths are made absolute."""
     env = {"PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
            "LAB_IMAGE_ID": image_id, "LAB_IMAGE_LABELS": json.dumps(image_labels or {})}
+    env.update(forwarded(os.environ, own_network=True))      # NCCL_*, UCX_*, ... (one list)
+    if not gpus:
+        env.setdefault(*QUIET_NO_LIBCUDA)
     env.update(environment or {})
     mounts = {os.path.abspath(results_dir): (RESULTS_IN, "rw")}
     if data_dir and os.path.isdir(data_dir):

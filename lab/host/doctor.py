@@ -38,6 +38,38 @@ def stack_in_image(runner, np: int) -> list[dict]:
                  where="image")]
 
 
+def _where_checked(where: str, image: str, frozen: bool, gpus: bool, scratch: str, echo):
+    """[(runner, note)]: where the stack is checked, chosen as bench chooses. With GPUs and
+    no image named, one runner per kind of GPU image that is built: Horovod's GPU data
+    path is fixed when it is built (HOROVOD_GPU_OPERATIONS, docker/install-horovod.sh), so
+    a gpu-nccl image says nothing of a gpu-mpi one's CUDA-aware MPI, and the reverse.
+    bench asks for the image by back end (runners.candidate_images: nccl gives gpu-nccl*,
+    mpi gpu-mpi*); doctor asks for both and checks each one found."""
+    def choose(backend):
+        return choose_runner(where=where, image=image, frozen=frozen,
+                             device="cuda" if gpus else "cpu", framework="horovod",
+                             backend=backend, results_dir=scratch, data_dir=None,
+                             check_gpu_code=False, echo=echo)
+    if not gpus or image or where == "local":
+        return [choose("gloo")]
+    found, first_error, fallback = [], None, None
+    for backend in ("nccl", "mpi"):
+        try:
+            runner, note = choose(backend)
+        except RunnerError as e:
+            first_error = first_error or e
+            continue
+        if runner.kind != "image":
+            fallback = fallback or (runner, note)
+        elif all(r.image.id != runner.image.id for r, _ in found):
+            found.append((runner, note))
+    if found:
+        return found
+    if fallback:
+        return [fallback]
+    raise first_error
+
+
 def run(np: int = 2, where: str = "auto", image: str = "", frozen: bool = False,
         echo=print) -> tuple[list[dict], float, list[str]]:
     t0 = time.monotonic()
@@ -47,27 +79,28 @@ def run(np: int = 2, where: str = "auto", image: str = "", frozen: bool = False,
     host_by_name = {r.name: r for r in host_results}
     gpus = bool((host_by_name["gpus"].value or {}).get("count")) if host_by_name["gpus"].status == PASS else False
     with tempfile.TemporaryDirectory(prefix="lab-doctor-") as scratch:
-        # The same choice as bench's; `note` says where the stack is checked.
-        runner, note = choose_runner(where=where, image=image, frozen=frozen,
-                                     device="cuda" if gpus else "cpu", framework="horovod",
-                                     results_dir=scratch, data_dir=None, check_gpu_code=False)
-        if runner.kind == "image":
-            note = f"the stack is checked in the image {runner.tag} ({runner.image.short_id})"
-        elif note:
-            note = note.replace("running as local processes", "the stack is checked as local processes")
-        if note:
-            notes.append(note)
-            echo(note)
-        if runner.kind == "local":
-            ranks = _dicts(stack.collect(np), "local")
-        else:
-            ranks = stack_in_image(runner, np)
-    checks += ranks
-    visible = None
-    if runner.kind == "image" and gpus:
-        ids = runner.spec(["true"]).gpu_ids       # the host's CUDA_VISIBLE_DEVICES, if set
-        visible = len(ids) if ids else None
-    found = findings.find(host_by_name, _results(ranks), np, in_image=runner.kind != "local",
-                          visible=visible)
-    checks += _dicts(found, "both")
+        chosen = _where_checked(where, image, frozen, gpus, scratch, echo)
+        several = len(chosen) > 1
+        for runner, note in chosen:
+            if runner.kind == "image":
+                note = f"the stack is checked in the image {runner.tag} ({runner.image.short_id})"
+            elif note:
+                note = note.replace("running as local processes", "the stack is checked as local processes")
+            if note:
+                notes.append(note)
+                echo(note)
+            # Two images checked: each one's rows name it.
+            suffix = f" {runner.tag}" if several else ""
+            if runner.kind == "local":
+                ranks = _dicts(stack.collect(np), "local")
+            else:
+                ranks = [dict(c, where=c["where"] + suffix) for c in stack_in_image(runner, np)]
+            checks += ranks
+            visible = None
+            if runner.kind == "image" and gpus:
+                ids = runner.spec(["true"]).gpu_ids       # the host's CUDA_VISIBLE_DEVICES, if set
+                visible = len(ids) if ids else None
+            found = findings.find(host_by_name, _results(ranks), np, in_image=runner.kind != "local",
+                                  visible=visible)
+            checks += _dicts(found, "both" + suffix)
     return checks, time.monotonic() - t0, notes

@@ -22,6 +22,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from lab.common import kit, proc
+from lab.common.forwarded_env import forwarded
 from lab.host import jobs, launch
 from lab.host.launch import Host, HostsError, rendezvous_port  # noqa: F401 (tests import it here)
 from lab.host.runners import JobResult, Runner, RunnerError
@@ -95,6 +96,21 @@ def stack_mismatches(stacks: dict[str, dict]) -> list[str]:
     return out
 
 
+def gpu_shortfalls(hosts: list[Host], stacks: dict[str, dict]) -> list[str]:
+    """One sentence per host that would run more ranks (its slots: each slot one rank,
+    check_slots) than torch sees GPUs there. Hosts may differ (h1:8,h2:4 on an 8-GPU and
+    a 4-GPU server): each is checked against its own count, not the first host's."""
+    out = []
+    for h in hosts:
+        gpus = int((stacks.get(h.name) or {}).get("gpus") or 0)
+        if h.slots > gpus:
+            out.append(f"host {h.name} runs {h.slots} rank(s), each needing a GPU of its own, and "
+                       f"torch sees {gpus} GPU(s) there: give it {gpus} slot(s) ({h.name}:{gpus})"
+                       if gpus else f"torch sees no GPU on host {h.name}: leave it out of --hosts "
+                       f"or run with --device cpu")
+    return out
+
+
 def remote(host: str, argv: list[str], env: dict[str, str] | None = None) -> list[str]:
     """ssh to `host` running argv with `env` set (one shell-quoted command)."""
     assigns = [f"{k}={shlex.quote(str(v))}" for k, v in (env or {}).items()]
@@ -140,8 +156,8 @@ class HostsRunner(Runner):
         self._job: jobs.Job | None = None
         self.cores: dict[str, int | None] = {}
         self._pattern = ""
-        self._framework, self._worker_args = "", []
         self._port = 29500
+        self.stacks: dict[str, dict] = {}       # each host's stack, once probed
 
     def describe(self) -> str:
         return f"running on {launch.format_hosts(self.hosts)} over SSH"
@@ -151,6 +167,7 @@ class HostsRunner(Runner):
 
     def _env(self, extra: dict) -> dict:
         env = {k: os.environ[k] for k in FORWARDED if k in os.environ}
+        env.update(forwarded(os.environ))          # NCCL_*, UCX_*, OMPI_MCA_*, ... (one list)
         env.update(extra)
         return env
 
@@ -195,8 +212,13 @@ class HostsRunner(Runner):
         if wrong:
             raise RunnerError(f"{wrong[0]}: install the same versions on every host"
                               + (f" ({len(wrong) - 1} more difference(s))" if len(wrong) > 1 else ""))
+        self.stacks = stacks
         self.cores = {h: st.get("cores") for h, st in stacks.items()}
-        return stacks[self.hosts[0].name]
+        # The request's own GPU check assumes alike hosts (ceil(np/hosts) ranks on each,
+        # against the stack's "gpus"): given the most any host has, it refuses only what
+        # no spread could run; commands() checks each host's slots against its own GPUs.
+        return dict(stacks[self.hosts[0].name],
+                    gpus=max(int(s.get("gpus") or 0) for s in stacks.values()))
 
     def prepare(self, run_dir: str) -> None:
         """Ranks on other hosts run as the same user: nothing to hand over."""
@@ -206,6 +228,10 @@ class HostsRunner(Runner):
         host carrying the job's environment into torch.distributed.run."""
         check_slots(self.hosts, [job.np])
         check_hosts(self.hosts)
+        # Each host's own GPUs, once its stack is known (probe_stack).
+        short = gpu_shortfalls(self.hosts, self.stacks) if job.device == "cuda" and self.stacks else []
+        if short:
+            raise HostsError(short[0] + (f" ({len(short) - 1} more host(s) alike)" if len(short) > 1 else ""))
         self._port = rendezvous_port(job.key)
         # matches this run's ranks and launchers (to_args puts --run-id before --attempt),
         # never pkill's own command line

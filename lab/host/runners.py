@@ -34,6 +34,7 @@ class Launch:
     timeout_s: float = 0
     run_id: str = ""
     attempt: str = ""
+    device: str = "cpu"
 
     @property
     def key(self) -> str:
@@ -209,6 +210,35 @@ def host_gpu_capabilities() -> list[str]:
             if d.get("compute_capability")] if r.status == "PASS" else []
 
 
+def host_gpu_driver() -> str | None:
+    """The NVIDIA driver version of this host (NVML or nvidia-smi), None when none is
+    seen. Never raises (envcheck's probe)."""
+    from envcheck.host import probe_gpus
+    r = probe_gpus()
+    return (r.value or {}).get("driver") if r.status == "PASS" else None
+
+
+def by_driver(images: list, driver: str | None) -> tuple[list, list[str]]:
+    """(the images this driver runs, best first; a sentence per image it cannot run).
+    The verdict is envcheck.probes.driver_supports' (the version matrix's GA and
+    minor-version-compatibility drivers): PASS before WARN, FAIL left out. The GPU images
+    set NVIDIA_DISABLE_REQUIRE, so the container toolkit no longer refuses a too-old
+    driver and the image would start with no usable GPU: the choice has to be made here."""
+    from envcheck.probes import FAIL, PASS, driver_supports
+    from lab.host.images import LABEL_PREFIX
+    if not driver:
+        return list(images), []
+    ranked, refused = [], []
+    for i, img in enumerate(images):
+        cuda = (img.labels or {}).get(LABEL_PREFIX + "cuda_version")
+        status, line = driver_supports(driver, cuda) if cuda else (PASS, "")
+        if status == FAIL:
+            refused.append(f"{img.tags[0] if img.tags else img.short_id}: {line}")
+        else:
+            ranked.append((status != PASS, i, img))
+    return [img for *_, img in sorted(ranked, key=lambda t: t[:2])], refused
+
+
 def unfit_for(labels: dict, capabilities: list[str]) -> list[str]:
     """The capabilities among `capabilities` that an image (its labels) has no code for."""
     from lab.common.versions import archs_cover
@@ -228,6 +258,28 @@ def no_code_sentence(tag: str, labels: dict, missing: list[str]) -> str:
            "no CUDA entry of the matrix (docker/versions.env) covers it")
     return (f"{tag} has no GPU code for compute capability {', '.join(missing)} (the GPUs here; "
             f"it is built for {(labels or {}).get(LABEL_PREFIX + 'cuda_archs')}): {fix}")
+
+
+def gpu_image(cli, tags: list[str], check: bool = True):
+    """The first of `tags` built that has code for every GPU here (a V100, 7.0, needs the
+    CUDA 12.6 image: the CUDA 13 builds start at 7.5) and that this driver runs (an R535
+    or R560 driver cannot run CUDA 13); None when none is built. With check, RunnerError
+    in one sentence when none fits; without (doctor reports it), the best there is."""
+    from lab.common import docker_api
+    built = [i for i in (docker_api.find_image(cli, [t]) for t in tags) if i is not None]
+    if not built:
+        return None
+    caps = host_gpu_capabilities()
+    fits = [i for i in built if not unfit_for(i.labels, caps)]
+    if not fits and check:
+        first = built[0]
+        raise RunnerError(no_code_sentence(first.tags[0] if first.tags else tags[0], first.labels,
+                                           unfit_for(first.labels, caps)))
+    runs, refused = by_driver(fits, host_gpu_driver())
+    if fits and not runs and check:
+        raise RunnerError("the NVIDIA driver here runs none of the GPU images built ("
+                          + "; ".join(refused) + ")")
+    return (runs or fits or built)[0]
 
 
 def choose_runner(*, where: str = "auto", nodes: int = 1, image: str = "", frozen: bool = False,
@@ -268,15 +320,7 @@ def choose_runner(*, where: str = "auto", nodes: int = 1, image: str = "", froze
             f"running as local processes: {e} (--local says so and skips the check)")
     img = docker_api.find_image(cli, tags)
     if device == "cuda" and img is not None:
-        # The first image built that has code for every GPU here (a V100, 7.0, needs the
-        # CUDA 12.6 image: the CUDA 13 builds start at 7.5), else one sentence.
-        caps = host_gpu_capabilities()
-        fits = [i for i in (docker_api.find_image(cli, [t]) for t in tags)
-                if i is not None and not unfit_for(i.labels, caps)]
-        if not fits and check_gpu_code:
-            raise RunnerError(no_code_sentence(img.tags[0] if img.tags else tags[0], img.labels,
-                                               unfit_for(img.labels, caps)))
-        img = fits[0] if fits else img
+        img = gpu_image(cli, tags, check=check_gpu_code) or img
     if img is None:
         if insist:
             raise RunnerError(f"no image {' or '.join(tags)} is built: run `invoke build`, "
