@@ -15,13 +15,14 @@ import signal
 import time
 from dataclasses import dataclass
 
-from lab.common import progress, results
+from lab.common import heartbeat, progress, results
 from lab.common.config import RunConfig
 from lab.host import ceiling
 from lab.host.failures import RankEnd, StreamWatches
 from lab.host.launch import HostsError
 from lab.host.request import BenchError, BenchSettings, base_config, check_request, check_settings, parse_np
 from lab.host.runners import JobResult, Launch, Runner, RunnerError, choose_runner
+from lab.host.stall import StallWatch
 
 
 @dataclass
@@ -306,11 +307,20 @@ def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, ec
     # Under Slurm, Horovod over MPI runs every rank as an srun task.
     watch = StreamWatches(echo, srun_tasks_are_ranks=getattr(runner, "launcher", "") == "slurm"
                           and cfg.framework == "horovod" and s.backend == "mpi")
+    # The stall watch (lab.host.stall) reads the ranks' heartbeats beside the runner and
+    # ends a job in which no rank advances with the runner's own stop().
+    stall = StallWatch(heartbeat.folder(rfile.parent, cfg.attempt), cfg.expected_np, s.stall_s,
+                       cfg.launched_at, runner.stop, echo).start()
+
+    def line(text: str) -> None:
+        stall.line(text)
+        watch.line(text)
     try:
         try:
-            res = runner.run(commands, job_env(s), s.timeout_s, watch.line,
+            res = runner.run(commands, job_env(s), s.timeout_s, line,
                              name=f"lab-bench-{cfg.run_id}-{cfg.attempt}")
         finally:
+            stall.close()
             watch.close()
     except KeyboardInterrupt as e:
         runner.stop()
@@ -332,6 +342,14 @@ def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, ec
         if s.ceiling:
             add_ceiling(rfile, before, cfg, ceiling.around(s, np, ceiling_before, runner))
         return 0
+    if stall.error:
+        echo(f"!! run stalled and was stopped after {time.monotonic() - t0:.1f} s "
+             f"(no rank advanced for {stall.stalled_after:.0f} s)")
+        _record_failure(rfile, cfg, np, s.nodes, started,
+                        {**stall.error, "log_tail": "\n".join(list(watch.tail)[-20:])})
+        if load:
+            add_world(rfile, before, load)
+        return 1
     info, reason = attribute_failure(res, rfile.parent / "failures" / cfg.attempt,
                                      runner.dead(), watch.first)
     echo(f"!! run failed after {time.monotonic() - t0:.1f} s: {reason}")
