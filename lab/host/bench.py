@@ -22,7 +22,7 @@ from lab.host.failures import RankEnd, StreamWatches
 from lab.host.launch import HostsError
 from lab.host.request import BenchError, BenchSettings, base_config, check_request, check_settings, parse_np
 from lab.host.runners import JobResult, Launch, Runner, RunnerError, choose_runner
-from lab.host.stall import StallWatch
+from lab.host.stall import StallWatch, stall_env
 
 
 @dataclass
@@ -129,6 +129,11 @@ def job_env(s: BenchSettings) -> dict[str, str]:
     # 4,400-4,700 yielding). GPU runs keep Open MPI's default (poll: the cores are free
     # and yielding adds latency). Set per run, never in the image, so a value the user
     # exported wins on either device.
+    env.update(stall_env(s.stall_s, os.environ))
+    if s.debug:
+        # torch.distributed's checks of collectives' shapes and order, and its logs
+        # (PyTorch docs, torch.distributed, "Debugging torch.distributed applications").
+        env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
     user = os.environ.get(YIELD_WHEN_IDLE)
     if user is not None:
         env[YIELD_WHEN_IDLE] = user

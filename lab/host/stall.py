@@ -101,7 +101,7 @@ class StallWatch:
             if now - last > bound:
                 self.stalled_after = now - last
                 self.error = self.diagnose(self.collect(beats), bound)
-                self.echo(f"!! stalled: {self.error['reason']}")
+                self.echo(f"!! {self.error['reason']}")
                 self.stop()
                 return
 
@@ -187,3 +187,22 @@ def rendezvous(beats: dict[int, dict | None], behind: list[int], np: int) -> dic
                "for DDP, horovodrun --network-interface for Horovod)")
     return {"world": world, "started": started, "address": addr, "port": port,
             "interface": iface, "explanation": f"{said}; fix: {fix}"}
+
+
+HOROVOD_STALL_VAR = "HOROVOD_STALL_CHECK_TIME_SECONDS"
+
+
+def stall_env(stall_s: float, environ) -> dict[str, str]:
+    """Horovod's stall check (on by default, every 60 s: horovod/common/
+    stall_inspector.h, stall_warning_time_seconds; HOROVOD_STALL_CHECK_TIME_SECONDS sets
+    it, read in horovod/common/operations.cc) set well below our bound, so that its report
+    of the ranks that submitted no tensor is on rank 0's output before the watch stops
+    the job; a value the user exported wins. The default bound is never under
+    heartbeat.STEP_MIN_S once steps run: a quarter of that."""
+    if HOROVOD_STALL_VAR in environ or stall_s < 0:
+        return {}
+    # A quarter: Horovod checks at most once per that time, and a tensor its response
+    # cache holds is first invalidated after it (InvalidateStalledCachedTensors), then
+    # waits that long again uncached before it is reported: up to three times the value.
+    quarter = (stall_s if stall_s > 0 else heartbeat.STEP_MIN_S) / 4
+    return {HOROVOD_STALL_VAR: str(max(1, int(quarter)))}
