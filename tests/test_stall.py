@@ -234,3 +234,14 @@ def test_the_hang_fault_modes_parse():
     assert RunConfig(fault="1:20:hang").fault_plan() == (1, 20, "hang")
     assert RunConfig(fault="0:3:hang-data").fault_plan() == (0, 3, "hang-data")
     assert os.path.basename(heartbeat.beat_path("/r", "a", 1)) == "rank-1.json"
+
+
+def test_the_report_lists_a_stalled_run_with_its_diagnosis(tmp_path):
+    from lab.report.lab_report import analysis, failure_rows
+    reason = "stalled: no rank advanced for 20 s; behind: rank 1 on vm at step 20; top frames: x"
+    rec = results.make_record("failed", run_id="r", config=RunConfig().as_record(), np=2, nodes=1,
+                              started_at=results.now_iso(),
+                              error={"rank": 1, "host": "vm", "reason": reason, "log_tail": "",
+                                     "stalled": {"bound_s": 20, "behind": [1], "ranks": []}})
+    assert any(line.endswith(reason) and "2 workers" in line for line in analysis([rec]))
+    assert failure_rows([rec])[0][-1] == reason
