@@ -245,3 +245,28 @@ def test_the_report_lists_a_stalled_run_with_its_diagnosis(tmp_path):
                                      "stalled": {"bound_s": 20, "behind": [1], "ranks": []}})
     assert any(line.endswith(reason) and "2 workers" in line for line in analysis([rec]))
     assert failure_rows([rec])[0][-1] == reason
+
+
+def test_the_flight_recorder_is_for_gpu_runs_of_ddp_over_nccl_and_asked_through_its_pipe(tmp_path):
+    """The host's half only (no GPU here: the ranks' half is verified by reading): the
+    variables, and a write to each rank's FIFO, read by a real reader as ProcessGroupNCCL's
+    DumpPipe would."""
+    from lab.host.stall import flight_recorder
+    cpu = RunConfig(framework="ddp", run_id="r", attempt="a")
+    assert flight_recorder(cpu, "gloo", {"X": "1"}, "/results", tmp_path) == ({"X": "1"}, None)
+    gpu = RunConfig(framework="ddp", backend="nccl", device="cuda", run_id="r", attempt="a")
+    env, folder = flight_recorder(gpu, "nccl", {}, "/results", tmp_path / "r")
+    assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/results/r/flight/a/rank-"
+    assert env["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] == env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"]
+    assert int(env["TORCH_NCCL_TRACE_BUFFER_SIZE"]) > 0 and folder == str(tmp_path / "r" / "flight" / "a")
+    os.makedirs(folder)
+    os.mkfifo(os.path.join(folder, "rank-1.pipe"))
+    reader = os.open(os.path.join(folder, "rank-1.pipe"), os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        w = StallWatch(str(tmp_path), 2, 20, 0.0, stop=lambda: None, flight=folder)
+        assert w.ask_flight_recorder() == [1]          # rank 0 has no pipe: not asked
+        assert os.read(reader, 100) == b"dump\n"
+    finally:
+        os.close(reader)
+    (tmp_path / "r" / "flight" / "a" / "rank-1").write_bytes(b"trace")
+    assert w.flight_dumps() == ["flight/a/rank-1"]

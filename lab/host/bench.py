@@ -22,7 +22,7 @@ from lab.host.failures import RankEnd, StreamWatches
 from lab.host.launch import HostsError
 from lab.host.request import BenchError, BenchSettings, base_config, check_request, check_settings, parse_np
 from lab.host.runners import JobResult, Launch, Runner, RunnerError, choose_runner
-from lab.host.stall import StallWatch, stall_env
+from lab.host.stall import StallWatch, flight_recorder, stall_env
 
 
 @dataclass
@@ -298,9 +298,10 @@ def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, ec
     cfg = dataclasses.replace(cfg, launched_at=round(time.time(), 3))
     inside = dataclasses.replace(cfg, results_dir=runner.results_in,
                                  data_dir=runner.data_in or cfg.data_dir)
+    env, flight = flight_recorder(cfg, s.backend, job_env(s), inside.results_dir, rfile.parent)
     try:
         commands = runner.commands(Launch(cfg.framework, s.backend, cfg.expected_np,
-                                          tuple(inside.to_args()), tuple(job_env(s).items()),
+                                          tuple(inside.to_args()), tuple(env.items()),
                                           s.timeout_s, cfg.run_id, cfg.attempt))
     except (RunnerError, HostsError) as e:
         raise BenchError(str(e)) from None
@@ -315,14 +316,14 @@ def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, ec
     # The stall watch (lab.host.stall) reads the ranks' heartbeats beside the runner and
     # ends a job in which no rank advances with the runner's own stop().
     stall = StallWatch(heartbeat.folder(rfile.parent, cfg.attempt), cfg.expected_np, s.stall_s,
-                       cfg.launched_at, runner.stop, echo).start()
+                       cfg.launched_at, runner.stop, echo, flight=flight).start()
 
     def line(text: str) -> None:
         stall.line(text)
         watch.line(text)
     try:
         try:
-            res = runner.run(commands, job_env(s), s.timeout_s, line,
+            res = runner.run(commands, env, s.timeout_s, line,
                              name=f"lab-bench-{cfg.run_id}-{cfg.attempt}")
         finally:
             stall.close()

@@ -36,8 +36,10 @@ class StallWatch:
     fired, `error` is the failed record's error."""
 
     def __init__(self, folder: str, np: int, stall_s: float, launch: float, stop,
-                 echo=print, poll_s: float = POLL_S, dump_wait_s: float = DUMP_WAIT_S):
+                 echo=print, poll_s: float = POLL_S, dump_wait_s: float = DUMP_WAIT_S,
+                 flight: str | None = None):
         self.folder, self.np, self.stall_s, self.launch = folder, np, stall_s, launch
+        self.flight = flight          # the Flight Recorder's folder (GPU runs of DDP over NCCL)
         self.stop, self.echo, self.poll_s, self.dump_wait_s = stop, echo, poll_s, dump_wait_s
         self.error: dict | None = None
         self.stalled_after: float | None = None
@@ -110,6 +112,7 @@ class StallWatch:
         dump_wait_s) for the stacks its watchdog writes."""
         deadline = time.monotonic() + self.dump_wait_s
         stacks: dict[int, list[str]] = {}
+        asked = self.ask_flight_recorder()
         while True:
             for r, b in beats.items():
                 if b and r not in stacks:
@@ -121,9 +124,40 @@ class StallWatch:
                     if frames:
                         stacks[r] = frames
             waiting = [r for r, b in beats.items() if b and r not in stacks]
+            waiting += [r for r in asked if not os.path.exists(os.path.join(self.flight, f"rank-{r}"))]
             if not waiting or time.monotonic() > deadline or self._closed.wait(0.2):
                 break
         return {r: (dict(b, stack=stacks.get(r, [])) if b else None) for r, b in beats.items()}
+
+    def ask_flight_recorder(self) -> list[int]:
+        """Write to each rank's Flight Recorder pipe, which makes its ProcessGroupNCCL dump
+        its trace to <flight>/rank-N (torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp,
+        struct DumpPipe: a FIFO named TORCH_NCCL_DEBUG_INFO_PIPE_FILE + rank + ".pipe",
+        made when TORCH_NCCL_TRACE_BUFFER_SIZE > 0; the dump goes to
+        TORCH_NCCL_DEBUG_INFO_TEMP_FILE + rank). The ranks asked. Verified by reading
+        only: no GPU here."""
+        asked = []
+        for r in range(self.np) if self.flight else ():
+            try:
+                fd = os.open(os.path.join(self.flight, f"rank-{r}.pipe"), os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:
+                continue            # no pipe (no NCCL group yet), or nobody reading it
+            try:
+                os.write(fd, b"dump\n")
+                asked.append(r)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        return asked
+
+    def flight_dumps(self) -> list[str]:
+        """The Flight Recorder dumps the ranks wrote, as paths inside the run's folder."""
+        if not self.flight or not os.path.isdir(self.flight):
+            return []
+        run_dir = os.path.dirname(os.path.dirname(self.flight))
+        return sorted(os.path.relpath(os.path.join(self.flight, f), run_dir)
+                      for f in os.listdir(self.flight) if re.fullmatch(r"rank-\d+", f))
 
     def diagnose(self, beats: dict[int, dict | None], bound: float) -> dict:
         """The failed record's error: reason (one line), rank and host (the first rank
@@ -152,6 +186,9 @@ class StallWatch:
         if rdv:
             stalled["rendezvous"] = rdv
             reason += f"; {rdv['explanation']}"
+        dumps = self.flight_dumps()
+        if dumps:
+            stalled["flight_recorder"] = dumps
         if self.horovod:
             stalled["horovod"] = self.horovod
             missing = ", ".join(f"rank {r}: {', '.join(t)}" for r, t in self.horovod["missing"].items())
@@ -206,3 +243,26 @@ def stall_env(stall_s: float, environ) -> dict[str, str]:
     # waits that long again uncached before it is reported: up to three times the value.
     quarter = (stall_s if stall_s > 0 else heartbeat.STEP_MIN_S) / 4
     return {HOROVOD_STALL_VAR: str(max(1, int(quarter)))}
+
+
+def flight_recorder(cfg, backend: str, env: dict, results_inside: str, run_dir) -> tuple[dict, str | None]:
+    """(the job's environment, the Flight Recorder's folder as bench sees it, or None):
+    the recorder is switched on for GPU runs of DDP over NCCL only."""
+    if not (cfg.device == "cuda" and cfg.framework == "ddp" and backend == "nccl"):
+        return env, None
+    inside = os.path.join(results_inside, cfg.run_id)
+    return ({**env, **flight_recorder_env(inside, cfg.attempt)},
+            os.path.join(str(run_dir), "flight", cfg.attempt))
+
+
+def flight_recorder_env(run_dir_inside: str, attempt: str) -> dict[str, str]:
+    """PyTorch's NCCL Flight Recorder for a GPU run of DDP over NCCL: a ring of the last
+    2,000 collectives per rank (TORCH_NCCL_TRACE_BUFFER_SIZE), dumped when NCCL's watchdog
+    times out (TORCH_NCCL_DUMP_ON_TIMEOUT) or when the stall watch writes to a rank's pipe
+    (TORCH_NCCL_DEBUG_INFO_PIPE_FILE), into <run>/flight/<attempt>/rank-N beside the
+    record (TORCH_NCCL_DEBUG_INFO_TEMP_FILE; PyTorch docs, "Flight Recorder for
+    Debugging Stuck Jobs"). The paths are as the ranks see the run's folder; the rank
+    makes the folder (lab.worker.heartbeat). Verified by reading only: no GPU here."""
+    stem = os.path.join(run_dir_inside, "flight", attempt, "rank-")
+    return {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": stem, "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": stem}

@@ -33,6 +33,9 @@ class Heartbeat:
         self.rank, self.stall_s = rank, stall_s
         self.path = heartbeat.beat_path(run_dir, attempt, rank)
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        flight = os.environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")   # bench's, GPU runs: lab.host.stall
+        if flight:
+            os.makedirs(os.path.dirname(flight), exist_ok=True)
         self.state = {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(),
                       "main_thread": threading.main_thread().ident, "seq": 0, "launch": launch,
                       "phase": "import", "step": None, "where": None}
