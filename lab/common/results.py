@@ -118,8 +118,9 @@ SCHEMA = {
                       "ranks behind), ranks (per rank: rank, host, behind, phase, step, where in "
                       "the step, stack: its main thread's frames, most recent first), rendezvous "
                       "(a stall before the group formed: world, started, address, port, "
-                      "interface, explanation) and horovod (Horovod's stall check: after_s, "
-                      "missing: rank -> tensors)"),
+                      "interface, explanation), horovod (Horovod's stall check: after_s, "
+                      "missing: rank -> tensors) and flight_recorder (GPU runs of DDP over NCCL: "
+                      "the ranks' Flight Recorder dumps, relative to the run's folder)"),
     "error.log_tail": ("str", "on failure: the end of the job's output"),
 }
 
