@@ -169,11 +169,14 @@ def test_the_main_threads_frames_from_a_real_faulthandler_dump(tmp_path):
 
 
 def test_the_default_bound_fits_the_phase_and_the_slowest_step():
-    assert heartbeat.bound_s(0, "rendezvous", None) == heartbeat.STARTUP_S
+    assert heartbeat.bound_s(0, "rendezvous", None) == heartbeat.RENDEZVOUS_S
+    assert heartbeat.bound_s(0, "setup", None) == heartbeat.STARTUP_S
+    assert heartbeat.bound_s(0, "finish", 0.02) == heartbeat.STARTUP_S
     assert heartbeat.bound_s(0, "step", None) == heartbeat.STARTUP_S     # no step timed yet
     assert heartbeat.bound_s(0, "step", 0.02) == heartbeat.STEP_MIN_S
     assert heartbeat.bound_s(0, "step", 30.0) == 300.0                   # ResNet-50 on a loaded CPU
     assert heartbeat.bound_s(0, "evaluation", 1.0, eval_steps=40) == 400.0
+    assert heartbeat.bound_s(0, "evaluation", 0.02, eval_steps=16) == heartbeat.STARTUP_S
     assert heartbeat.bound_s(20, "step", 30.0) == 20                     # --stall-s is the user's word
     assert heartbeat.bound_s(20, "import", None) == heartbeat.IMPORT_S   # but torch's import is slow
 

@@ -16,11 +16,14 @@ import re
 # outside the step; "in": forward, backward and the step's collectives).
 PHASES = ("import", "rendezvous", "setup", "warm-up", "step", "evaluation", "finish", "done")
 FLUSH_S = 0.5          # a rank writes its heartbeat at most this often
-# The default bound (no --stall-s): start-up (imports, rendezvous, data and model) and the
-# first steps before one has been timed get a fixed bound; timed phases a multiple of the
-# slowest step so far, never under STEP_MIN_S (a loaded 2-core machine runs ResNet-50
-# steps of several seconds; a step that takes ten times its slowest is no jitter).
-STARTUP_S = 180.0
+# The default bound (no --stall-s): the rendezvous a fixed RENDEZVOUS_S (under
+# lab.worker.dist's 300 s collective timeout, which would end it with a failure saying
+# less); setup (data, model, a strategy's engine, the first broadcast), the steps before
+# one has been timed and the finish (the last gathers, the record) a fixed STARTUP_S;
+# steps a multiple of the slowest step so far, never under STEP_MIN_S (a loaded 2-core
+# machine runs ResNet-50 steps of several seconds; ten times the slowest is no jitter).
+RENDEZVOUS_S = 180.0
+STARTUP_S = 300.0
 IMPORT_S = 120.0       # importing torch: never less, even with a short --stall-s
 STEP_FACTOR = 10.0
 STEP_MIN_S = 60.0
@@ -48,7 +51,9 @@ def bound_s(stall_s: float, phase: str, slowest_step_s: float | None,
         return max(stall_s, IMPORT_S)
     if stall_s > 0:
         return stall_s
-    if phase in ("warm-up", "step", "finish") and slowest_step_s:
+    if phase == "rendezvous":
+        return RENDEZVOUS_S
+    if phase in ("warm-up", "step") and slowest_step_s:
         return max(STEP_MIN_S, STEP_FACTOR * slowest_step_s)
     if phase == "evaluation" and slowest_step_s:
         return max(STARTUP_S, STEP_FACTOR * slowest_step_s * max(1.0, eval_steps))
