@@ -79,7 +79,8 @@ def read(path: str) -> dict | None:
 def describe(beat: dict | None) -> str:
     """"step 20 (before its step)", "rendezvous", "not started"."""
     if not beat:
-        return "not started (no heartbeat: its launcher never ran the worker)"
+        return ("not started (no heartbeat: its launcher never ran the worker, or it writes "
+                "to a results folder that is not the one bench reads)")
     phase = beat.get("phase", "?")
     if phase in ("warm-up", "step"):
         where = {"before": "before its step: loading its batch or outside the step",
