@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import socket
 import threading
 import time
 
@@ -105,6 +107,7 @@ class StallWatch:
                 self.error = self.diagnose(self.collect(beats), bound)
                 self.echo(f"!! {self.error['reason']}")
                 self.stop()
+                self.reap(beats)
                 return
 
     def collect(self, beats) -> dict[int, dict | None]:
@@ -128,6 +131,27 @@ class StallWatch:
             if not waiting or time.monotonic() > deadline or self._closed.wait(0.2):
                 break
         return {r: (dict(b, stack=stacks.get(r, [])) if b else None) for r, b in beats.items()}
+
+    def reap(self, beats) -> None:
+        """SIGKILL to the ranks of this launch still alive on this machine after the
+        runner's stop: mpirun starts its local ranks outside the launcher's process group,
+        and a rank asleep forever outlives the stop when mpirun is killed before it has
+        passed the TERM on. A pid is ended only while its command line is this launch's
+        worker (`--launched-at` is unique to it), never a reused one."""
+        here = socket.gethostname()
+        for b in beats.values():
+            if not b or b.get("host") != here or not b.get("pid"):
+                continue
+            try:
+                with open(f"/proc/{b['pid']}/cmdline", "rb") as f:
+                    argv = f.read().decode(errors="replace").split("\0")
+            except OSError:
+                continue            # gone already
+            if "lab.worker.train" in argv and str(self.launch) in argv:
+                try:
+                    os.kill(b["pid"], signal.SIGKILL)
+                except OSError:
+                    pass
 
     def ask_flight_recorder(self) -> list[int]:
         """Write to each rank's Flight Recorder pipe, which makes its ProcessGroupNCCL dump
