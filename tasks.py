@@ -27,7 +27,11 @@ BENCH_HELP = {
     "local": "run the ranks as local processes even when a lab image is built",
     "image": "the lab image to run in (default: the built one that fits --device)",
     "frozen": "in the image, run its own copy of the kit instead of the checkout's",
-    "fault": "RANK:STEP[:kill]: that rank raises (or SIGKILLs itself) at that step, to see a failed job",
+    "fault": "RANK:STEP[:MODE]: that rank raises (MODE kill: SIGKILLs itself; hang: stops calling "
+             "collectives; hang-data: sleeps in its data loading) at that step, to see a failed or stalled job",
+    "stall-s": "seconds without any rank advancing before the run is stopped and recorded as stalled, "
+               "with where each rank was (default auto: 10 x the slowest step, at least 60 s; 180 s in the rendezvous, 300 s in setup; off: no watch)",
+    "debug": "the frameworks' debug output: TORCH_DISTRIBUTED_DEBUG=DETAIL for DDP",
     "nodes": "run on this many nodes of the simulated cluster (invoke up), --np spread evenly; "
              "1,2 sweeps",
     "resume": "with --run-id: run only the sweep's combinations that have no ok record yet",
@@ -53,7 +57,8 @@ def bench(c, np=None, framework=None, backend=None, model=None, data=None, data_
           max_steps=None, threads=None, results_dir=None, run_id=None, timeout_s=None,
           ceiling=False, local=False, image=None, frozen=False, fault=None, nodes=None,
           link=None, resume=False, repeat=None, strategy=None, micro_batches=None, schedule=None,
-          zero_stage=None, launcher=None, partition=None, hosts=None, hostfile=None):
+          zero_stage=None, launcher=None, partition=None, hosts=None, hostfile=None, stall_s=None,
+          debug=False):
     """Run distributed training (one run, or a sweep over lists), record it and print the table."""
     flags = {k: v for k, v in locals().items() if k not in ("c", "resume")}
     from lab.host.bench import Terminated, terminate_as_interrupt

@@ -147,6 +147,31 @@ def test_bench_runs_across_two_nodes(up, framework, backend, np):
     assert r["manifest"]["image"]["labels"]["org.dl-lab-kit.flavor"] == "cpu"
 
 
+# The README's "When a run hangs" command on the cluster, for each framework.
+@pytest.mark.parametrize("framework,backend", [("ddp", "gloo"), ("horovod", "gloo"), ("horovod", "mpi")])
+def test_a_rank_that_hangs_on_a_node_is_named_with_its_step_and_stack(up, framework, backend):
+    """Rank 1 (node2) stops calling collectives at step 20: bench's stall watch reads the
+    ranks' heartbeats from the mounted results folder, stops the job within a minute of
+    the stall and records rank 1 on node2, its step and the top frames its faulthandler
+    watchdog wrote; nothing is left running on either node."""
+    t0 = time.monotonic()
+    cp = invoke("bench", "--nodes", "2", "--np", "2", "--framework", framework, "--backend", backend,
+                "--fault", "1:20:hang", "--stall-s", "20", "--max-steps", "40")
+    elapsed = time.monotonic() - t0
+    assert cp.returncode == 1, cp.stdout[-3000:] + cp.stderr[-2000:]
+    [r] = records_of(cp.stdout)
+    err = r["error"]
+    assert r["status"] == "failed" and err["reason"].startswith("stalled: no rank advanced for 20 s"), err
+    assert (err["rank"], err["host"]) == (1, "node2") and err["stalled"]["behind"] == [1]
+    one = next(e for e in err["stalled"]["ranks"] if e["rank"] == 1)
+    assert (one["phase"], one["step"], one["where"]) == ("step", 20, "before")
+    assert one["stack"][0].endswith("in stop_calling_collectives"), one["stack"]
+    assert elapsed < 20 + 120, f"took {elapsed:.0f} s"          # start-up on two nodes, 20 steps, 20 s
+    for node in cluster.nodes(up).values():
+        rc, left = cluster.exec_out(node, TRAINING, user="root")
+        assert rc == 1, left
+
+
 def test_slurm_runs_jobs_on_both_nodes_with_a_key_made_at_run_time(up):
     """Real slurmctld and slurmd (docker/cluster/slurm.sh): srun and sbatch as the lab
     user place one task on each node; MUNGE's key is the cluster's, not the image's."""

@@ -38,6 +38,10 @@ RUN = {   # command -> arguments the test adds (results go to a temporary folder
     "invoke bench --run-id cpu-sweep --resume ...": None,
 }
 COVERED = {   # command -> the test that runs it
+    "invoke bench --local --np 2 --framework ddp --fault 1:20:hang --stall-s 20":
+        "tests/test_stall.py::test_ddp_hang_through_invoke_names_rank_1_its_step_and_frames",
+    "invoke bench --nodes 2 --np 2 --framework horovod --backend gloo --fault 1:20:hang --stall-s 20":
+        "tests/test_cluster.py::test_a_rank_that_hangs_on_a_node_is_named_with_its_step_and_stack",
     "invoke build --gpu-ops NCCL": ".ci/run (invoke build --flavor gpu --gpu-ops NCCL on a local CUDA base)",
     "invoke build --gpu-ops MPI": ".ci/run (invoke build --flavor gpu --gpu-ops MPI on a local CUDA base)",
     "invoke build --flavor cpu": ".ci/run (invoke build --flavor cpu on a debootstrapped base)",

@@ -42,7 +42,10 @@ def framework_of(strategy: str) -> str | None:
     if strategy == "dataparallel":
         return "none"                # one process over the GPUs
     return None
-FAULT_MODES = ("raise", "kill")   # --fault RANK:STEP[:MODE]: an exception, or SIGKILL to itself
+# --fault RANK:STEP[:MODE]: an exception, SIGKILL to itself, or a hang at that step:
+# `hang` stops calling collectives (its peers wait in theirs), `hang-data` sleeps inside
+# its data loading (lab.worker.train; bench's stall watch ends the job: lab.host.stall)
+FAULT_MODES = ("raise", "kill", "hang", "hang-data")
 # scikit-learn's bundled digits: 1,797 images, 300 of them held out for testing.
 DIGITS_SAMPLES, DIGITS_TEST = 1797, 300
 
@@ -75,7 +78,8 @@ class RunConfig:
     results_dir: str = "results"
     run_id: str = "manual"
     expected_np: int = 0          # what the launcher started; 0 = unknown
-    fault: str = ""               # "RANK:STEP" makes that rank raise at that step (tests)
+    fault: str = ""               # "RANK:STEP[:MODE]" makes that rank fail or hang at that step
+    stall_s: float = 0.0          # no advance for this long is a stall (0: lab.common.heartbeat's default)
     attempt: str = ""             # names this launch's failures/ folder (set by bench)
     link: str = ""                # the cluster's link shaping, RATE[/DELAY] (bench --link)
     repeat: int = 0               # which repeat of its combination this run is (bench --repeat)
@@ -185,7 +189,7 @@ class RunConfig:
             return int(parts[0]), int(parts[1]), (parts[2] if len(parts) == 3 else "raise")
         except ValueError:
             raise ConfigError(f"--fault takes RANK:STEP or RANK:STEP:MODE with MODE "
-                              f"{' or '.join(FAULT_MODES)} (for example 1:3 or 1:3:kill), "
+                              f"{' or '.join(FAULT_MODES)} (for example 1:3, 1:3:kill or 1:3:hang), "
                               f"not {self.fault!r}") from None
 
     def train_size(self) -> int | None:
@@ -240,7 +244,7 @@ class RunConfig:
         """The configuration as stored in a results record."""
         d = dataclasses.asdict(self)
         for private in ("fault", "attempt", "results_dir", "run_id", "expected_np", "data_dir",
-                        "launched_at"):
+                        "launched_at", "stall_s"):
             d.pop(private)
         return d
 

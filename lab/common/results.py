@@ -113,6 +113,14 @@ SCHEMA = {
                     "polled: seconds after submission, JobState/Reason), "
                     "script (the batch script, relative to the run's folder); no job_id when "
                     "sbatch refused it"),
+    "error.stalled": ("object, optional", "a run bench's stall watch stopped (`error.reason` "
+                      "starts with `stalled:`): bound_s (the silence that ended it), behind (the "
+                      "ranks behind), ranks (per rank: rank, host, behind, phase, step, where in "
+                      "the step, stack: its main thread's frames, most recent first), rendezvous "
+                      "(a stall before the group formed: world, started, address, port, "
+                      "interface, explanation), horovod (Horovod's stall check: after_s, "
+                      "missing: rank -> tensors) and flight_recorder (GPU runs of DDP over NCCL: "
+                      "the ranks' Flight Recorder dumps, relative to the run's folder)"),
     "error.log_tail": ("str", "on failure: the end of the job's output"),
 }
 

@@ -15,13 +15,14 @@ import signal
 import time
 from dataclasses import dataclass
 
-from lab.common import progress, results
+from lab.common import heartbeat, progress, results
 from lab.common.config import RunConfig
 from lab.host import ceiling
 from lab.host.failures import RankEnd, StreamWatches
 from lab.host.launch import HostsError
 from lab.host.request import BenchError, BenchSettings, base_config, check_request, check_settings
 from lab.host.runners import JobResult, Launch, Runner, RunnerError, choose_runner
+from lab.host.stall import StallWatch, flight_recorder, stall_env
 
 
 @dataclass
@@ -128,6 +129,11 @@ def job_env(s: BenchSettings) -> dict[str, str]:
     # 4,400-4,700 yielding). GPU runs keep Open MPI's default (poll: the cores are free
     # and yielding adds latency). Set per run, never in the image, so a value the user
     # exported wins on either device.
+    env.update(stall_env(s.stall_s, os.environ))
+    if s.debug:
+        # torch.distributed's checks of collectives' shapes and order, and its logs
+        # (PyTorch docs, torch.distributed, "Debugging torch.distributed applications").
+        env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
     user = os.environ.get(YIELD_WHEN_IDLE)
     if user is not None:
         env[YIELD_WHEN_IDLE] = user
@@ -291,9 +297,10 @@ def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, ec
     cfg = dataclasses.replace(cfg, launched_at=round(time.time(), 3))
     inside = dataclasses.replace(cfg, results_dir=runner.results_in,
                                  data_dir=runner.data_in or cfg.data_dir)
+    env, flight = flight_recorder(cfg, s.backend, job_env(s), inside.results_dir, rfile.parent)
     try:
         commands = runner.commands(Launch(cfg.framework, s.backend, cfg.expected_np,
-                                          tuple(inside.to_args()), tuple(job_env(s).items()),
+                                          tuple(inside.to_args()), tuple(env.items()),
                                           s.timeout_s, cfg.run_id, cfg.attempt, cfg.device))
     except (RunnerError, HostsError) as e:
         raise BenchError(str(e)) from None
@@ -305,11 +312,20 @@ def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, ec
     # Under Slurm, Horovod over MPI runs every rank as an srun task.
     watch = StreamWatches(echo, srun_tasks_are_ranks=getattr(runner, "launcher", "") == "slurm"
                           and cfg.framework == "horovod" and s.backend == "mpi")
+    # The stall watch (lab.host.stall) reads the ranks' heartbeats beside the runner and
+    # ends a job in which no rank advances with the runner's own stop().
+    stall = StallWatch(heartbeat.folder(rfile.parent, cfg.attempt), cfg.expected_np, s.stall_s,
+                       cfg.launched_at, runner.stop, echo, flight=flight).start()
+
+    def line(text: str) -> None:
+        stall.line(text)
+        watch.line(text)
     try:
         try:
-            res = runner.run(commands, job_env(s), s.timeout_s, watch.line,
+            res = runner.run(commands, env, s.timeout_s, line,
                              name=f"lab-bench-{cfg.run_id}-{cfg.attempt}")
         finally:
+            stall.close()
             watch.close()
     except KeyboardInterrupt as e:
         runner.stop()
@@ -331,6 +347,14 @@ def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, ec
         if s.ceiling:
             add_ceiling(rfile, before, cfg, ceiling.around(s, np, ceiling_before, runner))
         return 0
+    if stall.error:
+        echo(f"!! run stalled and was stopped after {time.monotonic() - t0:.1f} s "
+             f"(no rank advanced for {stall.stalled_after:.0f} s)")
+        _record_failure(rfile, cfg, np, s.nodes, started,
+                        {**stall.error, "log_tail": "\n".join(list(watch.tail)[-20:])})
+        if load:
+            add_world(rfile, before, load)
+        return 1
     info, reason = attribute_failure(res, rfile.parent / "failures" / cfg.attempt,
                                      runner.dead(), watch.first)
     echo(f"!! run failed after {time.monotonic() - t0:.1f} s: {reason}")

@@ -51,7 +51,9 @@ class BenchSettings:
     run_id: str = ""                 # empty: a new one
     timeout_s: float = 0             # per run (0: none); invoke.yaml holds the task's default
     ceiling: bool = False
-    fault: str = ""                  # RANK:STEP, for tests of a dying rank
+    fault: str = ""                  # RANK:STEP[:MODE], for tests of a dying or hanging rank
+    stall_s: float = 0               # --stall-s: no advance for this long stops the run (0: auto, -1: off)
+    debug: bool = False              # --debug: the frameworks' own debug output (TORCH_DISTRIBUTED_DEBUG)
     where: str = "local"             # local | image | auto (invoke.yaml: auto)
     image: str = ""                  # a tag; empty: the lab image that fits the device
     frozen: bool = False             # in the image: its own copy of the kit, not the checkout
@@ -140,6 +142,8 @@ def settings_from_flags(flags: dict, defaults: dict) -> tuple[BenchSettings, dic
             values["timeout_s"] = float(values["timeout_s"])
         except (TypeError, ValueError):
             raise BenchError(f"--timeout-s takes a number of seconds, not {values['timeout_s']!r}") from None
+    if "stall_s" in values:
+        values["stall_s"] = parse_stall(values["stall_s"])
     lists = {
         "strategy": parse_list("strategy", values.pop("strategy", _RUN.strategy), STRATEGIES),
         "framework": parse_list("framework", values.pop("framework", "auto"), ("auto", *FRAMEWORKS)),
@@ -155,6 +159,23 @@ def settings_from_flags(flags: dict, defaults: dict) -> tuple[BenchSettings, dic
 
 
 BENCH_FLAGS = {f.name for f in dataclasses.fields(BenchSettings)}
+
+
+def parse_stall(value) -> float:
+    """--stall-s: seconds, `auto` (0: the default bound, lab.common.heartbeat) or `off` (-1)."""
+    text = str(value).strip().lower()
+    if text in ("auto", ""):
+        return 0.0
+    if text == "off":
+        return -1.0
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if seconds <= 0:
+        raise BenchError(f"--stall-s takes seconds without progress before a run counts as stalled, "
+                         f"`auto` or `off`: not {value!r}")
+    return seconds
 
 
 def is_sweep(lists: dict[str, list]) -> bool:
@@ -217,7 +238,8 @@ def base_config(s: BenchSettings, framework: str) -> RunConfig:
                      data=s.data, data_dir=s.data_dir, epochs=s.epochs, batch_size=s.batch_size,
                      compression=s.compression, warmup_steps=s.warmup_steps,
                      max_steps=s.max_steps, synthetic_size=s.synthetic_size, threads=s.threads,
-                     seed=s.seed, results_dir=s.results_dir, fault=s.fault, strategy=s.strategy,
+                     seed=s.seed, results_dir=s.results_dir, fault=s.fault, stall_s=max(s.stall_s, 0.0),
+                     strategy=s.strategy,
                      micro_batches=s.micro_batches, schedule=s.schedule, zero_stage=s.zero_stage)
 
 

@@ -534,6 +534,11 @@ def analysis(records: list[dict]) -> list[str]:
     if bad:
         out.append(f"{len(bad)} run(s) failed; they are listed under Failures with the rank, "
                    f"host and reason recorded.")
+        for r in bad:     # bench's stall watch (lab.host.stall): the diagnosis, in full
+            if "stalled" in (r.get("error") or {}):
+                c = r["config"]
+                out.append(f"{c.get('framework')} over {c.get('backend')}, {r['world']['np']} "
+                           f"workers, {r['error']['reason']}")
     skipped = [r for r in records if r.get("status") == "skipped"]
     if skipped:
         out.append(f"{len(skipped)} combination(s) could not run on this machine and were skipped "

@@ -57,6 +57,35 @@ class InjectedFault(RuntimeError):
     """Raised by --fault RANK:STEP, to test that a dying rank ends the job."""
 
 
+class NoHeartbeat:
+    """Where no heartbeat can be kept (an unwritable results folder): beats go nowhere."""
+    slowest = None
+    eval_steps = 0.0
+
+    def beat(self, *a, **k):
+        pass
+
+    def step_took(self, seconds):
+        pass
+
+    def close(self, phase="done"):
+        pass
+
+
+def stop_calling_collectives():
+    """--fault R:S:hang: this rank stops taking part, as one stuck outside the step's
+    collectives would (its peers wait in theirs); bench's stall watch ends the job."""
+    while True:
+        time.sleep(3600)
+
+
+def load_batch(xs, ys, j, b, stall=False):
+    """The batch of step j; with --fault R:S:hang-data, a data loader that never returns."""
+    while stall:
+        time.sleep(3600)
+    return xs[j * b:(j + 1) * b], ys[j * b:(j + 1) * b]
+
+
 def _accuracy_text(cfg, accuracy: float) -> str:
     """As the report shows it: n/a on synthetic data (random labels teach nothing)."""
     return "n/a (synthetic data)" if cfg.data == "synthetic" else f"{accuracy:.2%}"
@@ -75,8 +104,10 @@ def _peak_memory(device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 
 
-def train(cfg, d, log=print) -> dict | None:
-    """Train and measure; return the record on rank 0 (None elsewhere)."""
+def train(cfg, d, log=print, hb=None) -> dict | None:
+    """Train and measure; return the record on rank 0 (None elsewhere). `hb`: the
+    rank's heartbeat (lab.worker.heartbeat)."""
+    hb = hb or NoHeartbeat()
     import torch
 
     from lab.common import metrics
@@ -122,20 +153,28 @@ def train(cfg, d, log=print) -> dict | None:
         _sync(device)
         epoch_start = time.perf_counter()
         for s in range(steps):
-            if global_step == fault_step and d.rank == fault_rank:
-                if fault_mode == "kill":   # as the out-of-memory killer would: no last word
-                    os.kill(os.getpid(), signal.SIGKILL)
+            phase = "warm-up" if global_step < cfg.warmup_steps else "step"
+            hb.beat(phase, global_step, "before")
+            faulty = global_step == fault_step and d.rank == fault_rank
+            if faulty and fault_mode == "kill":   # as the out-of-memory killer would: no last word
+                os.kill(os.getpid(), signal.SIGKILL)
+            if faulty and fault_mode == "hang":
+                stop_calling_collectives()
+            if faulty and fault_mode == "raise":
                 raise InjectedFault(f"fault injected at step {global_step} (--fault {cfg.fault})")
             j = s % batches
+            x, y = load_batch(xs, ys, j, b, stall=faulty and fault_mode == "hang-data")
             if global_step == 0:
                 MARKS["first_step"] = time.time()
             if global_step == cfg.warmup_steps:
                 MARKS["first_timed"] = time.time()
+            hb.beat(phase, global_step, "in")
             t0 = time.perf_counter()
-            loss = strategy.step(xs[j * b:(j + 1) * b], ys[j * b:(j + 1) * b])
+            loss = strategy.step(x, y)
             if loss is not None:
                 loss_sum += loss
             _sync(device)
+            hb.step_took(time.perf_counter() - t0)
             if global_step >= cfg.warmup_steps:
                 step_times.append(time.perf_counter() - t0)
             global_step += 1
@@ -146,6 +185,8 @@ def train(cfg, d, log=print) -> dict | None:
                 said_at, said_step = now, global_step
         epoch_time = time.perf_counter() - epoch_start
 
+        hb.eval_steps = len(test_split) / b
+        hb.beat("evaluation", global_step)
         correct, total = strategy.evaluate(test_split, cfg.test_batch_size)
         # Shards are disjoint by construction (data.shard_indices; tests/test_data.py).
         # A pipeline's loss is its last stage's: only ranks that computed one count.
@@ -165,6 +206,7 @@ def train(cfg, d, log=print) -> dict | None:
                 f"test accuracy {_accuracy_text(cfg, ep['test_accuracy'])}, {epoch_time:.2f} s, "
                 f"{rate:,.0f} images/s", flush=True)
 
+    hb.beat("finish", global_step)
     summary = d.allgather_object({"host": dist.hostname(), "timed_s": sum(step_times),
                                   "timed_steps": len(step_times),
                                   "peak_memory": _peak_memory(device),
@@ -214,6 +256,17 @@ def train(cfg, d, log=print) -> dict | None:
     return record
 
 
+def start_heartbeat(cfg, rank):
+    """This rank's heartbeat in <run>/heartbeats/<attempt>/ (NoHeartbeat when that
+    folder cannot be written: the run goes on, unwatched)."""
+    from lab.worker.heartbeat import Heartbeat
+    try:
+        return Heartbeat(results.run_dir(cfg.results_dir, cfg.run_id), cfg.attempt, rank, cfg.stall_s,
+                         cfg.launched_at)
+    except OSError:
+        return NoHeartbeat()
+
+
 def failure_path(cfg, rank) -> str:
     return os.path.join(results.run_dir(cfg.results_dir, cfg.run_id), "failures",
                         cfg.attempt or "manual", f"rank-{rank}.json")
@@ -230,15 +283,20 @@ def main(argv=None) -> int:
     cfg = parse_args(argv)
     rank = _rank_from_env()
     d = None
+    hb = NoHeartbeat()
     try:
         cfg.check()
+        hb = start_heartbeat(cfg, rank)
         import torch  # noqa: F401 - timed apart from the framework's start
         MARKS["torch"] = time.time()
         from lab.worker import dist
+        from lab.worker.heartbeat import rendezvous_detail
+        hb.beat("rendezvous", **rendezvous_detail(cfg.framework, cfg.backend))
         d = dist.create(cfg)
         MARKS["group"] = time.time()
         rank = d.rank
-        record = train(cfg, d)
+        hb.beat("setup")
+        record = train(cfg, d, hb=hb)
         if record is not None:
             path = results.run_dir(cfg.results_dir, cfg.run_id) / results.RESULTS_FILE
             results.append_record(path, record)
@@ -248,6 +306,7 @@ def main(argv=None) -> int:
                   f"{_accuracy_text(cfg, f['test_accuracy'])}; "
                   f"recorded in {path}", flush=True)
         d.shutdown()
+        hb.close()
         if d.finalizes_at_exit:
             return 0
         # Leave without the interpreter's teardown: the record is written and fsynced and
@@ -272,6 +331,7 @@ def main(argv=None) -> int:
                 json.dump(info, f)
         except OSError:
             pass
+        hb.close("failed")
         print(f"rank {rank} on {info['host']} failed: {reason}", file=sys.stderr, flush=True)
         # Leave at once: a clean shutdown could wait forever on peers that are gone.
         sys.stdout.flush()

@@ -1,0 +1,292 @@
+"""Bench's stall watch: while a job runs, read each rank's heartbeat (lab.common.heartbeat,
+written by lab.worker.heartbeat); when no rank has advanced for the bound, collect where
+each one is (phase, step, the top frames of its main thread's stack, which the rank's
+faulthandler watchdog wrote) and stop the job, so that bench records a `failed` run whose
+error says which ranks are behind, where, and, in a rendezvous, what it waited for.
+
+The watch runs on a thread of its own beside any runner's run() and ends a stalled job
+with the runner's own stop(), so it is the same for local processes, the lab image, the
+compose cluster and servers over SSH (wherever the ranks write into the run's folder).
+Horovod's own stall check (its "Missing ranks" report on rank 0's output) is read from
+the job's lines (`line`) and kept in the record."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import threading
+import time
+
+from lab.common import heartbeat
+
+POLL_S = 1.0
+DUMP_WAIT_S = 10.0     # how long to wait for the ranks' stack files once a stall is seen
+TOP_FRAMES = 4
+
+# Horovod's stall check (horovod/common/stall_inspector.cc, CheckForStalledTensors, 0.28.1):
+# "One or more tensors were submitted to be reduced, gathered or broadcasted by subset of
+# ranks and are waiting for remainder of ranks for more than N seconds. ..." then
+# "Missing ranks:" and one line per rank, "R: [tensor, ...]" ("R!:" once past
+# HOROVOD_STALL_SHUTDOWN_TIME_SECONDS). Under horovodrun the lines carry "[0]<stderr>:".
+_HVD_START = re.compile(r"waiting for remainder of ranks for more than (\d+) seconds")
+_HVD_MISSING = re.compile(r"(?:^|[:>\]\s])(\d+)!?: \[(.*)\]\s*$")
+
+
+class StallWatch:
+    """Start it before the job, `line` every output line, `close` after the job; if it
+    fired, `error` is the failed record's error."""
+
+    def __init__(self, folder: str, np: int, stall_s: float, launch: float, stop,
+                 echo=print, poll_s: float = POLL_S, dump_wait_s: float = DUMP_WAIT_S,
+                 flight: str | None = None):
+        self.folder, self.np, self.stall_s, self.launch = folder, np, stall_s, launch
+        self.flight = flight          # the Flight Recorder's folder (GPU runs of DDP over NCCL)
+        self.stop, self.echo, self.poll_s, self.dump_wait_s = stop, echo, poll_s, dump_wait_s
+        self.error: dict | None = None
+        self.stalled_after: float | None = None
+        self.horovod: dict = {}
+        self._in_hvd = False
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lab-stall-watch", daemon=True)
+
+    def start(self) -> StallWatch:
+        if self.stall_s >= 0:
+            self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._closed.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def line(self, text: str) -> None:
+        """Horovod's stall report, as rank 0's coordinator prints it."""
+        m = _HVD_START.search(text)
+        if m:
+            self._in_hvd = True
+            self.horovod = {"after_s": int(m.group(1)), "missing": {}}
+            return
+        if self._in_hvd:
+            if "Missing ranks:" in text:
+                return
+            m = _HVD_MISSING.search(text)
+            if m:
+                self.horovod["missing"][int(m.group(1))] = [t.strip() for t in m.group(2).split(",")][:3]
+            else:
+                self._in_hvd = False
+
+    def beats(self) -> dict[int, dict | None]:
+        """Each rank's heartbeat of this launch (None: none yet)."""
+        out = {}
+        for r in range(self.np):
+            b = heartbeat.read(os.path.join(self.folder, f"rank-{r}.json"))
+            out[r] = b if b and b.get("launch") == self.launch else None
+        return out
+
+    def bound(self, beats: dict[int, dict | None]) -> float:
+        """The longest silence allowed now: the largest of the ranks' own bounds (a rank
+        without a heartbeat yet is still starting: the import's bound)."""
+        return max((b.get("bound_s") or 0) if b else heartbeat.bound_s(self.stall_s, "import", None)
+                   for b in beats.values())
+
+    def _run(self) -> None:
+        seen: dict[int, int] = {}
+        last = time.monotonic()
+        while not self._closed.wait(self.poll_s):
+            beats = self.beats()
+            now = time.monotonic()
+            for r, b in beats.items():
+                if b and seen.get(r) != b["seq"]:
+                    seen[r], last = b["seq"], now
+            if all(b and b["phase"] in ("done", "failed") for b in beats.values()):
+                continue
+            bound = self.bound(beats)
+            if now - last > bound:
+                self.stalled_after = now - last
+                self.error = self.diagnose(self.collect(beats), bound)
+                self.echo(f"!! {self.error['reason']}")
+                self.stop()
+                self.reap(beats)
+                return
+
+    def collect(self, beats) -> dict[int, dict | None]:
+        """Each rank's heartbeat with the top frames of its main thread: waits (at most
+        dump_wait_s) for the stacks its watchdog writes."""
+        deadline = time.monotonic() + self.dump_wait_s
+        stacks: dict[int, list[str]] = {}
+        asked = self.ask_flight_recorder()
+        while True:
+            for r, b in beats.items():
+                if b and r not in stacks:
+                    try:
+                        with open(os.path.join(self.folder, f"rank-{r}.stack")) as f:
+                            frames = heartbeat.main_thread_frames(f.read(), b.get("main_thread"))
+                    except OSError:
+                        frames = []
+                    if frames:
+                        stacks[r] = frames
+            waiting = [r for r, b in beats.items() if b and r not in stacks]
+            waiting += [r for r in asked if not os.path.exists(os.path.join(self.flight, f"rank-{r}"))]
+            if not waiting or time.monotonic() > deadline or self._closed.wait(0.2):
+                break
+        return {r: (dict(b, stack=stacks.get(r, [])) if b else None) for r, b in beats.items()}
+
+    def reap(self, beats) -> None:
+        """SIGKILL to the ranks of this launch still alive on this machine after the
+        runner's stop: mpirun starts its local ranks outside the launcher's process group,
+        and a rank asleep forever outlives the stop when mpirun is killed before it has
+        passed the TERM on. A pid is ended only while its command line is this launch's
+        worker (`--launched-at` is unique to it), never a reused one."""
+        here = socket.gethostname()
+        for b in beats.values():
+            if not b or b.get("host") != here or not b.get("pid"):
+                continue
+            try:
+                with open(f"/proc/{b['pid']}/cmdline", "rb") as f:
+                    argv = f.read().decode(errors="replace").split("\0")
+            except OSError:
+                continue            # gone already
+            if "lab.worker.train" in argv and str(self.launch) in argv:
+                try:
+                    os.kill(b["pid"], signal.SIGKILL)
+                except OSError:
+                    pass
+
+    def ask_flight_recorder(self) -> list[int]:
+        """Write to each rank's Flight Recorder pipe, which makes its ProcessGroupNCCL dump
+        its trace to <flight>/rank-N (torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp,
+        struct DumpPipe: a FIFO named TORCH_NCCL_DEBUG_INFO_PIPE_FILE + rank + ".pipe",
+        made when TORCH_NCCL_TRACE_BUFFER_SIZE > 0; the dump goes to
+        TORCH_NCCL_DEBUG_INFO_TEMP_FILE + rank). The ranks asked. Verified by reading
+        only: no GPU here."""
+        asked = []
+        for r in range(self.np) if self.flight else ():
+            try:
+                fd = os.open(os.path.join(self.flight, f"rank-{r}.pipe"), os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:
+                continue            # no pipe (no NCCL group yet), or nobody reading it
+            try:
+                os.write(fd, b"dump\n")
+                asked.append(r)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        return asked
+
+    def flight_dumps(self) -> list[str]:
+        """The Flight Recorder dumps the ranks wrote, as paths inside the run's folder."""
+        if not self.flight or not os.path.isdir(self.flight):
+            return []
+        run_dir = os.path.dirname(os.path.dirname(self.flight))
+        return sorted(os.path.relpath(os.path.join(self.flight, f), run_dir)
+                      for f in os.listdir(self.flight) if re.fullmatch(r"rank-\d+", f))
+
+    def diagnose(self, beats: dict[int, dict | None], bound: float) -> dict:
+        """The failed record's error: reason (one line), rank and host (the first rank
+        behind), and `stalled` with every rank's place and stack."""
+        top = max((b["seq"] for b in beats.values() if b), default=0)
+        behind = [r for r, b in beats.items() if not b or b["seq"] < top] or list(beats)
+        ranks = []
+        for r, b in beats.items():
+            ranks.append({"rank": r, "host": (b or {}).get("host"), "behind": r in behind,
+                          "phase": (b or {}).get("phase", "not started"), "step": (b or {}).get("step"),
+                          "where": (b or {}).get("where"), "stack": (b or {}).get("stack", [])[:12]})
+        parts = []
+        for e in ranks:
+            if not e["behind"]:
+                continue
+            frames = " < ".join(e["stack"][:TOP_FRAMES]) or "no stack"
+            host = f" on {e['host']}" if e["host"] else ""
+            parts.append(f"rank {e['rank']}{host} at {heartbeat.describe(beats[e['rank']])}; "
+                         f"top frames: {frames}")
+        ahead = [e for e in ranks if not e["behind"]]
+        waits = ("; waiting for it: " + ", ".join(
+            f"rank {e['rank']} at {heartbeat.describe(beats[e['rank']])}" for e in ahead)) if ahead else ""
+        reason = (f"stalled: no rank advanced for {bound:g} s; behind: {' | '.join(parts)}{waits}")
+        stalled = {"bound_s": bound, "behind": behind, "ranks": ranks}
+        rdv = rendezvous(beats, behind, self.np)
+        if rdv:
+            stalled["rendezvous"] = rdv
+            reason += f"; {rdv['explanation']}"
+        dumps = self.flight_dumps()
+        if dumps:
+            stalled["flight_recorder"] = dumps
+        if self.horovod:
+            stalled["horovod"] = self.horovod
+            missing = ", ".join(f"rank {r}: {', '.join(t)}" for r, t in self.horovod["missing"].items())
+            reason += (f"; Horovod's stall check: tensors waited over {self.horovod['after_s']} s "
+                       f"for {missing or 'some ranks'}")
+        first = beats[behind[0]] or {}
+        return {"rank": behind[0], "host": first.get("host"), "reason": reason, "stalled": stalled}
+
+
+def rendezvous(beats: dict[int, dict | None], behind: list[int], np: int) -> dict | None:
+    """What a stalled rendezvous waited for and the fix to try, or None when no rank
+    behind is in one (a rank without a heartbeat never ran the worker: its launcher's
+    rendezvous)."""
+    stuck = [r for r in behind if not beats[r] or beats[r]["phase"] in ("import", "rendezvous")]
+    if not stuck:
+        return None
+    facts = next((b["rendezvous"] for b in beats.values() if b and b.get("rendezvous")), {})
+    world, addr, port, iface = (facts.get(k) for k in ("world", "address", "port", "interface"))
+    started = sum(1 for b in beats.values() if b)
+    at = f" at {addr}:{port}" if addr else ""
+    over = f" over {iface}" if iface else " over the interface the library picked (none was set)"
+    said = (f"the rendezvous{at}{over} waited for {world or np} ranks; {started} of the {np} ranks "
+            f"bench started reached it")
+    if world and world != np:
+        fix = (f"the ranks expect a world of {world} but bench started {np}: make the launcher's "
+               f"process count (-np, --nproc-per-node times --nnodes) match the world size")
+    elif started < np:
+        fix = (f"rank(s) {', '.join(str(r) for r in stuck if not beats[r])} never ran the worker: "
+               f"check that every node started its ranks (the launcher's output above)")
+    else:
+        fix = ("check that every node reaches that address and port (a firewall drops it) and "
+               "that the interface is the nodes' network, not lo or docker0 (GLOO_SOCKET_IFNAME "
+               "for DDP, horovodrun --network-interface for Horovod)")
+    return {"world": world, "started": started, "address": addr, "port": port,
+            "interface": iface, "explanation": f"{said}; fix: {fix}"}
+
+
+HOROVOD_STALL_VAR = "HOROVOD_STALL_CHECK_TIME_SECONDS"
+
+
+def stall_env(stall_s: float, environ) -> dict[str, str]:
+    """Horovod's stall check (on by default, every 60 s: horovod/common/
+    stall_inspector.h, stall_warning_time_seconds; HOROVOD_STALL_CHECK_TIME_SECONDS sets
+    it, read in horovod/common/operations.cc) set well below our bound, so that its report
+    of the ranks that submitted no tensor is on rank 0's output before the watch stops
+    the job; a value the user exported wins. The default bound is never under
+    heartbeat.STEP_MIN_S once steps run: a quarter of that."""
+    if HOROVOD_STALL_VAR in environ or stall_s < 0:
+        return {}
+    # A quarter: Horovod checks at most once per that time, and a tensor its response
+    # cache holds is first invalidated after it (InvalidateStalledCachedTensors), then
+    # waits that long again uncached before it is reported: up to three times the value.
+    quarter = (stall_s if stall_s > 0 else heartbeat.STEP_MIN_S) / 4
+    return {HOROVOD_STALL_VAR: str(max(1, int(quarter)))}
+
+
+def flight_recorder(cfg, backend: str, env: dict, results_inside: str, run_dir) -> tuple[dict, str | None]:
+    """(the job's environment, the Flight Recorder's folder as bench sees it, or None):
+    the recorder is switched on for GPU runs of DDP over NCCL only."""
+    if not (cfg.device == "cuda" and cfg.framework == "ddp" and backend == "nccl"):
+        return env, None
+    inside = os.path.join(results_inside, cfg.run_id)
+    return ({**env, **flight_recorder_env(inside, cfg.attempt)},
+            os.path.join(str(run_dir), "flight", cfg.attempt))
+
+
+def flight_recorder_env(run_dir_inside: str, attempt: str) -> dict[str, str]:
+    """PyTorch's NCCL Flight Recorder for a GPU run of DDP over NCCL: a ring of the last
+    2,000 collectives per rank (TORCH_NCCL_TRACE_BUFFER_SIZE), dumped when NCCL's watchdog
+    times out (TORCH_NCCL_DUMP_ON_TIMEOUT) or when the stall watch writes to a rank's pipe
+    (TORCH_NCCL_DEBUG_INFO_PIPE_FILE), into <run>/flight/<attempt>/rank-N beside the
+    record (TORCH_NCCL_DEBUG_INFO_TEMP_FILE; PyTorch docs, "Flight Recorder for
+    Debugging Stuck Jobs"). The paths are as the ranks see the run's folder; the rank
+    makes the folder (lab.worker.heartbeat). Verified by reading only: no GPU here."""
+    stem = os.path.join(run_dir_inside, "flight", attempt, "rank-")
+    return {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": stem, "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": stem}

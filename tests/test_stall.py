@@ -1,0 +1,275 @@
+"""The stall watch (lab.host.stall, lab.worker.heartbeat): real ranks that really hang —
+one that stops calling collectives, one asleep in its data loading, a rendezvous whose
+world is larger than the ranks started — end within a minute of the stall with a failed
+record naming the rank behind, its phase and step and its stack's top frames; runs that
+do not stall are left alone (tests/test_runs.py's runs go through the same watch)."""
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from lab.common import heartbeat, results
+from lab.common.config import RunConfig
+from lab.host import bench
+from lab.host.request import BenchError, BenchSettings, parse_stall
+from lab.host.runners import LocalRunner
+from lab.host.stall import StallWatch
+from tests.conftest import requires_horovod, requires_mpirun
+from tests.test_runs import processes_with
+
+STALL_S = 20
+
+
+@pytest.fixture(scope="module")
+def stack():
+    return bench.probe_stack()
+
+
+def run(stack, tmp_path, mnist_like, runner=None, **kw):
+    settings = dict(np=[2], data="mnist", data_dir=str(mnist_like), epochs=1, batch_size=32,
+                    warmup_steps=3, results_dir=str(tmp_path), timeout_s=300, stall_s=STALL_S)
+    settings.update(kw)
+    lines = []
+    t0 = time.monotonic()
+    outcome = bench.run(BenchSettings(**settings), echo=lines.append, stack=stack, runner=runner)
+    return outcome, lines, time.monotonic() - t0
+
+
+def stalled_record(outcome):
+    [r] = outcome.records
+    assert r["status"] == "failed" and results.missing_fields(r) == []
+    assert r["error"]["reason"].startswith("stalled: no rank advanced for 20 s")
+    return r["error"]
+
+
+def rank_entry(err, rank):
+    return next(e for e in err["stalled"]["ranks"] if e["rank"] == rank)
+
+
+def test_ddp_hang_through_invoke_names_rank_1_its_step_and_frames(tmp_path, mnist_like):
+    """The issue's command: ends within a minute of the stall, with rank 1, its phase and
+    step, and the top frames of its stack in the record."""
+    t0 = time.monotonic()
+    cp = subprocess.run([sys.executable, "-m", "invoke", "bench", "--local", "--np", "2",
+                         "--framework", "ddp", "--fault", "1:20:hang", "--stall-s", "20",
+                         "--data", "mnist", "--data-dir", str(mnist_like), "--batch-size", "32",
+                         "--results-dir", str(tmp_path), "--run-id", "hang"],
+                        capture_output=True, text=True, timeout=300)
+    elapsed = time.monotonic() - t0
+    assert cp.returncode != 0 and "1 run(s) failed" in cp.stderr, cp.stdout[-2000:] + cp.stderr
+    [r] = results.read_records(tmp_path / "hang" / results.RESULTS_FILE)[0]
+    err = r["error"]
+    assert err["reason"].startswith("stalled: no rank advanced for 20 s")
+    assert err["rank"] == 1 and err["stalled"]["behind"] == [1]
+    one, zero = rank_entry(err, 1), rank_entry(err, 0)
+    assert (one["phase"], one["step"], one["where"]) == ("step", 20, "before")
+    assert one["stack"][0].startswith("train.py:") and one["stack"][0].endswith("in stop_calling_collectives")
+    assert "rank 1 on" in err["reason"] and "at step 20" in err["reason"]
+    assert "stop_calling_collectives" in err["reason"]
+    # rank 0 went on into step 20 and waits in its collectives (the backward's all-reduce)
+    assert (zero["phase"], zero["step"], zero["where"], zero["behind"]) == ("step", 20, "in", False)
+    assert any("backward" in f for f in zero["stack"])
+    # start-up, 20 steps, 20 s of silence, the stacks, the stop: well within a minute after it
+    assert elapsed < STALL_S + 60, f"took {elapsed:.0f} s"
+    assert processes_with("--run-id hang") == []
+
+
+@pytest.mark.parametrize("framework,backend", [
+    pytest.param("horovod", "gloo", marks=requires_horovod),
+    pytest.param("horovod", "mpi", marks=[requires_horovod, requires_mpirun])])
+def test_horovod_hang_is_stopped_and_explained(stack, tmp_path, mnist_like, framework, backend):
+    outcome, lines, elapsed = run(stack, tmp_path, mnist_like, framework=framework,
+                                  backend=backend, fault="1:20:hang", run_id="h")
+    err = stalled_record(outcome)
+    assert err["rank"] == 1 and err["stalled"]["behind"] == [1]
+    one = rank_entry(err, 1)
+    assert (one["phase"], one["step"], one["where"]) == ("step", 20, "before")
+    assert one["stack"][0].endswith("in stop_calling_collectives")
+    assert rank_entry(err, 0)["where"] == "in"
+    assert elapsed < STALL_S + 75, f"took {elapsed:.0f} s"
+    assert any(line.startswith("!! run stalled and was stopped") for line in lines)
+    assert processes_with("--run-id h ") == []
+
+
+def test_a_rank_asleep_in_its_data_loading(stack, tmp_path, mnist_like):
+    outcome, _, _ = run(stack, tmp_path, mnist_like, framework="ddp", backend="gloo",
+                        fault="1:7:hang-data", run_id="d")
+    err = stalled_record(outcome)
+    one = rank_entry(err, 1)
+    assert err["rank"] == 1 and (one["phase"], one["step"]) == ("step", 7)
+    assert one["stack"][0].endswith("in load_batch")
+
+
+class WorldOfThree(LocalRunner):
+    """Two ranks started for a world of three: the misconfiguration of a node that never
+    came, with torch.distributed's own rendezvous (env://) at a port of this machine."""
+
+    def __init__(self, results_dir, data_dir, port):
+        super().__init__(results_dir, data_dir)
+        self.port = port
+
+    def commands(self, job):
+        script = textwrap.dedent(f"""
+            for r in 0 1; do
+              RANK=$r LOCAL_RANK=$r WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT={self.port} \\
+                {self.python} -m lab.worker.train "$@" &
+            done
+            wait""")
+        return {"localhost": ["sh", "-c", script, "sh", *job.worker_args]}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_rendezvous_that_can_never_complete(stack, tmp_path, mnist_like):
+    port = free_port()
+    runner = WorldOfThree(str(tmp_path), str(mnist_like), port)
+    outcome, _, elapsed = run(stack, tmp_path, mnist_like, framework="ddp", backend="gloo",
+                              runner=runner, run_id="rdv")
+    err = stalled_record(outcome)
+    assert sorted(err["stalled"]["behind"]) == [0, 1]      # both wait: the third never comes
+    assert all(e["phase"] == "rendezvous" for e in err["stalled"]["ranks"])
+    rdv = err["stalled"]["rendezvous"]
+    assert (rdv["world"], rdv["started"], rdv["address"], rdv["port"]) == (3, 2, "127.0.0.1", port)
+    assert "the ranks expect a world of 3 but bench started 2" in err["reason"]
+    assert f"127.0.0.1:{port}" in err["reason"]
+    assert any("init_process_group" in f or "rendezvous" in f
+               for f in rank_entry(err, 0)["stack"]), rank_entry(err, 0)["stack"]
+    assert elapsed < STALL_S + 60
+
+
+# -- the pieces, without ranks ------------------------------------------------------
+
+def test_the_main_threads_frames_from_a_real_faulthandler_dump(tmp_path):
+    """A dump faulthandler's watchdog really wrote (two threads: the main one asleep in
+    inner(), another in its own sleep): the main thread's frames, most recent first."""
+    out = tmp_path / "dump"
+    code = textwrap.dedent(f"""
+        import faulthandler, threading, time
+        f = open({str(out)!r}, "w")
+        def other(): time.sleep(5)
+        def inner(): time.sleep(3)
+        threading.Thread(target=other, daemon=True).start()
+        print(threading.main_thread().ident, flush=True)
+        faulthandler.dump_traceback_later(0.5, file=f)
+        inner()
+        """)
+    cp = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    ident = int(cp.stdout.strip())
+    frames = heartbeat.main_thread_frames(out.read_text(), ident)
+    assert frames == ["<string>:5 in inner", "<string>:9 in <module>"]
+    assert heartbeat.main_thread_frames(out.read_text(), None) != []   # some thread, when unknown
+
+
+def test_the_default_bound_fits_the_phase_and_the_slowest_step():
+    assert heartbeat.bound_s(0, "rendezvous", None) == heartbeat.RENDEZVOUS_S
+    assert heartbeat.bound_s(0, "setup", None) == heartbeat.STARTUP_S
+    assert heartbeat.bound_s(0, "finish", 0.02) == heartbeat.STARTUP_S
+    assert heartbeat.bound_s(0, "step", None) == heartbeat.STARTUP_S     # no step timed yet
+    assert heartbeat.bound_s(0, "step", 0.02) == heartbeat.STEP_MIN_S
+    assert heartbeat.bound_s(0, "step", 30.0) == 300.0                   # ResNet-50 on a loaded CPU
+    assert heartbeat.bound_s(0, "evaluation", 1.0, eval_steps=40) == 400.0
+    assert heartbeat.bound_s(0, "evaluation", 0.02, eval_steps=16) == heartbeat.STARTUP_S
+    assert heartbeat.bound_s(20, "step", 30.0) == 20                     # --stall-s is the user's word
+    assert heartbeat.bound_s(20, "import", None) == heartbeat.IMPORT_S   # but torch's import is slow
+
+
+HOROVOD_REPORT = [   # horovod/common/stall_inspector.cc's message as horovodrun prefixes it
+    "[0]<stderr>:[2026-11-24 06:40:01.1: W /horovod/common/stall_inspector.cc:107] One or more "
+    "tensors were submitted to be reduced, gathered or broadcasted by subset of ranks and are "
+    "waiting for remainder of ranks for more than 10 seconds. This may indicate that different "
+    "ranks are trying to submit different tensors or that only subset of ranks is submitting "
+    "tensors, which will cause deadlock. ",
+    "[0]<stderr>:Missing ranks:",
+    "[0]<stderr>:1: [allreduce.conv1.weight, allreduce.fc2.bias]",
+    "[0]<stdout>:something else"]
+
+
+def test_horovods_stall_report_is_parsed(tmp_path):
+    w = StallWatch(str(tmp_path), 2, 20, 0.0, stop=lambda: None)
+    for line in HOROVOD_REPORT:
+        w.line(line)
+    assert w.horovod == {"after_s": 10, "missing": {1: ["allreduce.conv1.weight", "allreduce.fc2.bias"]}}
+
+
+def test_a_watch_with_nothing_stalled_never_fires(tmp_path):
+    """Ranks whose heartbeats keep advancing, and ranks that are done, are left alone."""
+    folder = tmp_path / "hb"
+    folder.mkdir()
+    stopped = []
+    w = StallWatch(str(folder), 2, 1.0, 7.0, stop=lambda: stopped.append(1), poll_s=0.1).start()
+    try:
+        for seq in range(1, 31):                      # 3 s of advancing, over a 1 s bound
+            for r in (0, 1):
+                heartbeat.write(str(folder / f"rank-{r}.json"),
+                                {"rank": r, "seq": seq, "phase": "step", "step": seq,
+                                 "bound_s": 1.0, "launch": 7.0})
+            time.sleep(0.1)
+        for r in (0, 1):
+            heartbeat.write(str(folder / f"rank-{r}.json"),
+                            {"rank": r, "seq": 99, "phase": "done", "bound_s": 1.0, "launch": 7.0})
+        time.sleep(1.5)
+    finally:
+        w.close()
+    assert w.error is None and stopped == []
+
+
+def test_a_heartbeat_of_an_earlier_launch_is_not_this_ones(tmp_path):
+    heartbeat.write(str(tmp_path / "rank-0.json"), {"rank": 0, "seq": 3, "phase": "step", "launch": 1.0})
+    assert StallWatch(str(tmp_path), 1, 20, 2.0, stop=lambda: None).beats() == {0: None}
+
+
+@pytest.mark.parametrize("bad", ["0", "-3", "soon"])
+def test_stall_flag_bad_values_are_one_sentence(bad):
+    with pytest.raises(BenchError, match="--stall-s takes seconds"):
+        parse_stall(bad)
+    assert parse_stall("auto") == 0 and parse_stall("off") == -1 and parse_stall("20") == 20
+
+
+def test_the_hang_fault_modes_parse():
+    assert RunConfig(fault="1:20:hang").fault_plan() == (1, 20, "hang")
+    assert RunConfig(fault="0:3:hang-data").fault_plan() == (0, 3, "hang-data")
+    assert os.path.basename(heartbeat.beat_path("/r", "a", 1)) == "rank-1.json"
+
+
+def test_the_report_lists_a_stalled_run_with_its_diagnosis(tmp_path):
+    from lab.report.lab_report import analysis, failure_rows
+    reason = "stalled: no rank advanced for 20 s; behind: rank 1 on vm at step 20; top frames: x"
+    rec = results.make_record("failed", run_id="r", config=RunConfig().as_record(), np=2, nodes=1,
+                              started_at=results.now_iso(),
+                              error={"rank": 1, "host": "vm", "reason": reason, "log_tail": "",
+                                     "stalled": {"bound_s": 20, "behind": [1], "ranks": []}})
+    assert any(line.endswith(reason) and "2 workers" in line for line in analysis([rec]))
+    assert failure_rows([rec])[0][-1] == reason
+
+
+def test_the_flight_recorder_is_for_gpu_runs_of_ddp_over_nccl_and_asked_through_its_pipe(tmp_path):
+    """The host's half only (no GPU here: the ranks' half is verified by reading): the
+    variables, and a write to each rank's FIFO, read by a real reader as ProcessGroupNCCL's
+    DumpPipe would."""
+    from lab.host.stall import flight_recorder
+    cpu = RunConfig(framework="ddp", run_id="r", attempt="a")
+    assert flight_recorder(cpu, "gloo", {"X": "1"}, "/results", tmp_path) == ({"X": "1"}, None)
+    gpu = RunConfig(framework="ddp", backend="nccl", device="cuda", run_id="r", attempt="a")
+    env, folder = flight_recorder(gpu, "nccl", {}, "/results", tmp_path / "r")
+    assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/results/r/flight/a/rank-"
+    assert env["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] == env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"]
+    assert int(env["TORCH_NCCL_TRACE_BUFFER_SIZE"]) > 0 and folder == str(tmp_path / "r" / "flight" / "a")
+    os.makedirs(folder)
+    os.mkfifo(os.path.join(folder, "rank-1.pipe"))
+    reader = os.open(os.path.join(folder, "rank-1.pipe"), os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        w = StallWatch(str(tmp_path), 2, 20, 0.0, stop=lambda: None, flight=folder)
+        assert w.ask_flight_recorder() == [1]          # rank 0 has no pipe: not asked
+        assert os.read(reader, 100) == b"dump\n"
+    finally:
+        os.close(reader)
+    (tmp_path / "r" / "flight" / "a" / "rank-1").write_bytes(b"trace")
+    assert w.flight_dumps() == ["flight/a/rank-1"]
