@@ -30,12 +30,19 @@ tests/fixtures/launchers/):
 from __future__ import annotations
 
 import collections
+import glob
+import json
+import os
 import re
 import signal as _signal
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from lab.common import progress
+
+if TYPE_CHECKING:
+    from lab.host.runners import JobResult
 
 _NODE_PREFIX = re.compile(r"^\[[\w.-]+\] ")          # the cluster runner's "[node2] "
 _MPIRUN_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
@@ -270,3 +277,64 @@ class StreamWatches:
         """Each stream's first abnormal end, in the order they were seen."""
         with self._lock:
             return list(self._seen)
+
+
+def attribute_failure(res: JobResult, failure_dir, dead: dict,
+                      launcher: RankEnd | None = None) -> tuple[dict, str]:
+    """(the rank and host to blame, when known; the reason) for a job that failed. A
+    node that stopped comes first; then a rank the launcher saw killed by a signal (it
+    wrote nothing, and its peers' failure files only describe their reaction); then the
+    earliest failure file a rank wrote; then what the launcher said of the first rank
+    that exited non-zero; then the launcher's own last words."""
+    if dead:
+        host, state = next(iter(dead.items()))
+        return {"rank": None, "host": host}, f"node {host} stopped during the run ({state})"
+    sched = res.scheduler or {}
+    if sched and not sched.get("job_id"):            # sbatch refused it
+        return {}, res.why
+    if sched.get("failed_nodes"):                     # Slurm: NODE_FAIL, naming the node
+        return {"rank": None, "host": sched["failed_nodes"][0]}, res.why
+    if sched and sched.get("state") not in ("COMPLETED", "FAILED") and res.returncode is not None:
+        return {}, res.why                            # cancelled, preempted, out of memory, ...
+    if res.returncode == 0:
+        return {}, "the job exited normally but wrote no record"
+    if res.returncode is None:
+        return {}, f"the job {res.why}"
+    end = {"rank": launcher.rank, "host": launcher.host, "exit_code": launcher.exit_code,
+           "signal": launcher.signal} if launcher else None
+    where = f" on {launcher.host}" if launcher and launcher.host else ""
+    if launcher and launcher.signal is not None:
+        return end, f"rank {launcher.rank}{where} {launcher.how()}"
+    if sched.get("state") == "FAILED" and not launcher and not first_failure(str(failure_dir)):
+        return {}, res.why
+    info = first_failure(str(failure_dir))
+    if info:
+        return info, f"rank {info['rank']} on {info['host']} failed: {info['reason']}"
+    if launcher:
+        return end, f"rank {launcher.rank}{where} {launcher.how()}"
+    return {}, f"the launcher exited with {res.returncode}: {_failure_reason_from_tail(res.tail)}"
+
+
+def first_failure(failure_dir: str) -> dict | None:
+    """The earliest failure any rank wrote for one launch."""
+    found = []
+    for path in glob.glob(os.path.join(failure_dir, "rank-*.json")):
+        try:
+            with open(path) as f:
+                found.append(json.load(f))
+        except (OSError, json.JSONDecodeError):
+            continue
+    if not found:
+        return None
+    # The first to fail is the cause: a rank writes its file before it exits, and its
+    # peers fail only once it is gone.
+    found.sort(key=lambda x: (x.get("t", float("inf")), x.get("rank", 0)))
+    return found[0]
+
+
+def _failure_reason_from_tail(tail: list[str]) -> str:
+    tail = [line for line in tail if progress.parse(line) is None]
+    for line in reversed(tail):
+        if "failed:" in line or "Error" in line:
+            return line.strip()[:300]
+    return (tail[-1].strip()[:300] if tail else "no output")
