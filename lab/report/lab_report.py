@@ -17,7 +17,7 @@ from lab.report import document as d
 from lab.report.analysis import RANKING_HEADERS, analysis
 from lab.report.records import ReportError, load, ok
 
-__all__ = ["FORMATS", "ReportError", "document", "render", "write"]
+__all__ = ["FORMATS", "ReportError", "document", "formats", "render", "write", "write_files"]
 
 FORMATS = ("md", "html")
 
@@ -97,19 +97,33 @@ def render(records: list[dict], images: list[str], source: str) -> str:
     return markdown.render(document(records, images, source))
 
 
-def write(path: str, formats: tuple[str, ...] = ("md",)) -> Path:
-    """report.md (always) and, with "html" in formats, report.html beside it; the curves
-    as PNG files. Returns report.md's path."""
-    unknown = [f for f in formats if f not in FORMATS]
-    if unknown:
-        raise ReportError(f"--format {','.join(unknown)} is not a report format: give "
-                          f"{' or '.join(FORMATS)} (html writes report.html beside report.md)")
+def formats(flag: str) -> tuple[str, ...]:
+    """--format's value ('md', 'html' or 'md,html') as the formats to write: Markdown
+    always, HTML beside it when asked."""
+    asked = [f.strip().lower() for f in str(flag).split(",") if f.strip()]
+    unknown = [f for f in asked if f not in FORMATS]
+    if unknown or not asked:
+        raise ReportError(f"--format {flag!r} is not a report format: give md or html (html "
+                          f"writes report.html, one page with the curves embedded, beside report.md)")
+    return tuple(f for f in FORMATS if f == "md" or f in asked)
+
+
+def write_files(path: str, format: str = "md") -> list[Path]:
+    """report.md, and report.html beside it with format 'html'; the curves as PNG files
+    (written, not returned). Returns the report files written."""
+    wanted = formats(format)
     records = load(path)
     out_dir = Path(path)
     images = curves.plot(records, out_dir)
     blocks = document(records, images, str(path))
-    report = out_dir / "report.md"
-    report.write_text(markdown.render(blocks))
-    if "html" in formats:
-        (out_dir / "report.html").write_text(html.render(blocks, out_dir))
-    return report
+    written = [out_dir / "report.md"]
+    written[0].write_text(markdown.render(blocks))
+    if "html" in wanted:
+        written.append(out_dir / "report.html")
+        written[1].write_text(html.render(blocks, out_dir))
+    return written
+
+
+def write(path: str) -> Path:
+    """report.md and its curves; returns report.md's path."""
+    return write_files(path)[0]
