@@ -84,6 +84,10 @@ def analysis(records: list[dict]) -> Analysis:
         (over if row_oversubscribed(row) else ranked).append(row)
     ranked.sort(key=lambda row: (-row["np"], -row["efficiency"]))
     label = {id(row): config_label(row["record"], records) for row in table}
+    # where rows differ in servers, a sentence says on how many
+    across = len({row["servers"] for row in ranked + over}) > 1
+    named = {id(row): label[id(row)] + (f" on {row['servers']} server{'s' if row['servers'] > 1 else ''}"
+                                        if across else "") for row in ranked + over}
 
     # ---- the ranking table
     place = {}
@@ -106,7 +110,7 @@ def analysis(records: list[dict]) -> Analysis:
         at_top = [row for row in ranked if row["np"] == top_np]
         best = at_top[0]
         sp = best["speedup_summary"]
-        text = (f"Best scaling at {top_np} workers: {label[id(best)]}, speedup {interval(sp)}, "
+        text = (f"Best scaling at {top_np} workers: {named[id(best)]}, speedup {interval(sp)}, "
                 f"efficiency {interval(sp, 1 / top_np, '{:.0%}')}, "
                 f"{best['throughput (img/s)']:,.0f} images/s")
         others = at_top[1:]
@@ -122,10 +126,11 @@ def analysis(records: list[dict]) -> Analysis:
             worst = at_top[-1]
             ws = worst["speedup_summary"]
             b = base.get(summary.config_key(worst["record"]))
-            text = (f"Worst scaling at {top_np} workers: {label[id(worst)]}, speedup {interval(ws)}, "
+            text = (f"Worst scaling at {top_np} workers: {named[id(worst)]}, speedup {interval(ws)}, "
                     f"efficiency {interval(ws, 1 / top_np, '{:.0%}')}")
             if ws.high < 1:
-                text += f": slower with {top_np} workers than with one, across its whole interval"
+                text += (f": slower with {top_np} workers than with one"
+                         + (", across its whole interval" if ws.n > 1 else ""))
             if b:
                 text += (f"; its step took {worst['time per step (ms)']:.1f} ms against "
                          f"{b['time per step (ms)']:.1f} ms with one worker")
@@ -148,7 +153,7 @@ def analysis(records: list[dict]) -> Analysis:
                        "range, int8, keeps them)")
         findings.append(text + ".")
     if over:
-        findings.append(f"Oversubscribed: {_listing(sorted({label[id(row)] for row in over}))} ran "
+        findings.append(f"Oversubscribed: {_listing(sorted({named[id(row)] for row in over}))} ran "
                         f"more busy threads than cores, so {'its' if len(over) == 1 else 'their'} "
                         f"speedup measures ranks sharing cores and is not ranked.")
     out.findings = findings[:MAX_FINDINGS]
@@ -161,7 +166,7 @@ def analysis(records: list[dict]) -> Analysis:
             f"Left out of the ranking as not having learned (accuracy below {LEARNED_AT:g} times "
             f"chance, {LEARNED_AT * chance(rs[0]):.0%}): {_listing(parts)}.")
     if over:
-        parts = sorted({f"{label[id(row)]} at {row['np']} workers ("
+        parts = sorted({f"{named[id(row)]} at {row['np']} workers ("
                         + "; ".join(sorted({oversubscription_text(r) for r in row["records"]
                                             if oversubscribed(r)})) + ")" for row in over})
         out.left_out.append(f"Left out of the ranking as oversubscribed (more busy threads than "
