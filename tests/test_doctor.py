@@ -4,6 +4,7 @@ with the report still complete, and the doctor's run on this machine (no GPU).""
 import gzip
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -191,6 +192,56 @@ def test_doctor_on_this_machine_without_a_gpu(tmp_path):
     assert sweep["backend"] == "gloo" and sweep["ranks"] == 2 and len(sweep["rows"]) >= 5
     assert all(r["busbw_gbs"] == pytest.approx(r["algbw_gbs"]) for r in sweep["rows"])   # n=2
     assert doc["counts"]["FAIL"] == 0 and doc["seconds"] > 0
+    # This machine's checks as the terminal table: 120 columns, every SKIP's fix in full.
+    text = report.table(doc["checks"])
+    assert max(len(line) for line in text.splitlines()) <= report.WIDTH
+    flat = " ".join(text.split())
+    for c in doc["checks"]:
+        assert " ".join(c["fix"].split()) in flat, c["name"]
+
+
+LONG_FIX = ("no NVIDIA GPU found: NVML is not available (libnvidia-ml.so.1 not found) and nvidia-smi "
+            "is not on the PATH; on a GPU machine install the NVIDIA driver and the container "
+            "toolkit, then run invoke doctor again")
+
+
+def _checks():
+    """A doctor's results as the probes make them (Result.as_dict), with long values and fixes."""
+    sweep = {"backend": "gloo", "ranks": 2, "rows": [
+        {"size_bytes": 4096, "time_us": 118.0, "algbw_gbs": 0.035, "busbw_gbs": 0.035},
+        {"size_bytes": 16 * 2**20, "time_us": 9021.0, "algbw_gbs": 1.86, "busbw_gbs": 1.86}]}
+    return [dict(Result("os", PASS, "Debian GNU/Linux 12 (bookworm), kernel 6.18.44-fc-v669").as_dict(), where="host"),
+            dict(Result("gpus", SKIP, None, LONG_FIX).as_dict(), where="host"),
+            dict(Result("allreduce_sweep", PASS, sweep).as_dict(), where="local"),
+            dict(Result("finding: MPI GPU operations need a CUDA-aware MPI", FAIL, None,
+                        "rebuild Horovod with HOROVOD_GPU_OPERATIONS=NCCL").as_dict(), where="both"),
+            dict(Result("shm", WARN, {"path": "/dev/shm", "bytes": 2**26}, "give containers --shm-size=1g").as_dict(),
+                 where="host")]
+
+
+def test_the_table_fits_120_columns_and_moves_long_fixes_to_notes():
+    checks = _checks()
+    text = report.table(checks)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 120 == report.WIDTH
+    gpus = next(line for line in lines if line.startswith("host") and " gpus " in line)
+    mark = gpus.split()[-1]                                     # the fix went to a note
+    assert re.fullmatch(r"\[\d\]", mark) and LONG_FIX[:20] not in gpus
+    notes = " ".join(" ".join(lines[lines.index("") + 1:]).split())
+    assert f"{mark} gpus (host), fix: {LONG_FIX}" in notes
+    assert "give containers --shm-size=1g" in gpus.join(lines) and "0.06 GiB" in text   # short: in place
+    # a long check name wraps within its column; nothing is lost
+    assert "finding: MPI GPU operations" in text and "CUDA-aware MPI" in text
+    # --wide: one row per check, everything on it
+    wide = report.table(checks, width=None).splitlines()
+    assert len(wide) == 2 + len(checks) and max(len(line) for line in wide) > 120
+    assert any(LONG_FIX in line and line.startswith("host") for line in wide)
+
+
+def test_doctor_wide_and_help_name_the_flag():
+    cp = subprocess.run([sys.executable, "-m", "invoke", "--help", "doctor"], cwd=REPO,
+                        capture_output=True, text=True, timeout=60)
+    assert "--wide" in cp.stdout and "120 columns" in cp.stdout
 
 
 def test_table_and_summary_render_every_check():
