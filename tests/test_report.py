@@ -556,3 +556,106 @@ def test_the_example_reports_fit_160_columns_and_crown_no_configuration_at_chanc
     from lab.report.records import config_label, learned
     named = [r for r in records if r["status"] == "ok" and config_label(r, records) == name]
     assert named and all(learned(r) for r in named)
+
+
+def html_page(tmp_path, example="example-report"):
+    """`invoke report --format html` on an example's records: report.md and report.html."""
+    import shutil
+    run = tmp_path / "cpu-sweep"
+    run.mkdir()
+    shutil.copy(Path(__file__).parent / "fixtures" / example / results.RESULTS_FILE, run)
+    cp = subprocess.run([sys.executable, "-m", "invoke", "report", str(run), "--format", "html"],
+                        cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout.strip() == f"wrote {run / 'report.md'}, {run / 'report.html'}"
+    return run
+
+
+def test_the_html_page_is_self_contained_and_says_what_the_markdown_says(tmp_path):
+    import base64
+    from html.parser import HTMLParser
+
+    run = html_page(tmp_path)
+    page = (run / "report.html").read_text()
+
+    class Tags(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.tags, self.text = [], []
+
+        def handle_starttag(self, tag, attrs):
+            self.tags.append((tag, dict(attrs)))
+
+        def handle_data(self, data):
+            self.text.append(data)
+    p = Tags()
+    p.feed(page)
+    names = [t for t, _ in p.tags]
+    assert "script" not in names and "link" not in names and "iframe" not in names
+    imgs = [a for t, a in p.tags if t == "img"]
+    assert [a["title"] for a in imgs] == ["throughput.png", "speedup.png"]
+    for a in imgs:                       # embedded: the very bytes of the PNG beside it
+        head, data = a["src"].split(",", 1)
+        assert head == "data:image/png;base64"
+        assert base64.b64decode(data) == (run / a["title"]).read_bytes()
+    assert not re.search(r"(src|href)=\"(?!data:)", page)
+    md = (run / "report.md").read_text()
+    assert names.count("table") == sum(1 for ln in md.splitlines() if ln.startswith("|--"))
+    text = " ".join(" ".join(p.text).split())
+    for ln in md.splitlines():
+        if ln.startswith("#"):
+            assert ln.lstrip("# ") in text
+    assert an.analysis(results.read_records(run / results.RESULTS_FILE)[0]).findings[0] in text
+
+
+def find_image(shot, img, xs):
+    """The (x, y) where img appears in the screenshot pixel for pixel (each channel within
+    2 of the PNG's, on 99.5% of the pixels), or None; x is looked for in xs."""
+    import numpy as np
+    h, w = img.shape[:2]
+    mid = h // 2
+    for x in xs:
+        strip = shot[:, x:x + w].astype(int)
+        if strip.shape[1] != w:
+            continue
+        rows = np.nonzero((np.abs(strip - img[mid].astype(int)) <= 2).all(axis=2).mean(axis=1) > 0.995)[0]
+        for y in rows - mid:
+            if y < 0 or y + h > shot.shape[0]:
+                continue
+            close = (np.abs(shot[y:y + h, x:x + w].astype(int) - img.astype(int)) <= 2).all(axis=2)
+            if close.mean() > 0.995:
+                return x, int(y)
+    return None
+
+
+def screenshot(page: Path, out: Path, height: int) -> None:
+    """Chromium's headless screenshot of a page at 1400 x height, one CSS pixel a pixel."""
+    import shutil
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        pytest.skip("no headless browser: Debian's chromium package is not installed "
+                    "(apt-get install chromium; .ci/run installs it)")
+    cp = subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                         "--force-device-scale-factor=1", "--force-color-profile=srgb",
+                         f"--window-size=1400,{height}", f"--screenshot={out}", page.as_uri()],
+                        capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 0 and out.exists(), cp.stderr[-2000:]
+
+
+def test_the_html_page_renders_both_plots_in_a_headless_browser(tmp_path):
+    """A real browser opens report.html; both curves are found in its screenshot, pixel
+    for pixel, one above the other. (tests/fixtures/example-report/report-html.png is
+    such a screenshot, kept to look at.)"""
+    import numpy as np
+    from PIL import Image
+    run = html_page(tmp_path)
+    shot_path = tmp_path / "shot.png"
+    screenshot(run / "report.html", shot_path, 9000)
+    shot = np.asarray(Image.open(shot_path).convert("RGB"))
+    found = {}
+    for name in ("throughput.png", "speedup.png"):
+        img = np.asarray(Image.open(run / name).convert("RGB"))
+        found[name] = find_image(shot, img, range(0, 60))
+        assert found[name] is not None, f"{name} is not in the screenshot"
+    (x1, y1), (x2, y2) = found["throughput.png"], found["speedup.png"]
+    assert x1 == x2 and y2 > y1
