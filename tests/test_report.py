@@ -257,6 +257,21 @@ def test_oversubscribed_rows_are_marked_and_never_read_as_scaling(tmp_path):
                           "time measures ranks sharing cores): horovod over gloo at 2 workers (2 ranks "
                           "on 1 core)."]
     assert any(f.startswith("Oversubscribed: horovod over gloo") for f in a.findings)
+    # on the curves: the oversubscribed point is ringed, the others are not
+    import matplotlib.pyplot as plt
+    from matplotlib.collections import PathCollection
+    figs = curves.figures(recs)
+    try:
+        gloo = next(ax for ax in figs["speedup.png"].axes if ax.get_title() == "gloo")
+        mpi = next(ax for ax in figs["speedup.png"].axes if ax.get_title() == "mpi")
+        [ring] = [c for c in gloo.collections if isinstance(c, PathCollection)]
+        [(x, y)] = ring.get_offsets().tolist()
+        assert round(x) == 2 and y == pytest.approx(1.96)      # horovod/gloo's median speedup
+        assert not [c for c in mpi.collections if isinstance(c, PathCollection)]
+        assert "oversubscribed" in [t.get_text() for t in figs["speedup.png"].legends[0].get_texts()]
+    finally:
+        for f in figs.values():
+            plt.close(f)
 
 
 def test_findings_come_first_at_most_three_each_with_its_interval(tmp_path):
