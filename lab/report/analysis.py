@@ -161,10 +161,10 @@ def analysis(records: list[dict]) -> Analysis:
     # ---- what was left out, and why
     if not_learned:
         rs = next(iter(not_learned.values()))
-        parts = [f"{config_label(r[0], records)} ({_accuracy_range(r)})" for r in not_learned.values()]
+        names = sorted({config_label(r[0], records) for r in not_learned.values()})
         out.left_out.append(
             f"Left out of the ranking as not having learned (accuracy below {LEARNED_AT:g} times "
-            f"chance, {LEARNED_AT * chance(rs[0]):.0%}): {_listing(parts)}.")
+            f"chance, {LEARNED_AT * chance(rs[0]):.0%}): {_listing(names)}.")
     if over:
         parts = sorted({f"{named[id(row)]} at {row['np']} workers ("
                         + "; ".join(sorted({oversubscription_text(r) for r in row["records"]
