@@ -200,14 +200,16 @@ def doctor(c, np=None, json=False, local=False, image=None, frozen=False, wide=F
         ranks = whole("np", np) if np is not None else DEFAULT_NP
         if ranks < 1:
             raise BenchError("--np must be at least 1")
+        width = None if wide else report.WIDTH
         checks, seconds, notes = doc.run(ranks, where=where, image=image or "", frozen=frozen,
-                                         echo=(lambda line: None) if json else print)
+                                         echo=(lambda line: None) if json else
+                                         (lambda line: print(report.line(line, width))))
     except (BenchError, RunnerError) as e:
         raise Exit(f"error: {e}", code=2)
     if json:
         print(report.as_json(checks, seconds, notes))
     else:
-        print(report.table(checks, width=None if wide else report.WIDTH))
+        print(report.table(checks, width=width))
         print(report.summary(checks, seconds))
     if any(ch["status"] == "FAIL" for ch in checks):
         raise Exit(code=1)

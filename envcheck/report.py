@@ -120,6 +120,12 @@ def table(checks: list[dict], width: int | None = WIDTH) -> str:
     return "\n".join(lines)
 
 
+def line(text: str, width: int | None = WIDTH) -> str:
+    """A message printed beside the table (where the stack is checked), wrapped to width."""
+    return text if width is None else "\n".join(textwrap.wrap(text, width, break_on_hyphens=False)
+                                                 or [""])
+
+
 def counts(checks: list[dict]) -> dict:
     return {s: sum(1 for c in checks if c["status"] == s) for s in ORDER}
 

@@ -236,6 +236,10 @@ def test_the_table_fits_120_columns_and_moves_long_fixes_to_notes():
     wide = report.table(checks, width=None).splitlines()
     assert len(wide) == 2 + len(checks) and max(len(line) for line in wide) > 120
     assert any(LONG_FIX in line and line.startswith("host") for line in wide)
+    # the line printed before the table (where the stack is checked) wraps the same way
+    note = "the stack is checked as local processes: " + LONG_FIX
+    assert max(map(len, report.line(note).splitlines())) <= 120 < len(note)
+    assert " ".join(report.line(note).split()) == note and report.line(note, None) == note
 
 
 def test_doctor_wide_and_help_name_the_flag():
