@@ -674,3 +674,17 @@ def test_the_html_page_renders_both_plots_in_a_headless_browser(tmp_path):
         assert found[name] is not None, f"{name} is not in the screenshot"
     (x1, y1), (x2, y2) = found["throughput.png"], found["speedup.png"]
     assert x1 == x2 and y2 > y1
+
+
+def test_the_screenshot_search_finds_a_curve_where_it_is_and_nowhere_else():
+    """The browser test's checker, on a page made by hand: the PNG pasted at (24, 1234)
+    is found there; a curve that is not on the page is not found."""
+    import numpy as np
+    from PIL import Image
+    src = Path(__file__).parent / "fixtures" / "example-report"
+    thr = Image.open(src / "throughput.png").convert("RGB")
+    page = Image.new("RGB", (1400, 3000), "white")
+    page.paste(thr, (24, 1234))
+    shot = np.asarray(page)
+    assert find_image(shot, np.asarray(thr), [24, *range(60)]) == (24, 1234)
+    assert find_image(shot, np.asarray(Image.open(src / "speedup.png").convert("RGB")), range(16, 33)) is None
