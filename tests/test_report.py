@@ -202,13 +202,14 @@ def test_analysis_is_computed_from_the_figures(written):
     assert "Left out of the ranking as not having learned" in a and "int8-naive" not in str(ranked)
 
 
-def learning(framework, compression, effs, accs, backend="gloo", world=None):
-    """A configuration at 1 and 2 workers: repeats with these 2-worker efficiencies."""
+def learning(framework, compression, effs, accs, backend="gloo", world=None, base_world=None):
+    """A configuration at 1 and 2 workers: repeats with these 2-worker efficiencies
+    (world, base_world: what the 2-worker and the 1-worker records add to world)."""
     out = []
     for i, (e, a) in enumerate(zip(effs, accs)):
         for np_, t in ((1, 1000.0), (2, 2000.0 * e)):
             r = rec(framework, backend, np_, 0.02 * (1 if np_ == 1 else 1 / e), t, a,
-                    compression=compression, world=world if np_ > 1 else None)
+                    compression=compression, world=world if np_ > 1 else base_world)
             r["config"]["repeat"] = i
             out.append(r)
     return out
@@ -257,6 +258,12 @@ def test_oversubscribed_rows_are_marked_and_never_read_as_scaling(tmp_path):
                           "time measures ranks sharing cores): horovod over gloo at 2 workers (2 ranks "
                           "on 1 core)."]
     assert any(f.startswith("Oversubscribed: horovod over gloo") for f in a.findings)
+    # a baseline that ran oversubscribed makes its configuration's speedup no scaling either
+    base_over = learning("ddp", "none", [0.9] * 3, [0.88] * 3, backend="mpi",
+                         base_world={"oversubscribed": True, "cores": 1})
+    a = an.analysis(recs + base_over)
+    assert "ddp over mpi" not in [r[1] for r in a.ranking]
+    assert "ddp over mpi at 2 workers (its 1-worker baseline: 1 rank on 1 core)" in a.left_out[0]
     # on the curves: the oversubscribed point is ringed, the others are not
     import matplotlib.pyplot as plt
     from matplotlib.collections import PathCollection

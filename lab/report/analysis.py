@@ -81,7 +81,9 @@ def analysis(records: list[dict]) -> Analysis:
         key = summary.config_key(row["record"])
         if key in not_learned:
             continue
-        (over if row_oversubscribed(row) else ranked).append(row)
+        # its own runs or its 1-worker baseline's: either way the speedup is not scaling
+        b = base.get(key)
+        (over if row_oversubscribed(row) or (b and row_oversubscribed(b)) else ranked).append(row)
     ranked.sort(key=lambda row: (-row["np"], -row["efficiency"]))
     label = {id(row): config_label(row["record"], records) for row in table}
     # where rows differ in servers, a sentence says on how many
@@ -166,9 +168,15 @@ def analysis(records: list[dict]) -> Analysis:
             f"Left out of the ranking as not having learned (accuracy below {LEARNED_AT:g} times "
             f"chance, {LEARNED_AT * chance(rs[0]):.0%}): {_listing(names)}.")
     if over:
-        parts = sorted({f"{named[id(row)]} at {row['np']} workers ("
-                        + "; ".join(sorted({oversubscription_text(r) for r in row["records"]
-                                            if oversubscribed(r)})) + ")" for row in over})
+        parts = []
+        for row in over:
+            b = base.get(summary.config_key(row["record"]))
+            own = sorted({oversubscription_text(r) for r in row["records"] if oversubscribed(r)})
+            theirs = sorted({oversubscription_text(r) for r in (b or {}).get("records", [])
+                             if oversubscribed(r)})
+            parts.append(f"{named[id(row)]} at {row['np']} workers ("
+                         + "; ".join(own + [f"its 1-worker baseline: {t}" for t in theirs]) + ")")
+        parts = sorted(set(parts))
         out.left_out.append(f"Left out of the ranking as oversubscribed (more busy threads than "
                             f"cores: the time measures ranks sharing cores): {_listing(parts)}.")
     if any(learned(row["record"]) is None for row in ranked):
