@@ -1,9 +1,9 @@
 """Rendering the doctor's results: a table (where, check, status, value, fix), a
 one-line summary, or JSON. Nothing here measures anything.
 
-The table fits WIDTH (120) columns: a check's name wraps within its column, and a value
-or a fix too long for its column is a numbered note under the table (its cell says
-`[n]`), wrapped to the same width; `width=None` (doctor --wide) puts everything on its
+The table fits WIDTH (120) columns: a check's name wraps within its column, a value or a
+fix wraps over two lines of its column, and one longer than that is a numbered note under
+the table (its cell says `[n]`), wrapped to the same width; `width=None` (doctor --wide) puts everything on its
 row, however long. JSON always carries everything."""
 from __future__ import annotations
 
@@ -58,6 +58,7 @@ HEADERS = ["where", "check", "status", "value", "fix"]
 WIDTH = 120          # the table's default width: an 80-column terminal wraps, 120 does not
 GAP = "  "           # between columns
 CHECK_MAX = 30       # a longer check name wraps within this
+CELL_LINES = 2       # a value or fix wraps over this many lines at most, else it is a note
 
 
 def _one_line(text) -> str:
@@ -67,6 +68,10 @@ def _one_line(text) -> str:
 def rows(checks: list[dict]) -> list[list[str]]:
     return [[c["where"], c["name"], c["status"], _one_line(short(c["name"], c["value"])),
              _one_line(c["fix"])] for c in checks]
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    return textwrap.wrap(text, width, break_on_hyphens=False) or [""]
 
 
 def _lines(cells: list[list[str]], widths: list[int]) -> list[str]:
@@ -94,23 +99,25 @@ def table(checks: list[dict], width: int | None = WIDTH) -> str:
     left = width - w_where - w_check - w_status - 4 * len(GAP)
     # The split between value and fix that leaves the fewest notes (ties: the most even).
     w_value = min(range(len(HEADERS[3]), left - len(HEADERS[4]) + 1),
-                  key=lambda v: (sum(len(r[3]) > v for r in body) + sum(len(r[4]) > left - v for r in body),
+                  key=lambda v: (sum(len(_wrap(r[3], v)) > CELL_LINES for r in body)
+                                 + sum(len(_wrap(r[4], left - v)) > CELL_LINES for r in body),
                                  abs(left - 2 * v)))
     w_value = min(w_value, max(len(x) for x in [HEADERS[3]] + [r[3] for r in body]))
     w_fix = left - w_value
     notes: list[str] = []
 
-    def fit(text: str, room: int, what: str, row: list[str]) -> str:
-        if len(text) <= room:
-            return text
+    def fit(text: str, room: int, what: str, row: list[str]) -> list[str]:
+        lines = _wrap(text, room)
+        if len(lines) <= CELL_LINES:
+            return lines
         notes.append(f"[{len(notes) + 1}] {row[1]} ({row[0]}), {what}: {text}")
-        return f"[{len(notes)}]"
+        return [f"[{len(notes)}]"]
 
     lines = _lines([[h] for h in HEADERS], [w_where, w_check, w_status, w_value, w_fix])
     lines.append(GAP.join("-" * w for w in (w_where, w_check, w_status, w_value, w_fix)))
     for r in body:
         cells = [[r[0]], textwrap.wrap(r[1], w_check, break_on_hyphens=False) or [""], [r[2]],
-                 [fit(r[3], w_value, "value", r)], [fit(r[4], w_fix, "fix", r)]]
+                 fit(r[3], w_value, "value", r), fit(r[4], w_fix, "fix", r)]
         lines += _lines(cells, [w_where, w_check, w_status, w_value, w_fix])
     if notes:
         lines.append("")
