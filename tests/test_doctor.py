@@ -195,9 +195,32 @@ def test_doctor_on_this_machine_without_a_gpu(tmp_path):
     # This machine's checks as the terminal table: 120 columns, every SKIP's fix in full.
     text = report.table(doc["checks"])
     assert max(len(line) for line in text.splitlines()) <= report.WIDTH
-    flat = " ".join(text.split())
-    for c in doc["checks"]:
-        assert " ".join(c["fix"].split()) in flat, c["name"]
+    rows, notes = table_cells(text)
+    assert len(rows) == len(doc["checks"])
+    for c, row in zip(doc["checks"], rows):
+        fix = " ".join(c["fix"].split())
+        assert row["fix"] == fix or f"{row['fix']} {c['name']} ({c['where']}), fix: {fix}" in notes, c["name"]
+
+
+def table_cells(text):
+    """The doctor's table read back by its columns (a row's wrapped lines joined), and its
+    notes as one string."""
+    lines = text.splitlines()
+    starts = [m.start() for m in re.finditer(r"-+", lines[1])] + [None]
+    names = lines[0].split()
+    rows = []
+    for line in lines[2:]:
+        if not line.strip():
+            break
+        cells = [line[a:b].strip() if b else line[a:].strip() for a, b in zip(starts, starts[1:])]
+        if cells[0]:
+            rows.append({n: c for n, c in zip(names, cells)})
+        else:
+            for n, c in zip(names, cells):
+                if c:
+                    rows[-1][n] = f"{rows[-1][n]} {c}".strip()
+    notes = " ".join(" ".join(lines[lines.index("") + 1:]).split()) if "" in lines else ""
+    return rows, notes
 
 
 LONG_FIX = ("no NVIDIA GPU found: NVML is not available (libnvidia-ml.so.1 not found) and nvidia-smi "
