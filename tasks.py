@@ -246,6 +246,7 @@ def build(c, flavor=None, gpu_ops=None, cuda=None, base_image=None, extra_ca=Non
 DOCTOR_HELP = {
     "np": "ranks of the MPI hello and the all-reduce measurements",
     "json": "print JSON (for scripts and CI) instead of the table",
+    "wide": "print every value and fix in full on its row (default: 120 columns, long ones as notes)",
     "local": "check the stack as local processes even when a lab image is built",
     "image": "the lab image to check (default: the one bench would use)",
     "frozen": "in the image, check its own copy of the kit instead of the checkout's",
@@ -253,7 +254,7 @@ DOCTOR_HELP = {
 
 
 @task(help=DOCTOR_HELP)
-def doctor(c, np=None, json=False, local=False, image=None, frozen=False):
+def doctor(c, np=None, json=False, local=False, image=None, frozen=False, wide=False):
     """Diagnose the host and the lab image: what is wrong and how to fix it."""
     from envcheck import report
     from envcheck.stack import DEFAULT_NP
@@ -266,14 +267,16 @@ def doctor(c, np=None, json=False, local=False, image=None, frozen=False):
         ranks = whole("np", np) if np is not None else DEFAULT_NP
         if ranks < 1:
             raise BenchError("--np must be at least 1")
+        width = None if wide else report.WIDTH
         checks, seconds, notes = doc.run(ranks, where=where, image=image or "", frozen=frozen,
-                                         echo=(lambda line: None) if json else print)
+                                         echo=(lambda line: None) if json else
+                                         (lambda line: print(report.line(line, width))))
     except (BenchError, RunnerError) as e:
         raise Exit(f"error: {e}", code=2)
     if json:
         print(report.as_json(checks, seconds, notes))
     else:
-        print(report.table(checks))
+        print(report.table(checks, width=width))
         print(report.summary(checks, seconds))
     if any(ch["status"] == "FAIL" for ch in checks):
         raise Exit(code=1)
@@ -321,15 +324,17 @@ def clean(c):
     print(f"removed {len(removed)}: {', '.join(removed)}" if removed else "nothing to remove")
 
 
-@task(positional=["path"], help={"path": "a run's folder (results/<run-id>) or a folder of runs (results)"})
-def report(c, path):
-    """Write report.md and its curves (PNG) from the records in a results folder."""
-    from lab.report.lab_report import ReportError, write
+@task(positional=["path"], help={
+    "path": "a run's folder (results/<run-id>) or a folder of runs (results)",
+    "format": "md (report.md) or html (report.md and report.html, one page with the curves embedded)"})
+def report(c, path, format="md"):
+    """Write report.md (and report.html) and its curves (PNG) from the records in a results folder."""
+    from lab.report.lab_report import ReportError, write_files
     try:
-        out = write(path)
+        written = write_files(path, format)
     except ReportError as e:
         raise Exit(f"error: {e}", code=2)
-    print(f"wrote {out} and its curves beside it")
+    print(f"wrote {', '.join(map(str, written))}")
 
 
 @task(help={"results-dir": "where the acceptance folder and its archive go"})

@@ -1,8 +1,14 @@
 """Rendering the doctor's results: a table (where, check, status, value, fix), a
-one-line summary, or JSON. Nothing here measures anything."""
+one-line summary, or JSON. Nothing here measures anything.
+
+The table fits WIDTH (120) columns: a check's name wraps within its column, a value or a
+fix wraps over two lines of its column, and one longer than that is a numbered note under
+the table (its cell says `[n]`), wrapped to the same width; `width=None` (doctor --wide) puts everything on its
+row, however long. JSON always carries everything."""
 from __future__ import annotations
 
 import json
+import textwrap
 
 from envcheck.probes import FAIL, PASS, SKIP, WARN
 
@@ -44,21 +50,87 @@ def short(name: str, value) -> str:
     if name == "shm" and isinstance(value, dict):
         return f"{value['bytes'] / 2**30:.2f} GiB"
     if isinstance(value, dict):
-        text = ", ".join(f"{k}={v}" for k, v in value.items())
-    else:
-        text = str(value)
-    return text if len(text) <= 90 else text[:89] + "…"
+        return ", ".join(f"{k}={v}" for k, v in value.items())
+    return str(value)
+
+
+HEADERS = ["where", "check", "status", "value", "fix"]
+WIDTH = 120          # the table's default width: an 80-column terminal wraps, 120 does not
+GAP = "  "           # between columns
+CHECK_MAX = 30       # a longer check name wraps within this
+CELL_LINES = 2       # a value or fix wraps over this many lines at most, else it is a note
+
+
+def _one_line(text) -> str:
+    return " ".join(str(text or "").split())
 
 
 def rows(checks: list[dict]) -> list[list[str]]:
-    return [[c["where"], c["name"], c["status"], short(c["name"], c["value"]), c["fix"]] for c in checks]
+    return [[c["where"], c["name"], c["status"], _one_line(short(c["name"], c["value"])),
+             _one_line(c["fix"])] for c in checks]
 
 
-def table(checks: list[dict]) -> str:
-    """A plain-text table for the terminal (tabulate's "simple" format)."""
-    from tabulate import tabulate
-    return tabulate(rows(checks), headers=["where", "check", "status", "value", "fix"],
-                    tablefmt="simple", disable_numparse=True)
+def _wrap(text: str, width: int) -> list[str]:
+    return textwrap.wrap(text, width, break_on_hyphens=False) or [""]
+
+
+def _lines(cells: list[list[str]], widths: list[int]) -> list[str]:
+    """One row (each cell a list of lines) as text lines, the last column unpadded."""
+    height = max(len(c) for c in cells)
+    out = []
+    for i in range(height):
+        parts = [(c[i] if i < len(c) else "").ljust(w) for c, w in zip(cells, widths)]
+        out.append(GAP.join(parts).rstrip())
+    return out
+
+
+def table(checks: list[dict], width: int | None = WIDTH) -> str:
+    """A plain-text table for the terminal, at most `width` columns wide (None: as wide
+    as its longest row), long values and fixes moved to numbered notes under it."""
+    body = rows(checks)
+    if width is None:
+        widths = [max(len(x) for x in col) for col in zip(HEADERS, *body)]
+        return "\n".join(_lines([[h] for h in HEADERS], widths)
+                         + [GAP.join("-" * w for w in widths)]
+                         + [ln for r in body for ln in _lines([[c] for c in r], widths)])
+    w_where = max(len(x) for x in [HEADERS[0]] + [r[0] for r in body])
+    w_status = max(len(x) for x in [HEADERS[2]] + [r[2] for r in body])
+    w_check = min(CHECK_MAX, max(len(x) for x in [HEADERS[1]] + [r[1] for r in body]))
+    left = width - w_where - w_check - w_status - 4 * len(GAP)
+    # The split between value and fix that leaves the fewest notes (ties: the most even).
+    w_value = min(range(len(HEADERS[3]), left - len(HEADERS[4]) + 1),
+                  key=lambda v: (sum(len(_wrap(r[3], v)) > CELL_LINES for r in body)
+                                 + sum(len(_wrap(r[4], left - v)) > CELL_LINES for r in body),
+                                 abs(left - 2 * v)))
+    w_value = min(w_value, max(len(x) for x in [HEADERS[3]] + [r[3] for r in body]))
+    w_fix = left - w_value
+    notes: list[str] = []
+
+    def fit(text: str, room: int, what: str, row: list[str]) -> list[str]:
+        lines = _wrap(text, room)
+        if len(lines) <= CELL_LINES:
+            return lines
+        notes.append(f"[{len(notes) + 1}] {row[1]} ({row[0]}), {what}: {text}")
+        return [f"[{len(notes)}]"]
+
+    lines = _lines([[h] for h in HEADERS], [w_where, w_check, w_status, w_value, w_fix])
+    lines.append(GAP.join("-" * w for w in (w_where, w_check, w_status, w_value, w_fix)))
+    for r in body:
+        cells = [[r[0]], textwrap.wrap(r[1], w_check, break_on_hyphens=False) or [""], [r[2]],
+                 fit(r[3], w_value, "value", r), fit(r[4], w_fix, "fix", r)]
+        lines += _lines(cells, [w_where, w_check, w_status, w_value, w_fix])
+    if notes:
+        lines.append("")
+        for n in notes:
+            lines += textwrap.wrap(n, width, subsequent_indent="    ", break_on_hyphens=False,
+                                   break_long_words=True)
+    return "\n".join(lines)
+
+
+def line(text: str, width: int | None = WIDTH) -> str:
+    """A message printed beside the table (where the stack is checked), wrapped to width."""
+    return text if width is None else "\n".join(textwrap.wrap(text, width, break_on_hyphens=False)
+                                                 or [""])
 
 
 def counts(checks: list[dict]) -> dict:

@@ -4,6 +4,7 @@ with the report still complete, and the doctor's run on this machine (no GPU).""
 import gzip
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -191,6 +192,83 @@ def test_doctor_on_this_machine_without_a_gpu(tmp_path):
     assert sweep["backend"] == "gloo" and sweep["ranks"] == 2 and len(sweep["rows"]) >= 5
     assert all(r["busbw_gbs"] == pytest.approx(r["algbw_gbs"]) for r in sweep["rows"])   # n=2
     assert doc["counts"]["FAIL"] == 0 and doc["seconds"] > 0
+    # This machine's checks as the terminal table: 120 columns, every SKIP's fix in full.
+    text = report.table(doc["checks"])
+    assert max(len(line) for line in text.splitlines()) <= report.WIDTH
+    rows, notes = table_cells(text)
+    assert len(rows) == len(doc["checks"])
+    for c, row in zip(doc["checks"], rows):
+        fix = " ".join(c["fix"].split())
+        assert row["fix"] == fix or f"{row['fix']} {c['name']} ({c['where']}), fix: {fix}" in notes, c["name"]
+
+
+def table_cells(text):
+    """The doctor's table read back by its columns (a row's wrapped lines joined), and its
+    notes as one string."""
+    lines = text.splitlines()
+    starts = [m.start() for m in re.finditer(r"-+", lines[1])] + [None]
+    names = lines[0].split()
+    rows = []
+    for line in lines[2:]:
+        if not line.strip():
+            break
+        cells = [line[a:b].strip() if b else line[a:].strip() for a, b in zip(starts, starts[1:])]
+        if cells[0]:
+            rows.append({n: c for n, c in zip(names, cells)})
+        else:
+            for n, c in zip(names, cells):
+                if c:
+                    rows[-1][n] = f"{rows[-1][n]} {c}".strip()
+    notes = " ".join(" ".join(lines[lines.index("") + 1:]).split()) if "" in lines else ""
+    return rows, notes
+
+
+LONG_FIX = ("no NVIDIA GPU found: NVML is not available (libnvidia-ml.so.1 not found) and nvidia-smi "
+            "is not on the PATH; on a GPU machine install the NVIDIA driver and the container "
+            "toolkit, then run invoke doctor again")
+
+
+def _checks():
+    """A doctor's results as the probes make them (Result.as_dict), with long values and fixes."""
+    sweep = {"backend": "gloo", "ranks": 2, "rows": [
+        {"size_bytes": 4096, "time_us": 118.0, "algbw_gbs": 0.035, "busbw_gbs": 0.035},
+        {"size_bytes": 16 * 2**20, "time_us": 9021.0, "algbw_gbs": 1.86, "busbw_gbs": 1.86}]}
+    return [dict(Result("os", PASS, "Debian GNU/Linux 12 (bookworm), kernel 6.18.44-fc-v669").as_dict(), where="host"),
+            dict(Result("gpus", SKIP, None, LONG_FIX).as_dict(), where="host"),
+            dict(Result("allreduce_sweep", PASS, sweep).as_dict(), where="local"),
+            dict(Result("finding: MPI GPU operations need a CUDA-aware MPI", FAIL, None,
+                        "rebuild Horovod with HOROVOD_GPU_OPERATIONS=NCCL").as_dict(), where="both"),
+            dict(Result("shm", WARN, {"path": "/dev/shm", "bytes": 2**26}, "give containers --shm-size=1g").as_dict(),
+                 where="host")]
+
+
+def test_the_table_fits_120_columns_and_moves_long_fixes_to_notes():
+    checks = _checks()
+    text = report.table(checks)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 120 == report.WIDTH
+    gpus = next(line for line in lines if line.startswith("host") and " gpus " in line)
+    mark = gpus.split()[-1]                                     # the fix went to a note
+    assert re.fullmatch(r"\[\d\]", mark) and LONG_FIX[:20] not in gpus
+    notes = " ".join(" ".join(lines[lines.index("") + 1:]).split())
+    assert f"{mark} gpus (host), fix: {LONG_FIX}" in notes
+    assert "give containers --shm-size=1g" in gpus.join(lines) and "0.06 GiB" in text   # short: in place
+    # a long check name wraps within its column; nothing is lost
+    assert "finding: MPI GPU operations" in text and "CUDA-aware MPI" in text
+    # --wide: one row per check, everything on it
+    wide = report.table(checks, width=None).splitlines()
+    assert len(wide) == 2 + len(checks) and max(len(line) for line in wide) > 120
+    assert any(LONG_FIX in line and line.startswith("host") for line in wide)
+    # the line printed before the table (where the stack is checked) wraps the same way
+    note = "the stack is checked as local processes: " + LONG_FIX
+    assert max(map(len, report.line(note).splitlines())) <= 120 < len(note)
+    assert " ".join(report.line(note).split()) == note and report.line(note, None) == note
+
+
+def test_doctor_wide_and_help_name_the_flag():
+    cp = subprocess.run([sys.executable, "-m", "invoke", "--help", "doctor"], cwd=REPO,
+                        capture_output=True, text=True, timeout=60)
+    assert "--wide" in cp.stdout and "120 columns" in cp.stdout
 
 
 def test_table_and_summary_render_every_check():

@@ -1,6 +1,9 @@
 """`invoke report` from a fixed set of records, checked table by table, the curves
-written as PNG files, the analysis computed from the figures, failures shown."""
+written as PNG files, the analysis computed from the figures, failures as numbered notes,
+skipped combinations once each, the HTML page. Every record is made by the code's own
+writers (RunConfig.as_record, results.make_record, results.append_record)."""
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -9,14 +12,15 @@ import pytest
 
 from lab.common import results
 from lab.common.config import RunConfig
+from lab.report import analysis as an
+from lab.report import curves, strategies, summary, tables
 from lab.report import lab_report as report
-from lab.report import summary
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def rec(framework, backend, np, step_s, tput, acc, compression="none", nodes=1, payload=None,
-        zeroed=None, status="ok", reason=""):
+        zeroed=None, status="ok", reason="", world=None):
     cfg = RunConfig(framework=framework, backend=backend, data="digits", epochs=3, batch_size=32,
                     compression=compression).as_record()
     if status != "ok":
@@ -38,7 +42,7 @@ def rec(framework, backend, np, step_s, tput, acc, compression="none", nodes=1, 
     r = results.make_record(
         "ok", run_id="fixed", config=cfg, np=np, nodes=nodes, started_at="2026-11-21T01:00:00Z",
         finished_at="2026-11-21T01:01:00Z",
-        world={"hosts": hosts, "devices_per_node": np // nodes, "controller": backend},
+        world={"hosts": hosts, "devices_per_node": np // nodes, "controller": backend, **(world or {})},
         figures=f, epochs=[], step_times_s=[step_s])
     r["record_id"] = f"{framework}{backend}{np}{compression}{nodes}"
     r.update({
@@ -96,6 +100,10 @@ def test_environment_table(written):
     assert env["image"].startswith("sha256:abcdef012345") and "torch_version=2.13.0" in env["image"]
 
 
+def notes_under(text, title):
+    return [ln for ln in section(text, title).splitlines() if ln.startswith("[")]
+
+
 def test_within_server_table(written):
     text, _ = written
     rows = table(text, "Results within one server")
@@ -104,7 +112,7 @@ def test_within_server_table(written):
     assert by[("ddp / gloo", "2")][6:8] == ["1.40", "70%"]
     assert by[("ddp / gloo / int8", "2")][6] == "n/a"        # no 1-worker int8 run to compare with
     assert ("horovod / mpi", "2") not in by                  # a 2-server run: the next table
-    assert by[("ddp / nccl", "2")][4].startswith("SKIPPED: the nccl back end")
+    assert not any(r[0].startswith("ddp / nccl") for r in rows)   # skipped: in no table
     assert all(r[1] == "1" for r in rows)
 
 
@@ -113,8 +121,11 @@ def test_across_server_table(written):
     row, failed = table(text, "Results across servers")
     assert row[:4] == ["horovod / gloo", "2", "1", "2"]
     assert row[6:8] == ["0.94", "47%"]                       # against the 1-worker run: 3000/3200
-    # A failed 2-server run is a row of this table (its record carries world.nodes).
-    assert failed[:2] == ["horovod / mpi", "2"] and failed[4].startswith("FAILED: node node2")
+    # A failed 2-server run is a row of this table (its record carries world.nodes); its
+    # reason is a numbered note under the table, not a sentence in a cell.
+    assert failed[:2] == ["horovod / mpi", "2"] and failed[4] == "failed [1]"
+    assert notes_under(text, "Results across servers") == [
+        "[1] failed (rank 1, on node2): node node2 stopped during the run"]
 
 
 def test_compression_table(written):
@@ -126,23 +137,165 @@ def test_compression_table(written):
     assert rows["int8-naive"][5] == "9.70%"
 
 
-def test_failures_are_shown_not_holes(written):
-    text, _ = written
-    rows = table(text, "Failures")
-    assert ["horovod", "mpi", "none", "2", "failed", "node2", "node node2 stopped during the run"] in rows
-    assert any(r[4] == "skipped" and "GPUs only" in r[6] for r in rows)
+def test_skipped_combinations_appear_once_grouped_by_their_reason(tmp_path):
+    """Eight DDP-over-MPI combinations skipped for one reason, one NCCL for another: no
+    table row, one line per reason, each reason written once in the whole report."""
+    mpi = "this torch has no mpi back end for DDP: pip's torch builds have no MPI back end"
+    recs = [rec("horovod", "gloo", 1, 0.020, 3200.0, 0.93), rec("horovod", "gloo", 2, 0.025, 5120.0, 0.93)]
+    recs += [rec("ddp", "mpi", n, 0, 0, 0, compression=c, status="skipped", reason=mpi)
+             for c in ("none", "fp16", "int8", "int8-naive") for n in (1, 2)]
+    recs.append(rec("ddp", "nccl", 2, 0, 0, 0, status="skipped", reason="the nccl back end runs on GPUs only"))
+    run = tmp_path / "r"
+    for r in recs:
+        results.append_record(run / results.RESULTS_FILE, r)
+    text = report.write(str(run)).read_text()
+    assert [r[0] for r in table(text, "Results within one server")] == ["horovod / gloo"] * 2
+    lines = [ln for ln in section(text, "Combinations that did not run").splitlines() if ln.startswith("- ")]
+    assert lines == [f"- DDP over MPI: 8 combinations (compression none, fp16, int8, int8-naive; "
+                     f"1 and 2 workers): {mpi}",
+                     "- DDP over NCCL: 1 combination (compression none; 2 workers): the nccl back end "
+                     "runs on GPUs only"]
+    assert text.count(mpi) == 1
+    assert not any("skipped" in ln.lower() or "ddp / mpi" in ln for ln in text.splitlines()
+                   if ln.startswith("|"))
+
+
+def test_a_long_reason_is_a_numbered_note_and_no_table_line_is_over_160(tmp_path):
+    long_reason = ("rank 1 exited with signal 9 (SIGKILL, as the out-of-memory killer sends) while "
+                   "the other ranks waited in the all-reduce of step 412; the launcher reported: "
+                   "Primary job terminated normally, but 1 process returned a non-zero exit code")
+    recs = [rec("horovod", "gloo", 1, 0.020, 3200.0, 0.93),
+            rec("horovod", "gloo", 2, 0, 0, 0, status="failed", reason=long_reason),
+            rec("ddp", "gloo", 2, 0, 0, 0, status="failed", reason=long_reason)]
+    run = tmp_path / "r"
+    for r in recs:
+        results.append_record(run / results.RESULTS_FILE, r)
+    text = report.write(str(run)).read_text()
+    rows = table(text, "Results within one server")
+    assert [r[4] for r in rows] == ["20.00", "failed [1]", "failed [1]"]   # one note for both
+    assert notes_under(text, "Results within one server") == [
+        f"[1] failed (rank 1, on node2): {long_reason}"]
+    assert text.count(long_reason) == 1
+    assert max(len(ln) for ln in text.splitlines() if ln.startswith("|")) <= 160
 
 
 def test_analysis_is_computed_from_the_figures(written):
     text, _ = written
     a = section(text, "Analysis")
-    assert "At 2 workers, horovod over gloo scaled best: 80% efficiency (5,120 images/s)." in a
-    assert "Efficiency fell to 70% for ddp over gloo at 2 workers on 1 server(s)." in a
+    assert ("1. Best scaling at 2 workers: horovod over gloo on 1 server, speedup 1.60 (one run, no "
+            "interval), efficiency 80% (one run, no interval), 5,120 images/s; one run each, so no "
+            "interval says whether the difference is real.") in a
+    assert ("2. Worst scaling at 2 workers: horovod over gloo on 2 servers, speedup 0.94 (one run, no "
+            "interval), efficiency 47% (one run, no interval): slower with 2 workers than with one; "
+            "its step took 40.0 ms against 20.0 ms with one worker.") in a
+    ranked = table(text, "Analysis")
+    # rank, configuration, workers, servers, speedup, efficiency, compute, communication, ratio:
     # 20 ms at 1 worker, 25 ms at 2: 5 ms of communication, ratio 4.00
-    assert "20.0 ms of compute (the 1-worker step) against 5.0 ms more" in a and "ratio of 4.00" in a
-    assert "int8 reached 93.00% against 92.70% uncompressed (+0.30 points)" in a
+    assert ranked[0] == ["1", "horovod over gloo", "2", "1", "1.60", "80%", "20.0", "5.0", "4.00"]
+    assert [(r[1], r[3]) for r in ranked] == [("horovod over gloo", "1"), ("ddp over gloo", "1"),
+                                              ("horovod over gloo", "2")]
+    assert "ddp over gloo, 2 workers: int8 reached 93.00% against 92.70% uncompressed (+0.30 points)" in a
     assert "handed 74% fewer gradient bytes" in a
-    assert "naive 8-bit cast ended at 9.70%" in a and "99.8% of the nonzero gradient values" in a
+    # the naive cast did not learn (9.7%, chance 10%): a finding, and left out of the ranking
+    assert ("3. Did not learn: ddp over gloo with int8-naive, accuracy 9.70% against 10% by chance" in a
+            and "sent 99.8% of the nonzero gradient values as 0" in a)
+    assert "Left out of the ranking as not having learned" in a and "int8-naive" not in str(ranked)
+
+
+def learning(framework, compression, effs, accs, backend="gloo", world=None, base_world=None):
+    """A configuration at 1 and 2 workers: repeats with these 2-worker efficiencies
+    (world, base_world: what the 2-worker and the 1-worker records add to world)."""
+    out = []
+    for i, (e, a) in enumerate(zip(effs, accs)):
+        for np_, t in ((1, 1000.0), (2, 2000.0 * e)):
+            r = rec(framework, backend, np_, 0.02 * (1 if np_ == 1 else 1 / e), t, a,
+                    compression=compression, world=world if np_ > 1 else base_world)
+            r["config"]["repeat"] = i
+            out.append(r)
+    return out
+
+
+def test_a_configuration_at_chance_accuracy_is_never_ranked_as_scaling_best():
+    """int8-naive scales best by the clock (it barely computes an update) but ends at
+    chance: the analysis names the best configuration that learned."""
+    recs = (learning("horovod", "int8-naive", [0.95, 0.94, 0.96], [0.0967] * 3)
+            + learning("horovod", "none", [0.70, 0.72, 0.71], [0.88] * 3)
+            + learning("ddp", "none", [0.50, 0.52, 0.51], [0.88] * 3))
+    a = an.analysis(recs)
+    assert a.findings[0].startswith("Best scaling at 2 workers: horovod over gloo, speedup 1.42 (1.40-1.44)")
+    assert a.findings[1].startswith("Worst scaling at 2 workers: ddp over gloo, speedup 1.02 (1.00-1.04)")
+    assert a.findings[2].startswith("Did not learn: horovod over gloo with int8-naive, accuracy 9.67% "
+                                    "in each of 6 runs against 10% by chance")
+    assert len(a.findings) <= an.MAX_FINDINGS
+    assert [r[1] for r in a.ranking] == ["horovod over gloo", "ddp over gloo"]
+    assert a.left_out == ["Left out of the ranking as not having learned (accuracy below 2 times "
+                          "chance, 20%): horovod over gloo with int8-naive."]
+    # one that learned slowly (25%, above twice chance) is ranked
+    slow = learning("ddp", "fp16", [0.99, 0.98, 0.99], [0.25] * 3)
+    assert an.analysis(recs + slow).findings[0].startswith("Best scaling at 2 workers: ddp over gloo with fp16")
+
+
+def test_oversubscribed_rows_are_marked_and_never_read_as_scaling(tmp_path):
+    """Records that bench marked world.oversubscribed (with world.cores): a mark in the
+    tables, explained once under them, and out of the ranking."""
+    over = {"oversubscribed": True, "cores": 1}
+    recs = (learning("horovod", "none", [0.98, 0.97, 0.99], [0.88] * 3, world=over)
+            + learning("ddp", "none", [0.60, 0.62, 0.61], [0.88] * 3)
+            + learning("horovod", "none", [0.50, 0.50, 0.50], [0.88] * 3, backend="mpi"))
+    run = tmp_path / "r"
+    for r in recs:
+        results.append_record(run / results.RESULTS_FILE, r)
+    text = report.write(str(run)).read_text()
+    rows = {(r[0], r[3]): r for r in table(text, "Results within one server")}
+    assert ("horovod / gloo", "2 †") in rows and ("horovod / gloo", "1") in rows
+    assert ("ddp / gloo", "2") in rows
+    assert "Rows marked † ran oversubscribed (1 rank on 1 core)" not in text       # 2 ranks per host
+    assert "Rows marked † ran oversubscribed (2 ranks on 1 core)" in section(text, "Results within one server")
+    a = an.analysis(recs)
+    assert a.findings[0].startswith("Best scaling at 2 workers: ddp over gloo, speedup 1.22")
+    assert [r[1] for r in a.ranking] == ["ddp over gloo", "horovod over mpi"]
+    assert a.left_out == ["Left out of the ranking as oversubscribed (more busy threads than cores: the "
+                          "time measures ranks sharing cores): horovod over gloo at 2 workers (2 ranks "
+                          "on 1 core)."]
+    assert any(f.startswith("Oversubscribed: horovod over gloo") for f in a.findings)
+    # a baseline that ran oversubscribed makes its configuration's speedup no scaling either
+    base_over = learning("ddp", "none", [0.9] * 3, [0.88] * 3, backend="mpi",
+                         base_world={"oversubscribed": True, "cores": 1})
+    a = an.analysis(recs + base_over)
+    assert "ddp over mpi" not in [r[1] for r in a.ranking]
+    assert "ddp over mpi at 2 workers (its 1-worker baseline: 1 rank on 1 core)" in a.left_out[0]
+    # on the curves: the oversubscribed point is ringed, the others are not
+    import matplotlib.pyplot as plt
+    from matplotlib.collections import PathCollection
+    figs = curves.figures(recs)
+    try:
+        gloo = next(ax for ax in figs["speedup.png"].axes if ax.get_title() == "gloo")
+        mpi = next(ax for ax in figs["speedup.png"].axes if ax.get_title() == "mpi")
+        [ring] = [c for c in gloo.collections if isinstance(c, PathCollection)]
+        [(x, y)] = ring.get_offsets().tolist()
+        assert round(x) == 2 and y == pytest.approx(1.96)      # horovod/gloo's median speedup
+        assert not [c for c in mpi.collections if isinstance(c, PathCollection)]
+        assert "oversubscribed" in [t.get_text() for t in figs["speedup.png"].legends[0].get_texts()]
+    finally:
+        for f in figs.values():
+            plt.close(f)
+
+
+def test_findings_come_first_at_most_three_each_with_its_interval(tmp_path):
+    recs = (learning("horovod", "none", [0.80, 0.82, 0.81], [0.88] * 3)
+            + learning("ddp", "none", [0.40, 0.42, 0.41], [0.88] * 3)
+            + learning("ddp", "int8-naive", [0.99, 0.99, 0.99], [0.09] * 3)
+            + learning("horovod", "fp16", [0.70, 0.71, 0.72], [0.88] * 3, world={"oversubscribed": True}))
+    a = an.analysis(recs)
+    assert len(a.findings) == 3                      # best, worst, did not learn; oversubscribed: below
+    for f in a.findings[:2]:
+        assert re.search(r"speedup \d\.\d\d \(\d\.\d\d-\d\.\d\d\)", f), f
+    assert re.search(r"accuracy 9\.00% in each of 6 runs", a.findings[2])
+    run = tmp_path / "r"
+    for r in recs:
+        results.append_record(run / results.RESULTS_FILE, r)
+    text = section(report.write(str(run)).read_text(), "Analysis")
+    assert text.index("1. Best scaling") < text.index("Left out of the ranking") < text.index("| rank ")
 
 
 def test_curves_are_png_files(written):
@@ -154,10 +307,14 @@ def test_curves_are_png_files(written):
 
 
 def test_report_of_nothing_is_one_sentence(tmp_path):
-    for path, words in ((tmp_path / "nope", "does not exist"), (tmp_path, "no records")):
-        cp = subprocess.run([sys.executable, "-m", "invoke", "report", str(path)], cwd=REPO,
+    (tmp_path / "a-file").write_text("x")
+    for args, words in (([str(tmp_path / "nope")], "does not exist"), ([str(tmp_path)], "no records"),
+                        ([str(tmp_path / "a-file")], "is a file"),
+                        ([str(tmp_path), "--format", "pdf"], "'pdf' is not a report format")):
+        cp = subprocess.run([sys.executable, "-m", "invoke", "report", *args], cwd=REPO,
                             capture_output=True, text=True)
         assert cp.returncode == 2 and words in cp.stderr and "Traceback" not in cp.stderr
+        assert len(cp.stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("example", ["example-report", "example-report-b"])
@@ -196,14 +353,14 @@ def test_runs_of_different_setups_are_never_merged(tmp_path):
         r["record_id"] += "-resnet"
         big.append(r)
     both = recs + big
-    s = report.series(both)
+    s = curves.series(both)
     assert len(s) == 4                                        # 2 setups x (none, int8)
     assert {k[0] for k in s} == {"mnist, batch 32: ", "resnet50, batch 8: "}
     assert dict(s[("mnist, batch 32: ", "ddp", "gloo", "none", False)]) == {1: 3000.0, 2: 4200.0}
-    comp = report.compression_rows(both)
+    comp = tables.compression_rows(both)
     assert {row[0] for row in comp} == {"mnist, batch 32: ddp / gloo", "resnet50, batch 8: ddp / gloo"}
     assert len(comp) == 4
-    assert report.series(recs) and all(k[0] == "" for k in report.series(recs))   # one setup: no label
+    assert curves.series(recs) and all(k[0] == "" for k in curves.series(recs))   # one setup: no label
 
 
 def test_accuracy_on_synthetic_data_is_not_a_figure():
@@ -213,7 +370,7 @@ def test_accuracy_on_synthetic_data_is_not_a_figure():
     [row] = summary.rows([r])
     assert row["accuracy"] is None
     assert summary.render([row]).splitlines()[-1].rstrip(" |").endswith("n/a")
-    assert report.result_rows([r], across=False)[0][report.RESULT_HEADERS.index("accuracy")] == "n/a"
+    assert tables.result_rows([r], across=False)[0][tables.RESULT_HEADERS.index("accuracy")] == "n/a"
 
 
 def repeats(framework, np, tputs, step_s=0.02, acc=0.9):
@@ -258,12 +415,13 @@ def test_five_repeats_give_a_bootstrap_interval():
 def test_the_analysis_does_not_call_overlapping_intervals_a_difference():
     records = (repeats("ddp", 1, [1000.0, 1100.0]) + repeats("ddp", 2, [1800.0, 2000.0])
                + repeats("horovod", 1, [1000.0, 1100.0]) + repeats("horovod", 2, [1850.0, 1950.0]))
-    text = " ".join(report.analysis(records))
-    assert "scaled best" in text and "do not tell them apart" in text
+    best = an.analysis(records).findings[0]
+    assert best.startswith("Best scaling") and "do not tell it apart" in best
     apart = (repeats("ddp", 1, [1000.0, 1010.0]) + repeats("ddp", 2, [1900.0, 1910.0])
              + repeats("horovod", 1, [1000.0, 1010.0]) + repeats("horovod", 2, [1200.0, 1210.0]))
-    text = " ".join(report.analysis(apart))
-    assert "scaled best" in text and "do not tell them apart" not in text
+    best = an.analysis(apart).findings[0]
+    assert best.startswith("Best scaling") and "do not tell it apart" not in best
+    assert "its interval is above every other ranked configuration's" in best
 
 
 def test_the_curves_have_a_panel_per_setup_and_back_end_with_error_bars():
@@ -284,7 +442,7 @@ def test_the_curves_have_a_panel_per_setup_and_back_end_with_error_bars():
                + mk("horovod", "gloo", 1, [900.0, 1000.0]) + mk("horovod", "gloo", 2, [1500.0, 1700.0])
                + mk("horovod", "gloo", 1, [950.0], "fp16") + mk("horovod", "gloo", 2, [1400.0], "fp16")
                + mk("horovod", "mpi", 1, [1000.0]) + mk("horovod", "mpi", 2, [1800.0]))
-    figs = report.figures(records)
+    figs = curves.figures(records)
     assert set(figs) == {"throughput.png", "speedup.png"}
     try:
         ax_gloo, ax_mpi = [a for a in figs["throughput.png"].axes if a.get_visible()]
@@ -292,7 +450,7 @@ def test_the_curves_have_a_panel_per_setup_and_back_end_with_error_bars():
         bars = {c.get_label(): c for c in ax_gloo.containers if isinstance(c, ErrorbarContainer)}
         assert set(bars) == {"ddp, none", "horovod, none", "horovod, fp16"}
         ddp = bars["ddp, none"]
-        assert ddp.lines[0].get_color() == report.FRAMEWORK_COLORS["ddp"]
+        assert ddp.lines[0].get_color() == curves.FRAMEWORK_COLORS["ddp"]
         assert bars["horovod, fp16"].lines[0].get_linestyle() == "--"
         assert list(ddp.lines[0].get_ydata()) == [1050.0, 1900.0]          # medians
         # The np=2 bar spans the repeats' min-max, 1,850 to 2,000.
@@ -348,7 +506,7 @@ STRATEGY_RECORDS = [
 
 
 def test_strategies_table_in_the_sources_shape():
-    rows = report.strategy_rows(STRATEGY_RECORDS)
+    rows = strategies.strategy_rows(STRATEGY_RECORDS)
     assert [r[0] for r in rows] == ["ddp", "zero1", "pipeline (gpipe, 4 micro-batches)"]
     ddp, zero1, pipe = rows
     assert ddp[1:4] == ["ddp / gloo", "1 x 2", "4,000"]
@@ -363,7 +521,7 @@ def test_strategies_table_in_the_sources_shape():
 
 
 def test_memory_chart_stacks_each_ranks_holdings():
-    fig = report.memory_figure(STRATEGY_RECORDS)
+    fig = strategies.memory_figure(STRATEGY_RECORDS)
     ax = fig.axes[0]
     kinds = [c.get_label() for c in ax.containers]
     assert kinds == ["parameters", "gradients", "optimizer state"]
@@ -398,10 +556,142 @@ def test_the_analysis_ranks_only_data_parallel_runs_and_labels_tell_stacks_apart
     pipe = [strategy_rec("pipeline", 1, 1000.0, [held(1, 1, 1)], [1], "32 in all", micro_batches=4),
             strategy_rec("pipeline", 2, 1900.0, [held(1, 1, 1)] * 2, [1, 1], "32 in all",
                          micro_batches=4)]
-    assert not any("scaled best" in s or "compute-to-communication" in s
-                   for s in report.analysis(pipe))
-    text = " ".join(report.analysis(RECORDS + pipe))
-    assert "scaled best" in text and "pipeline" not in text
+    a = an.analysis(pipe)
+    assert not a.ranking and not any("scaling" in s for s in a.sentences())
+    a = an.analysis(RECORDS + pipe)
+    assert "Best scaling" in a.findings[0] and "pipeline" not in " ".join(a.sentences())
+    assert not any("pipeline" in r[1] for r in a.ranking)
     # the ddp strategy by Horovod and by torch: two labels in the strategies' table
-    labels = {report.strategy_label(r, RECORDS) for r in RECORDS if r["status"] == "ok"}
+    labels = {strategies.strategy_label(r, RECORDS) for r in RECORDS if r["status"] == "ok"}
     assert {"ddp (horovod / gloo)", "ddp (ddp / gloo)"} <= labels
+
+
+@pytest.mark.parametrize("example", ["example-report", "example-report-b"])
+def test_the_example_reports_fit_160_columns_and_crown_no_configuration_at_chance(example):
+    text = (Path(__file__).parent / "fixtures" / example / "report.md").read_text()
+    assert max(len(ln) for ln in text.splitlines() if ln.startswith("|")) <= 160
+    records = results.read_records(Path(__file__).parent / "fixtures" / example / results.RESULTS_FILE)[0]
+    best = an.analysis(records).findings[0]
+    assert best.startswith("Best scaling") and "int8-naive" not in best
+    # the runs it names learned: every record of that configuration is above twice chance
+    name = best.split(": ", 1)[1].split(", speedup")[0]
+    from lab.report.records import config_label, learned
+    named = [r for r in records if r["status"] == "ok" and config_label(r, records) == name]
+    assert named and all(learned(r) for r in named)
+
+
+def html_page(tmp_path, example="example-report"):
+    """`invoke report --format html` on an example's records: report.md and report.html."""
+    import shutil
+    run = tmp_path / "cpu-sweep"
+    run.mkdir()
+    shutil.copy(Path(__file__).parent / "fixtures" / example / results.RESULTS_FILE, run)
+    cp = subprocess.run([sys.executable, "-m", "invoke", "report", str(run), "--format", "html"],
+                        cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout.strip() == f"wrote {run / 'report.md'}, {run / 'report.html'}"
+    return run
+
+
+def test_the_html_page_is_self_contained_and_says_what_the_markdown_says(tmp_path):
+    import base64
+    from html.parser import HTMLParser
+
+    run = html_page(tmp_path)
+    page = (run / "report.html").read_text()
+
+    class Tags(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.tags, self.text = [], []
+
+        def handle_starttag(self, tag, attrs):
+            self.tags.append((tag, dict(attrs)))
+
+        def handle_data(self, data):
+            self.text.append(data)
+    p = Tags()
+    p.feed(page)
+    names = [t for t, _ in p.tags]
+    assert "script" not in names and "link" not in names and "iframe" not in names
+    imgs = [a for t, a in p.tags if t == "img"]
+    assert [a["title"] for a in imgs] == ["throughput.png", "speedup.png"]
+    for a in imgs:                       # embedded: the very bytes of the PNG beside it
+        head, data = a["src"].split(",", 1)
+        assert head == "data:image/png;base64"
+        assert base64.b64decode(data) == (run / a["title"]).read_bytes()
+    assert not re.search(r"(src|href)=\"(?!data:)", page)
+    md = (run / "report.md").read_text()
+    assert names.count("table") == sum(1 for ln in md.splitlines() if ln.startswith("|--"))
+    text = " ".join(" ".join(p.text).split())
+    for ln in md.splitlines():
+        if ln.startswith("#"):
+            assert ln.lstrip("# ") in text
+    assert an.analysis(results.read_records(run / results.RESULTS_FILE)[0]).findings[0] in text
+
+
+def find_image(shot, img, xs):
+    """The (x, y) where img appears in the screenshot pixel for pixel (each channel within
+    2 of the PNG's, on 99.5% of the pixels), or None; x is looked for in xs, in order."""
+    import numpy as np
+    h, w = img.shape[:2]
+    mid = h // 2
+    row = img[mid].astype(np.int16)
+    for x in xs:
+        if x + w > shot.shape[1]:
+            continue
+        near = (np.abs(shot[:, x:x + w].astype(np.int16) - row) <= 2).all(axis=2).mean(axis=1)
+        for y in np.nonzero(near > 0.995)[0] - mid:
+            if y < 0 or y + h > shot.shape[0]:
+                continue
+            close = (np.abs(shot[y:y + h, x:x + w].astype(np.int16) - img.astype(np.int16)) <= 2).all(axis=2)
+            if close.mean() > 0.995:
+                return x, int(y)
+    return None
+
+
+def screenshot(page: Path, out: Path, height: int) -> None:
+    """Chromium's headless screenshot of a page at 1400 x height, one CSS pixel a pixel."""
+    import shutil
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        pytest.skip("no headless browser: Debian's chromium package is not installed "
+                    "(apt-get install chromium; .ci/run installs it)")
+    cp = subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                         "--force-device-scale-factor=1", "--force-color-profile=srgb",
+                         f"--window-size=1400,{height}", f"--screenshot={out}", page.as_uri()],
+                        capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 0 and out.exists(), cp.stderr[-2000:]
+
+
+def test_the_html_page_renders_both_plots_in_a_headless_browser(tmp_path):
+    """A real browser opens report.html; both curves are found in its screenshot, pixel
+    for pixel, one above the other. (tests/fixtures/example-report/report-html.png is
+    such a screenshot, kept to look at.)"""
+    import numpy as np
+    from PIL import Image
+    run = html_page(tmp_path)
+    shot_path = tmp_path / "shot.png"
+    screenshot(run / "report.html", shot_path, 4000)
+    shot = np.asarray(Image.open(shot_path).convert("RGB"))
+    found = {}
+    for name in ("throughput.png", "speedup.png"):
+        img = np.asarray(Image.open(run / name).convert("RGB"))
+        found[name] = find_image(shot, img, [24, *range(0, 60)])     # 24: the page's margin
+        assert found[name] is not None, f"{name} is not in the screenshot"
+    (x1, y1), (x2, y2) = found["throughput.png"], found["speedup.png"]
+    assert x1 == x2 and y2 > y1
+
+
+def test_the_screenshot_search_finds_a_curve_where_it_is_and_nowhere_else():
+    """The browser test's checker, on a page made by hand: the PNG pasted at (24, 1234)
+    is found there; a curve that is not on the page is not found."""
+    import numpy as np
+    from PIL import Image
+    src = Path(__file__).parent / "fixtures" / "example-report"
+    thr = Image.open(src / "throughput.png").convert("RGB")
+    page = Image.new("RGB", (1400, 3000), "white")
+    page.paste(thr, (24, 1234))
+    shot = np.asarray(page)
+    assert find_image(shot, np.asarray(thr), [24, *range(60)]) == (24, 1234)
+    assert find_image(shot, np.asarray(Image.open(src / "speedup.png").convert("RGB")), range(16, 33)) is None

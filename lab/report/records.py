@@ -1,0 +1,148 @@
+"""Reading records for the report, and the facts about a record that every part of the
+report shares: which runs are comparable (their setup), how a configuration is named,
+whether it learned (accuracy against chance) and whether its ranks were oversubscribed."""
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from lab.common import results
+from lab.common.config import DATA_PARALLEL_STRATEGIES
+from lab.report import summary
+
+
+class ReportError(Exception):
+    """Nothing to report on, or a folder that is not there: one sentence."""
+
+
+def load(path: str) -> list[dict]:
+    """Every record under path: one run folder, or a results folder holding several."""
+    p = Path(path)
+    if not p.exists():
+        raise ReportError(f"{path} does not exist: give a results folder (results/ or results/<run-id>)")
+    if not p.is_dir():
+        raise ReportError(f"{path} is a file: give the folder that holds {results.RESULTS_FILE} "
+                          f"(results/<run-id>) or a folder of such folders (results)")
+    files = [p / results.RESULTS_FILE] if (p / results.RESULTS_FILE).exists() else \
+        sorted(p.glob(f"*/{results.RESULTS_FILE}"))
+    records = []
+    for f in files:
+        records += results.read_records(f)[0]
+    if not records:
+        raise ReportError(f"no records in {path}: run `invoke bench` first (its records go to "
+                          f"results/<run-id>/results.jsonl)")
+    return records
+
+
+def ok(records):
+    return [r for r in records if r.get("status") == "ok"]
+
+
+# What makes runs comparable besides framework, back end, compression and workers:
+# runs that differ in any of these are never put in one group, curve or sentence.
+SETUP_FIELDS = ("model", "data", "device", "batch_size", "epochs", "max_steps", "threads")
+
+
+def setup_key(r: dict) -> tuple:
+    """The setup, and the strategy (summary.strategy_name): runs of different strategies
+    are never one group, curve or sentence either."""
+    c = r.get("config", {})
+    return (*(c.get(k) for k in SETUP_FIELDS), summary.strategy_name(c))
+
+
+def setup_label(r: dict, records: list[dict]) -> str:
+    """'' when every record shares one setup; else what tells this one apart, such as
+    'resnet50, batch 8: '."""
+    keys = {setup_key(x) for x in records}
+    if len(keys) < 2:
+        return ""
+    c = r.get("config", {})
+    fields = (*SETUP_FIELDS, "strategy")
+    varying = [k for i, k in enumerate(fields) if len({key[i] for key in keys}) > 1]
+    parts = [f"batch {c.get(k)}" if k == "batch_size" else
+             f"{k.replace('_', ' ')} {c.get(k)}" if k in ("epochs", "max_steps", "threads") else
+             summary.strategy_name(c) if k == "strategy" else
+             str(c.get(k)) for k in varying]
+    return ", ".join(parts) + ": "
+
+
+def config_label(r: dict, records: list[dict], sep: str = " over ") -> str:
+    """'horovod over mpi with int8' (sep ' over '), 'horovod / mpi / int8' (sep ' / '),
+    after the setup label when setups differ."""
+    c = r.get("config", {})
+    comp = c.get("compression")
+    tail = "" if comp in (None, "none") else (f" with {comp}" if sep == " over " else f" / {comp}")
+    return f"{setup_label(r, records)}{c.get('framework')}{sep}{c.get('backend')}{tail}"
+
+
+PRETTY = {"ddp": "DDP", "horovod": "Horovod", "none": "no framework", "mpi": "MPI", "gloo": "Gloo",
+          "nccl": "NCCL"}
+
+
+def stack_name(framework, backend) -> str:
+    """'DDP over MPI': how a sentence names a framework and its back end."""
+    return f"{PRETTY.get(framework, framework)} over {PRETTY.get(backend, backend)}"
+
+
+def data_parallel(r: dict) -> bool:
+    """Whether the run split its data over the processes (each a batch of its own: more
+    processes, more images a step). The analysis ranks and splits into compute and
+    communication only these: a pipeline keeps its batch whatever the process count, so
+    its scaling is of another kind (the Parallel strategies table shows it)."""
+    return (r.get("config", {}).get("strategy") or "ddp") in DATA_PARALLEL_STRATEGIES
+
+
+def median_record(runs: list[dict]) -> dict:
+    """One record standing for a combination's repeats: the first, with its timing
+    figures replaced by the repeats' medians (accuracy and bytes: the first run's
+    median too, they are the same from run to run when nothing but timing varies)."""
+    if len(runs) == 1:
+        return runs[0]
+    figs = dict(runs[0]["figures"])
+    for k in ("throughput_img_s", "step_time_mean_s", "test_accuracy"):
+        vals = [r["figures"][k] for r in runs if r["figures"].get(k) is not None]
+        if vals:
+            figs[k] = statistics.median(vals)
+    return {**runs[0], "figures": figs}
+
+
+# ---------------------------------------------------------------- learned or not
+
+# The classes of each data set the kit trains on; chance accuracy is one over them.
+CLASSES = {"mnist": 10, "digits": 10}
+# A run learned when its accuracy is at least this many times chance: the naive 8-bit
+# cast ends at chance (9.67% on digits' 300 test images, 10% chance), every run that
+# learns at all passes 20% within an epoch or two.
+LEARNED_AT = 2.0
+
+
+def chance(r: dict) -> float | None:
+    """Chance accuracy of the run's data set (None where it is not known)."""
+    n = CLASSES.get(r.get("config", {}).get("data"))
+    return 1 / n if n else None
+
+
+def learned(r: dict) -> bool | None:
+    """True when its accuracy is clearly above chance, False when it is not, None when
+    accuracy was not measured (synthetic data) or its chance is not known."""
+    acc, ch = summary.accuracy(r), chance(r)
+    if acc is None or ch is None:
+        return None
+    return acc >= LEARNED_AT * ch
+
+
+# ---------------------------------------------------------------- oversubscription
+
+def oversubscribed(r: dict) -> bool:
+    """Whether bench recorded that the run had more busy threads than cores on a host
+    (world.oversubscribed): its time measures ranks sharing cores, not scaling."""
+    return bool(r.get("world", {}).get("oversubscribed"))
+
+
+def oversubscription_text(r: dict) -> str:
+    """'2 ranks on 1 core' when world.cores is known, else '2 ranks'."""
+    w = r.get("world", {})
+    per_host = w.get("devices_per_node") or w.get("np")
+    cores = w.get("cores")
+    ranks = f"{per_host} rank{'s' if per_host != 1 else ''}"
+    return f"{ranks} on {cores} core{'s' if cores != 1 else ''}" if cores else ranks

@@ -1,0 +1,203 @@
+"""The report's tables, each built from the records by a pure function: the template's
+environment table, the within-server and across-server results, gradient compression,
+and the combinations that did not run, grouped by their reason. No cell holds a
+sentence: a failure's reason is a numbered note under its table (document.Notes)."""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from lab.common import stats
+from lab.common.config import COMPRESSIONS
+from lab.report import summary
+from lab.report.document import Notes
+from lab.report.records import (
+    median_record,
+    ok,
+    oversubscribed,
+    oversubscription_text,
+    setup_key,
+    setup_label,
+    stack_name,
+)
+
+OVERSUBSCRIBED_MARK = "†"
+
+
+def environment(records: list[dict]) -> list[tuple[str, str]]:
+    """The template's environment table, from the manifests of the ok records."""
+    good = ok(records)
+    if not good:
+        return [("records", "no successful run: no environment to describe")]
+    m = good[-1]["manifest"]
+    hosts = sorted({h for r in good for h in r["world"]["hosts"]})
+    gpus = m.get("gpus")
+    if isinstance(gpus, dict) and gpus.get("devices"):
+        names = sorted({d["name"] for d in gpus["devices"]})
+        gpu_text = f"{gpus['count']} x {', '.join(names)} per server"
+    else:
+        gpu_text = "none (CPU ranks)"
+    nics = m.get("nics") if isinstance(m.get("nics"), list) else []
+    physical = [n for n in nics if n.get("driver") != "virtual"]
+    nic_text = ", ".join(f"{n['name']} ({n['driver']}"
+                         + (f", {n['speed_mbps']} Mb/s" if n.get("speed_mbps") else "") + ")"
+                         for n in physical) or "none reported"
+    image = m.get("image") or {}
+    labels = image.get("labels") or {}
+    label_text = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in sorted(labels.items())
+                           if k.endswith(("_version", "flavor", "gpu_operations")))
+    mpi = m.get("mpi")
+    mpi_text = f"{mpi['implementation']} {mpi['version']}" if isinstance(mpi, dict) and "version" in mpi else "n/a"
+    return [
+        ("servers", f"{len(hosts)}: {', '.join(hosts)}"),
+        ("CPU", str(m.get("cpu_model"))),
+        ("NIC model and count", f"{len(physical)}: {nic_text}"),
+        ("GPU model and count", gpu_text),
+        ("GPU interconnect", m.get("gpu_topology") or "n/a (fewer than two GPUs)"),
+        ("OS", str(m.get("os"))),
+        ("GPU driver", m.get("driver") or "n/a"),
+        ("framework packages", f"torch {m.get('torch')}, torchvision {m.get('torchvision')}, "
+                               f"horovod {m.get('horovod')}, python {m.get('python')}"),
+        ("CUDA", m.get("cuda") or "n/a (CPU build of torch)"),
+        ("cuDNN", str(m.get("cudnn") or "n/a")),
+        ("NCCL", str(m.get("nccl") or "n/a")),
+        ("MPI", mpi_text),
+        ("image", f"{image.get('id', 'none: local processes')[:19]}" + (f" ({label_text})" if label_text else "")),
+    ]
+
+
+RESULT_HEADERS = ["framework / back end", "servers", "devices/server", "workers", "step time (ms)",
+                  "throughput (img/s)", "speedup", "efficiency", "accuracy", "runs"]
+
+
+def failure_note(r: dict) -> str:
+    """A failed run's note: the status, the rank and host when known, the reason."""
+    e = r.get("error") or {}
+    where = ", ".join(x for x in (f"rank {e['rank']}" if e.get("rank") is not None else "",
+                                  f"on {e['host']}" if e.get("host") else "") if x)
+    return f"failed{' (' + where + ')' if where else ''}: {e.get('reason') or 'no reason recorded'}"
+
+
+def row_oversubscribed(row: dict) -> bool:
+    return any(oversubscribed(r) for r in row.get("records", [row["record"]]))
+
+
+def result_rows(records: list[dict], across: bool, notes: Notes | None = None) -> list[list]:
+    """The template's results table (back end, servers, devices per server, time per
+    step, throughput, speedup) plus efficiency and accuracy, for runs within one server
+    or across servers. A failed run is a row whose time cell points at a numbered note
+    with its reason; a skipped combination is no row (`not_run` lists it); an
+    oversubscribed row's workers carry a mark."""
+    notes = notes if notes is not None else Notes()
+    rows = []
+    for row in summary.rows(records):
+        rec = row["record"]
+        nodes = rec["world"]["nodes"]
+        if (nodes > 1) != across or row.get("status") == "skipped":
+            continue
+        label = setup_label(rec, records) + f"{row['framework']} / {row['back end']}" + (
+            f" / {row['compression']}" if row.get("compression") not in (None, "none") else "")
+        if "failed" in row:
+            rows.append([label, nodes, "", row["np"], f"failed {notes.add(failure_note(rec))}",
+                         "", "", "", "", 1])
+            continue
+        workers = f"{row['np']} {OVERSUBSCRIBED_MARK}" if row_oversubscribed(row) else row["np"]
+        rows.append([label, row["servers"], row["devices per server"], workers,
+                     f"{row['time per step (ms)']:.2f}", summary.with_spread(row, "throughput (img/s)"),
+                     summary.with_spread(row, "speedup"), f"{row['efficiency']:.0%}"
+                     if row.get("efficiency") is not None else "n/a",
+                     "n/a" if row.get("accuracy") is None else f"{row['accuracy']:.2%}",
+                     row.get("runs", 1)])
+    return rows
+
+
+def result_marks(records: list[dict], across: bool) -> list[str]:
+    """The lines under a results table that explain its marks: what the brackets are,
+    `*` (runs that disagree) and the oversubscription mark, each said once."""
+    table = [row for row in summary.rows(records) if "failed" not in row
+             and (row["record"]["world"]["nodes"] > 1) == across]
+    out = summary.footnotes(table)[:1]
+    noisy = [row for row in table if row.get("noisy")]
+    if noisy:
+        out.append(f"Rows marked * ({len(noisy)} of {len(table)}): their runs differ by more than "
+                   f"{stats.NOISY:.0%} of their median (the machine's speed changed between them); "
+                   f"read them as noise-prone.")
+    over = [row for row in table if row_oversubscribed(row)]
+    if over:
+        what = "; ".join(sorted({oversubscription_text(r) for row in over for r in row["records"]
+                                 if oversubscribed(r)}))
+        out.append(f"Rows marked {OVERSUBSCRIBED_MARK} ran oversubscribed ({what}): more busy threads "
+                   f"than cores, so their time per step measures ranks sharing cores; the analysis "
+                   f"does not read them as scaling.")
+    return out
+
+
+def compression_groups(records: list[dict]) -> dict:
+    """(setup, framework, backend, np, nodes) -> {compression: median record}."""
+    runs = defaultdict(lambda: defaultdict(list))
+    for r in ok(records):
+        c = r["config"]
+        runs[(setup_key(r), c["framework"], c["backend"], r["world"]["np"],
+              r["world"]["nodes"])][c["compression"]].append(r)
+    return {k: {comp: median_record(rs) for comp, rs in v.items()} for k, v in runs.items()}
+
+
+def compression_order(name: str) -> int:
+    return COMPRESSIONS.index(name) if name in COMPRESSIONS else len(COMPRESSIONS)
+
+
+def compression_rows(records: list[dict]) -> list[list]:
+    """Per framework, back end and worker count: each compression's time, throughput,
+    accuracy and bytes per step, with the saving against uncompressed."""
+    groups = compression_groups(records)
+    rows = []
+    for key in sorted(groups, key=str):
+        comps = groups[key]
+        label = setup_label(next(iter(comps.values())), records) + f"{key[1]} / {key[2]}"
+        if len(comps) < 2:
+            continue
+        base = comps.get("none")
+        for name in sorted(comps, key=compression_order):
+            f = comps[name]["figures"]
+            payload = f.get("payload_bytes_per_step")
+            saving = (f"{1 - payload / base['figures']['payload_bytes_per_step']:.0%}"
+                      if base and payload else "n/a")
+            rows.append([label, key[3], name, f"{f['step_time_mean_s'] * 1000:.2f}",
+                         f"{f['throughput_img_s']:,.0f}",
+                         "n/a" if summary.accuracy(comps[name]) is None else f"{f['test_accuracy']:.2%}",
+                         "n/a" if payload is None else f"{payload:,}",
+                         "n/a" if f.get("wire_bytes_per_step_estimate") is None
+                         else f"{f['wire_bytes_per_step_estimate']:,}", saving])
+    return rows
+
+
+COMPRESSION_HEADERS = ["framework / back end", "workers", "compression", "step time (ms)",
+                       "throughput (img/s)", "accuracy", "payload (B/step)", "wire (B/step, est.)",
+                       "saved"]
+
+
+def _listing(values) -> str:
+    values = [str(v) for v in values]
+    return values[0] if len(values) == 1 else ", ".join(values[:-1]) + " and " + values[-1]
+
+
+def not_run(records: list[dict]) -> list[str]:
+    """The skipped combinations, once each, grouped by their reason: 'DDP over MPI: 8
+    combinations (compression none, fp16, int8, int8-naive; 1 and 2 workers): <reason>'."""
+    groups: dict = defaultdict(list)
+    for r in records:
+        if r.get("status") == "skipped":
+            groups[(r.get("error") or {}).get("reason", "no reason recorded")].append(r)
+    out = []
+    for reason, recs in groups.items():
+        stacks = sorted({(r["config"].get("framework"), r["config"].get("backend")) for r in recs})
+        comps = sorted({r["config"].get("compression") or "none" for r in recs}, key=compression_order)
+        nps = sorted({r["world"]["np"] for r in recs})
+        nodes = sorted({r["world"]["nodes"] for r in recs})
+        combos = len({(summary.config_key(r), r["world"]["np"], r["world"]["nodes"]) for r in recs})
+        what = [f"compression {', '.join(comps)}" if len(comps) > 1 else f"compression {comps[0]}",
+                f"{_listing(nps)} worker{'s' if nps != [1] else ''}"]
+        if nodes != [1]:
+            what.append(f"{_listing(nodes)} server{'s' if nodes != [1] else ''}")
+        out.append(f"{_listing(stack_name(f, b) for f, b in stacks)}: {combos} combination"
+                   f"{'s' if combos != 1 else ''} ({'; '.join(what)}): {reason}")
+    return out
