@@ -27,6 +27,8 @@ def scope_of(nodeid: str) -> str:
 
 @pytest.hookimpl(optionalhook=True)     # a hook of xdist's: unknown when xdist is not loaded
 def pytest_xdist_make_scheduler(config, log):
+    if config.getoption("dist") != "load":      # -n alone means load; another --dist is xdist's
+        return None
     from xdist.scheduler import LoadScopeScheduling
 
     class DockerTestsTogether(LoadScopeScheduling):

@@ -152,7 +152,7 @@ def test_an_unusable_results_folder_is_one_sentence(tmp_path):
 
 
 def test_open_mpi_yields_on_cpu_runs_only_and_a_users_value_wins(monkeypatch):
-    from lab.host.bench import YIELD_WHEN_IDLE, job_env
+    from lab.host.launch import YIELD_WHEN_IDLE, job_env
     monkeypatch.delenv(YIELD_WHEN_IDLE, raising=False)
     assert job_env(BenchSettings(np=[2], device="cpu"))[YIELD_WHEN_IDLE] == "1"
     assert YIELD_WHEN_IDLE not in job_env(BenchSettings(np=[2], device="cuda"))

@@ -130,3 +130,30 @@ def test_the_cycle_check_finds_a_cycle(tmp_path):
 def test_envcheck_uses_only_the_shared_code():
     parts = kit_parts(imported_after(modules("envcheck")))
     assert parts <= {"lab.common", "envcheck"}, parts
+
+
+def module_imports(package: str, root: Path = REPO) -> dict[str, set[str]]:
+    """module -> the modules of the same package its source imports (anywhere in it, a
+    function's body included; `if TYPE_CHECKING:` blocks left out: they never run)."""
+    folder = root.joinpath(*package.split("."))
+    names = {p.stem for p in folder.glob("*.py") if p.stem != "__init__"}
+    graph = {n: set() for n in names}
+    for n in names:
+        tree = ast.parse((folder / f"{n}.py").read_text())
+        skip = {id(x) for node in ast.walk(tree) if isinstance(node, ast.If)
+                and getattr(node.test, "id", "") == "TYPE_CHECKING" for x in ast.walk(node)}
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            if isinstance(node, ast.ImportFrom) and node.module == package:
+                graph[n] |= {a.name for a in node.names} & names
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(package + "."):
+                graph[n] |= {node.module.split(".")[len(package.split("."))]} & names
+    return graph
+
+
+@pytest.mark.parametrize("package", ["lab.host", "lab.worker", "lab.common", "lab.report", "envcheck"])
+def test_no_circle_inside_a_package(package):
+    graph = module_imports(package)
+    assert cycles(graph) == [], {m: sorted(d) for m, d in graph.items() if d}
+

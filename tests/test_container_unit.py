@@ -5,7 +5,7 @@ import pytest
 
 from lab.common.docker_api import MANAGED_BY
 from lab.common.kit import REPO_ROOT
-from lab.host import container, runners
+from lab.host import container, runners, where
 
 
 def spec(**kw):
@@ -83,16 +83,16 @@ def test_which_image_fits_the_run():
 
 def test_where_must_be_known():
     with pytest.raises(runners.RunnerError, match="local, image, auto"):
-        runners.choose_runner(where="cloud")
-    runner, note = runners.choose_runner(where="local")
+        where.choose_runner(where="cloud")
+    runner, note = where.choose_runner(where="local")
     assert runner.kind == "local" and note is None
 
 
 def test_an_image_demanded_without_an_engine_is_one_sentence(monkeypatch):
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
     with pytest.raises(runners.RunnerError, match="no Docker engine is reachable.*--local"):
-        runners.choose_runner(where="image")
-    runner, note = runners.choose_runner(where="auto")
+        where.choose_runner(where="image")
+    runner, note = where.choose_runner(where="auto")
     assert runner.kind == "local" and note.startswith("running as local processes: no Docker engine")
 
 

@@ -172,7 +172,7 @@ def test_the_8bit_payload_stays_on_the_gpu_only_where_horovod_takes_gpu_memory(h
 # The image must have code for the host's GPUs: a V100 (7.0) gets the CUDA 12.6 image,
 # since the CUDA 13 builds start at 7.5 (docker/versions.env says why).
 from lab.common import versions  # noqa: E402
-from lab.host import runners  # noqa: E402
+from lab.host import runners, where  # noqa: E402
 from lab.host.images import LABEL_PREFIX  # noqa: E402
 
 
@@ -228,21 +228,21 @@ def test_a_gpu_run_takes_the_image_with_code_for_its_gpus(engine_with, tmp_path)
         FakeImage("dl-lab-kit:gpu-nccl-cu126", m["CUDA_12_6_ARCHS"], m["CUDA_12_6_PTX"])
     kw = dict(device="cuda", framework="ddp", backend="nccl", results_dir=str(tmp_path))
     engine_with({new.tags[0]: new, old.tags[0]: old}, ["7.0", "7.0"])
-    assert runners.choose_runner(**kw)[0].image is old
+    assert where.choose_runner(**kw)[0].image is old
     engine_with({new.tags[0]: new, old.tags[0]: old}, ["9.0"])
-    assert runners.choose_runner(**kw)[0].image is new
+    assert where.choose_runner(**kw)[0].image is new
     # A GPU newer than both lists: only the image whose torch carries PTX runs on it.
     engine_with({old.tags[0]: old, new.tags[0]: new}, ["12.1"])
-    assert runners.choose_runner(**kw)[0].image is new
+    assert where.choose_runner(**kw)[0].image is new
     engine_with({old.tags[0]: old}, ["10.0"])
     with pytest.raises(runners.RunnerError, match=r"no GPU code for compute capability 10\.0"):
-        runners.choose_runner(**kw)
+        where.choose_runner(**kw)
     engine_with({new.tags[0]: new}, ["7.0"])
     with pytest.raises(runners.RunnerError, match=r"no GPU code for compute capability 7\.0.*"
                                                   r"invoke build --cuda 12\.6"):
-        runners.choose_runner(**kw)
+        where.choose_runner(**kw)
     # doctor takes it anyway and reports the finding instead.
-    assert runners.choose_runner(check_gpu_code=False, **kw)[0].image is new
+    assert where.choose_runner(check_gpu_code=False, **kw)[0].image is new
 
 
 def test_doctor_finds_an_image_without_code_for_the_gpus():
@@ -452,7 +452,7 @@ def test_a_gpu_run_takes_the_image_this_driver_runs(engine_with, monkeypatch, tm
     new, old = _image("dl-lab-kit:gpu-nccl", "13.0"), _image("dl-lab-kit:gpu-nccl-cu126", "12.6")
     engine_with({new.tags[0]: new, old.tags[0]: old}, ["8.0"])          # an A100: both have its code
     monkeypatch.setattr(runners, "host_gpu_driver", lambda: DRIVERS[branch])
-    got = runners.choose_runner(device="cuda", framework="ddp", backend="nccl",
+    got = where.choose_runner(device="cuda", framework="ddp", backend="nccl",
                                 results_dir=str(tmp_path))[0].image
     assert got is {"cu126": old, "cu130": new}[expected]
 
@@ -464,8 +464,8 @@ def test_no_built_image_runs_on_this_driver_is_one_sentence(engine_with, monkeyp
     kw = dict(device="cuda", framework="ddp", backend="nccl", results_dir=str(tmp_path))
     with pytest.raises(runners.RunnerError, match=r"runs none of the GPU images built.*"
                                                   r"560\.28\.03 is too old for CUDA 13\.0"):
-        runners.choose_runner(**kw)
-    assert runners.choose_runner(check_gpu_code=False, **kw)[0].image is new     # doctor reports it
+        where.choose_runner(**kw)
+    assert where.choose_runner(check_gpu_code=False, **kw)[0].image is new     # doctor reports it
 
 
 def test_up_gpu_brings_the_cluster_up_from_the_image_this_host_runs(engine_with, monkeypatch):

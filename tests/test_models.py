@@ -34,8 +34,12 @@ def test_each_model_is_its_folder_and_its_layers_compute_its_forward(name):
     # the spec's most pipeline stages: the layers with parameters (a stage starts at one)
     cuttable = [models.has_parameters(layer) for layer in layers]
     assert sum(cuttable) == spec.most_stages
-    bounds = models.cut_points(models.layer_costs(layers, x[:1]), spec.most_stages, cuttable)
-    assert all(any(models.has_parameters(layer) for layer in layers[a:b]) for a, b in bounds)
+    costs = models.layer_costs(layers, x[:1])
+    for stages in range(1, spec.most_stages + 1):     # every count a pipeline may ask for
+        bounds = models.cut_points(costs, stages, cuttable)
+        assert len(bounds) == stages and bounds[0][0] == 0 and bounds[-1][1] == len(layers)
+        assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))          # contiguous
+        assert all(any(models.has_parameters(layer) for layer in layers[a:b]) for a, b in bounds)
     assert set(models.fsdp_units(name, model)) <= set(model.modules())
 
 

@@ -240,14 +240,15 @@ def test_the_hang_fault_modes_parse():
 
 
 def test_the_report_lists_a_stalled_run_with_its_diagnosis(tmp_path):
-    from lab.report.lab_report import analysis, failure_rows
+    from lab.report.analysis import analysis
+    from lab.report.lab_report import render
     reason = "stalled: no rank advanced for 20 s; behind: rank 1 on vm at step 20; top frames: x"
     rec = results.make_record("failed", run_id="r", config=RunConfig().as_record(), np=2, nodes=1,
                               started_at=results.now_iso(),
                               error={"rank": 1, "host": "vm", "reason": reason, "log_tail": "",
                                      "stalled": {"bound_s": 20, "behind": [1], "ranks": []}})
-    assert any(line.endswith(reason) and "2 workers" in line for line in analysis([rec]))
-    assert failure_rows([rec])[0][-1] == reason
+    assert any(line.endswith(reason) and "2 workers" in line for line in analysis([rec]).sentences())
+    assert reason in render([rec], [], "results/r")
 
 
 def test_the_flight_recorder_is_for_gpu_runs_of_ddp_over_nccl_and_asked_through_its_pipe(tmp_path):

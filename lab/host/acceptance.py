@@ -189,7 +189,8 @@ def nccl_tests(gpus: int, echo=print) -> int:
     README: -g GPUs per process, -b/-e/-f the sizes); its rows as printed."""
     import tempfile
 
-    from lab.host.runners import RunnerError, choose_runner
+    from lab.host.runners import RunnerError
+    from lab.host.where import choose_runner
     with tempfile.TemporaryDirectory(prefix="lab-acceptance-") as scratch:
         try:
             runner, note = choose_runner(device="cuda", framework="ddp", backend="nccl",

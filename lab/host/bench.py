@@ -17,10 +17,11 @@ from lab.common import heartbeat, results
 from lab.common.config import RunConfig
 from lab.host import ceiling
 from lab.host.failures import StreamWatches, attribute_failure
-from lab.host.launch import HostsError
+from lab.host.launch import HostsError, job_env
 from lab.host.request import BenchError, BenchSettings, base_config, check_request, check_settings
-from lab.host.runners import JobResult, Launch, Runner, RunnerError, choose_runner
-from lab.host.stall import StallWatch, flight_recorder, stall_env
+from lab.host.runners import JobResult, Launch, Runner, RunnerError
+from lab.host.stall import StallWatch, flight_recorder
+from lab.host.where import choose_runner
 
 
 @dataclass
@@ -63,7 +64,7 @@ def host_list(s: BenchSettings):
 
 
 def select_runner(s: BenchSettings, echo=print) -> tuple[Runner, str | None]:
-    """Where the ranks of `s` run (lab.host.runners.choose_runner), as a BenchError."""
+    """Where the ranks of `s` run (lab.host.where.choose_runner), as a BenchError."""
     check_link(s)
     hosts = host_list(s)
     if hosts:
@@ -113,31 +114,6 @@ def terminate_as_interrupt():
         yield
     finally:
         signal.signal(signal.SIGTERM, before)
-
-
-YIELD_WHEN_IDLE = "OMPI_MCA_mpi_yield_when_idle"
-
-
-def job_env(s: BenchSettings) -> dict[str, str]:
-    """What every rank's environment gets on top of the runner's."""
-    env = {"OMP_NUM_THREADS": str(s.threads), "PYTHONUNBUFFERED": "1"}
-    # Open MPI busy-polls while it waits; on CPUs, with Horovod's background thread
-    # beside each rank's compute thread, that steals the cores the ranks compute on
-    # (measured here: 2 ranks of the MNIST CNN, 3,000-3,400 images/s polling,
-    # 4,400-4,700 yielding). GPU runs keep Open MPI's default (poll: the cores are free
-    # and yielding adds latency). Set per run, never in the image, so a value the user
-    # exported wins on either device.
-    env.update(stall_env(s.stall_s, os.environ))
-    if s.debug:
-        # torch.distributed's checks of collectives' shapes and order, and its logs
-        # (PyTorch docs, torch.distributed, "Debugging torch.distributed applications").
-        env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
-    user = os.environ.get(YIELD_WHEN_IDLE)
-    if user is not None:
-        env[YIELD_WHEN_IDLE] = user
-    elif s.device == "cpu":
-        env[YIELD_WHEN_IDLE] = "1"
-    return env
 
 
 class Progress:

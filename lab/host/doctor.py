@@ -10,7 +10,8 @@ import time
 
 from envcheck import findings, host, stack
 from envcheck.probes import FAIL, PASS, Result
-from lab.host.runners import RunnerError, choose_runner
+from lab.host.runners import RunnerError
+from lab.host.where import choose_runner
 
 
 def _dicts(results: list[Result], where: str) -> list[dict]:

@@ -269,5 +269,6 @@ class HostsRunner(Runner):
                                   self.hosts))
                 if sig == "TERM":
                     time.sleep(2)
-        for part in (self._job.parts.values() if self._job else ()):
+        job = self._job          # the stall watch may call this while run() ends
+        for part in (list(job.parts.values()) if job else []):
             part.process.stop()

@@ -17,7 +17,7 @@ from lab.common import proc
 
 class Part:
     """One started part of a job: `poll()` is its exit code once it ended (None before);
-    `ended_at` the monotonic time it was seen to end."""
+    `ended_at` the monotonic time it ended; `finish()` waits for its last output."""
 
     host = ""
     ended_at: float | None = None
@@ -25,18 +25,32 @@ class Part:
     def poll(self) -> int | None:
         raise NotImplementedError
 
+    def finish(self) -> None:
+        """After it ended (or was stopped): its last lines read, nothing of it left."""
+
 
 class ProcessPart(Part):
-    """A local process (lab.common.proc): ssh to a server, or a launcher here."""
+    """A local process (lab.common.proc): ssh to a server, or a launcher here. A thread
+    waits for it, so `ended_at` is when it exited, not when a poll noticed: of two parts
+    that fail within one poll, the one that failed first is named."""
 
     def __init__(self, host: str, process: proc.Process):
         self.host, self.process = host, process
+        self._rc: int | None = None
+        self._done = threading.Event()
+        threading.Thread(target=self._wait, daemon=True).start()
+
+    def _wait(self) -> None:
+        rc = self.process.popen.wait()
+        self.ended_at = time.monotonic()
+        self._rc = rc
+        self._done.set()
 
     def poll(self) -> int | None:
-        rc = self.process.poll()
-        if rc is not None and self.ended_at is None:
-            self.ended_at = time.monotonic()
-        return rc
+        return self._rc if self._done.is_set() else None
+
+    def finish(self) -> None:
+        self.process.wait(5)        # its readers joined, stragglers of its group ended
 
 
 class StreamPart(Part):
@@ -66,6 +80,9 @@ class StreamPart(Part):
 
     def poll(self) -> int | None:
         return self._rc if self._done.is_set() else None
+
+    def finish(self) -> None:
+        self.thread.join(timeout=10)
 
 
 @dataclass
@@ -129,6 +146,8 @@ class Job:
         finally:
             if any(p.poll() is None for p in self.parts.values()) or why != "exited":
                 stop_all()
+            for part in list(self.parts.values()):
+                part.finish()
         with self._lock:
             tail = list(self.tail)
         if why.startswith("did not finish"):

@@ -107,7 +107,7 @@ def env_list(env: dict[str, str]) -> list[dict]:
 
 def job_env(s, device: str) -> dict[str, str]:
     """The bench's per-rank environment, and what a pod network needs on top."""
-    from lab.host.bench import job_env as bench_env
+    from lab.host.launch import job_env as bench_env
     env = dict(bench_env(s))
     if device == "cuda":
         # NCCL says why it failed (NCCL's docs: NCCL_DEBUG=WARN prints an error's cause),

@@ -6,6 +6,7 @@ run is never silent for minutes and a log is not flooded."""
 from __future__ import annotations
 
 import sys
+import threading
 import time
 
 from lab.common import progress
@@ -20,8 +21,13 @@ class Display:
         self.tty = self.stream.isatty() if tty is None else tty
         self._bar = None
         self._plain_at = None
+        self._lock = threading.RLock()      # lines come from the parts' threads and the stall watch
 
     def line(self, text: str) -> None:
+        with self._lock:
+            self._line(text)
+
+    def _line(self, text: str) -> None:
         seen = progress.parse(text)
         if seen is None:
             if text.startswith(("-- run ", "== ", "!! ")):
@@ -47,7 +53,8 @@ class Display:
         self._bar.set_postfix_str(f"{rate:,.0f} images/s", refresh=True)
 
     def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
-        self._plain_at = None
+        with self._lock:
+            if self._bar is not None:
+                self._bar.close()
+                self._bar = None
+            self._plain_at = None

@@ -3,7 +3,8 @@ container of the lab image (`lab.host.container.ImageRunner`) or the nodes of th
 simulated cluster (`lab.host.cluster_runner.ClusterRunner`). Each runner prepares a run
 folder, turns a launch into one command per host, runs those commands streaming their
 output, stops what it started, probes the stack the ranks will see, and says which
-nodes died. `choose_runner` picks one the same way for bench and doctor."""
+nodes died. `lab.host.where.choose_runner` picks one the same way for bench and doctor
+(the concrete runners import this module; it imports none of them)."""
 from __future__ import annotations
 
 import json
@@ -280,54 +281,3 @@ def gpu_image(cli, tags: list[str], check: bool = True):
         raise RunnerError("the NVIDIA driver here runs none of the GPU images built ("
                           + "; ".join(refused) + ")")
     return (runs or fits or built)[0]
-
-
-def choose_runner(*, where: str = "auto", nodes: int = 1, image: str = "", frozen: bool = False,
-                  device: str = "cpu", framework: str = "auto", backend: str = "gloo",
-                  results_dir: str = "results", data_dir: str | None = "data",
-                  check_gpu_code: bool = True, launcher: str = "direct", partition: str = "",
-                  echo=print) -> tuple[Runner, str | None]:
-    """(runner, a line saying where the ranks run or why not where asked). `nodes` > 1:
-    the cluster's nodes. `auto`: the lab image when an engine and an image are there,
-    else local processes with one line saying why; `image` (or a named image) insists on
-    the image; `local` never looks. For GPU runs the image must have code for the
-    host's GPUs (refused in one sentence, unless check_gpu_code is False: doctor
-    reports it as a finding instead). launcher "slurm": a batch job of the cluster's
-    Slurm, on `nodes` of its nodes."""
-    if where not in WHERE:
-        raise RunnerError(f"where the job runs must be one of {', '.join(WHERE)}, not {where!r}")
-    if launcher == "slurm":
-        from lab.host.cluster_runner import SlurmClusterRunner
-        runner = SlurmClusterRunner(nodes, frozen=frozen, partition=partition, echo=echo)
-        return runner, runner.describe()
-    if nodes > 1:
-        from lab.host.cluster_runner import ClusterRunner
-        runner = ClusterRunner(nodes, frozen=frozen, echo=echo)
-        return runner, runner.describe()
-    if where == "local":
-        return LocalRunner(results_dir, data_dir), None
-    from lab.common import docker_api
-    from lab.host.container import ImageRunner
-    tags = [image] if image else candidate_images(
-        device, "horovod" if framework == "auto" else framework, backend, matrix_cudas())
-    insist = where == "image" or bool(image)
-    try:
-        cli = docker_api.client()
-    except docker_api.DockerUnavailable as e:
-        if insist:
-            raise RunnerError(f"{e}: {docker_api.START_HINT}, or run with --local") from None
-        return LocalRunner(results_dir, data_dir), (
-            f"running as local processes: {e} (--local says so and skips the check)")
-    img = docker_api.find_image(cli, tags)
-    if device == "cuda" and img is not None:
-        img = gpu_image(cli, tags, check=check_gpu_code) or img
-    if img is None:
-        if insist:
-            raise RunnerError(f"no image {' or '.join(tags)} is built: run `invoke build`, "
-                              f"or run with --local")
-        return LocalRunner(results_dir, data_dir), (
-            f"running as local processes: no lab image ({', '.join(tags)}) is built "
-            f"(`invoke build` makes one; --local skips the check)")
-    runner = ImageRunner(cli, img, frozen=frozen, gpus=device == "cuda",
-                         results_dir=results_dir, data_dir=data_dir)
-    return runner, runner.describe()

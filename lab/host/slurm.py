@@ -269,7 +269,6 @@ def script_for_request(s, partition: str = "", gpus_per_node: int | None = None,
 
     from lab.common import results
     from lab.common.config import ConfigError
-    from lab.host.bench import job_env
     from lab.host.request import RUN_ID, BenchError, base_config, resolve_framework
     nps = s.np if isinstance(s.np, list) else [s.np]
     if len(nps) != 1:
@@ -303,7 +302,7 @@ def script_for_request(s, partition: str = "", gpus_per_node: int | None = None,
         raise BenchError(str(e)) from None
     job = SlurmJob(framework, s.backend, np, s.nodes, cfg.to_args(), job_name=f"lab-{run_id}",
                    time_limit_s=time_limit_s, output=f"lab-{run_id}-%j.out",
-                   env=job_env(s), partition=partition, gpus_per_node=gpus, container=container,
+                   env=launch.job_env(s), partition=partition, gpus_per_node=gpus, container=container,
                    mounts=sorted({results_dir, data_dir}),
                    comment=f"dl-lab-kit (invoke sbatch): {s.model}, {framework} over {s.backend}, "
                            f"{np} rank(s) on {s.nodes} node(s), {s.device}.\n"

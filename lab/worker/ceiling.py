@@ -29,7 +29,11 @@ def measure(model_name: str = "mnist", batch_size: int = 64, threads: int = 1, s
     n_batches = len(y) // batch_size
     model, loss_fn = models.build(model_name, ds.channels, ds.size, ds.classes)
     model.to(dev).train()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
+    # the model's own optimizer (its spec), as its run steps it
+    if specs.get(model_name).optimizer == "adam":
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
     times = []
     for i in range(warmup + steps):
         j = i % n_batches
