@@ -14,10 +14,20 @@ def _value(results: dict, name: str):
 
 
 def find(host: dict, ranks: dict, np: int, in_image: bool,
-         visible: int | None = None) -> list[Result]:
+         visible: int | None = None, cores: int | None = None) -> list[Result]:
     """host, ranks: {probe name: Result}. np: the rank count asked for. visible: how many
-    GPUs the image was given (the host's CUDA_VISIBLE_DEVICES), None for all."""
+    GPUs the image was given (the host's CUDA_VISIBLE_DEVICES), None for all. cores: the
+    cores the ranks may run on (lab.common.kit.cores), None when not known."""
     out = []
+    name = "finding: a core per rank"
+    if cores is not None and np > cores:
+        # bench says the same before such a run and marks its record (world.oversubscribed)
+        out.append(Result(name, WARN, {"np": np, "cores": cores},
+                          f"{np} ranks on {cores} core(s) share them: time per step and efficiency "
+                          f"then measure the scheduler; use --np {cores} or fewer here, or more nodes"))
+    else:
+        out.append(Result(name, PASS if cores is not None else SKIP, {"np": np, "cores": cores},
+                          "" if cores is not None else "the cores where the ranks run are not known"))
     hvd = _value(ranks, "horovod") or {}
     aware = _value(ranks, "mpi_cuda_build")
     name = "finding: MPI GPU operations need a CUDA-aware MPI"

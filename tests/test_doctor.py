@@ -450,3 +450,14 @@ def test_doctor_on_a_cdi_only_host_exits_0(monkeypatch, tmp_path, capsys):
     runtime = checks[("host", "gpu_container_runtime")]
     assert runtime["status"] == PASS and runtime["value"]["cdi_specs"] == [str(cdi / "nvidia.yaml")]
     assert code == 0, [c for c in checks.values() if c["status"] == FAIL]
+
+
+def test_more_ranks_than_cores_is_a_warning_with_the_count():
+    from envcheck import findings
+    from envcheck.probes import PASS as OK
+    from envcheck.probes import WARN as WARNED
+    [core] = [r for r in findings.find({}, {}, 4, False, cores=2) if r.name == "finding: a core per rank"]
+    assert core.status == WARNED and core.value == {"np": 4, "cores": 2}
+    assert "4 ranks on 2 core(s)" in core.fix and "--np 2 or fewer" in core.fix
+    [fits] = [r for r in findings.find({}, {}, 2, False, cores=2) if r.name == "finding: a core per rank"]
+    assert fits.status == OK

@@ -315,7 +315,7 @@ def test_a_rank_killed_from_outside_is_named_with_its_signal(tmp_path, framework
 def test_more_ranks_than_cores_is_said_before_the_run_and_recorded(tmp_path):
     """`invoke bench --local --np N` with N x threads over this machine's cores: one line
     before the run, and the record carries world.cores and world.oversubscribed."""
-    from lab.worker.capabilities import cores
+    from lab.common.kit import cores
     n = cores() + 1
     cp = subprocess.run([sys.executable, "-m", "invoke", "bench", "--local", "--np", f"1,{n}", "--framework",
                          "ddp", "--max-steps", "8", "--warmup-steps", "2", "--results-dir", str(tmp_path)],

@@ -95,3 +95,13 @@ if __name__ == "__main__":
         print(horovod_nccl_version(int(sys.argv[2])) or "none")
     else:
         sys.exit("usage: python -m lab.common.kit nccl-version CODE")
+
+
+def cores() -> int:
+    """The cores this process may run on (its affinity: a container's --cpuset, a Slurm
+    allocation), else the machine's."""
+    import os
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1

@@ -10,6 +10,7 @@ import time
 
 from envcheck import findings, host, stack
 from envcheck.probes import FAIL, PASS, Result
+from lab.common import kit
 from lab.host.runners import RunnerError
 from lab.host.where import choose_runner
 
@@ -102,6 +103,6 @@ def run(np: int = 2, where: str = "auto", image: str = "", frozen: bool = False,
                 ids = runner.spec(["true"]).gpu_ids       # the host's CUDA_VISIBLE_DEVICES, if set
                 visible = len(ids) if ids else None
             found = findings.find(host_by_name, _results(ranks), np, in_image=runner.kind != "local",
-                                  visible=visible)
+                                  visible=visible, cores=kit.cores())   # an image here: this machine's
             checks += _dicts(found, "both" + suffix)
     return checks, time.monotonic() - t0, notes

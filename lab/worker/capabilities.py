@@ -24,20 +24,10 @@ def _mpi_version() -> str | None:
     return (out.strip().splitlines() or [None])[0]
 
 
-def cores() -> int:
-    """The cores this process may run on (its affinity: a container's --cpuset, a Slurm
-    allocation), else the machine's."""
-    import os
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def collect() -> dict:
     import platform
 
-    from lab.common.kit import kit_version
+    from lab.common.kit import cores, kit_version
     out: dict = {"python": platform.python_version(), "kit": kit_version(), "cores": cores()}
     try:
         import torch
