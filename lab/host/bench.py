@@ -18,7 +18,14 @@ from lab.common.config import RunConfig
 from lab.host import ceiling
 from lab.host.failures import StreamWatches, attribute_failure
 from lab.host.launch import HostsError, job_env
-from lab.host.request import BenchError, BenchSettings, base_config, check_request, check_settings
+from lab.host.request import (
+    BenchError,
+    BenchSettings,
+    attempt_name,
+    base_config,
+    check_request,
+    check_settings,
+)
 from lab.host.runners import JobResult, Launch, Runner, RunnerError
 from lab.host.stall import StallWatch, flight_recorder
 from lab.host.where import choose_runner
@@ -206,8 +213,7 @@ def run(s: BenchSettings, echo=print, stack: dict | None = None,
         # machine's speed falls on all of them alike).
         for rep, np in [(r, n) for r in repeats for n in nps]:
             cfg = dataclasses.replace(base_config(s, framework), run_id=run_id, expected_np=np,
-                                      attempt=f"{nps.index(np):03d}-{s.strategy}-{framework}-"
-                                              f"{s.backend}-{s.compression}-n{s.nodes}-np{np}-r{rep}",
+                                      attempt=attempt_name(s, framework, np, nps.index(np), rep),
                                       link=s.link, repeat=rep)
             if s.strategy == "dataparallel":   # one process over np GPUs
                 cfg = dataclasses.replace(cfg, expected_np=1, devices=np)

@@ -15,7 +15,7 @@ import shlex
 from dataclasses import dataclass
 
 from lab.common.docker_api import LABEL_PREFIX, MANAGED_BY
-from lab.host.request import RUN_ID, BenchError, base_config, resolve_framework
+from lab.host.request import BenchError, resolve_framework, script_config
 
 APIS = ("auto", "mpijob", "trainjob", "pytorchjob")
 KINDS = {"mpijob": ("kubeflow.org/v2beta1", "MPIJob"),
@@ -299,7 +299,6 @@ def manifest_for_request(s, opts: K8sOptions) -> Manifest:
     with Kubeflow's operators. Nothing is probed: the request is checked as a
     configuration; --framework auto means Horovod for --api mpijob, else DDP."""
     from lab.common import results
-    from lab.common.config import ConfigError
     from lab.host.launch import framework_for_backend
     nps = s.np if isinstance(s.np, list) else [s.np]
     if len(nps) != 1:
@@ -326,19 +325,9 @@ def manifest_for_request(s, opts: K8sOptions) -> Manifest:
                              f"lower --np, add --nodes, or raise --gpus-per-node")
     elif opts.gpus_per_node:
         raise BenchError("--gpus-per-node is for --device cuda: add it, or leave out --gpus-per-node")
-    if s.run_id and (not RUN_ID.match(s.run_id) or ".." in s.run_id):
-        raise BenchError(f"--run-id names a folder inside --results-dir: letters, digits, '.', "
-                         f"'_' and '-' only, not {s.run_id!r}")
-    run_id = s.run_id or results.new_run_id()
     inside = dataclasses.replace(s, results_dir=RESULTS_IN_POD, data_dir=DATA_IN_POD)
-    cfg = dataclasses.replace(base_config(inside, framework), run_id=run_id, expected_np=np,
-                              attempt=f"000-{s.strategy}-{framework}-{s.backend}-{s.compression}"
-                                      f"-n{s.nodes}-np{np}-r0")
-    try:
-        cfg.check()
-        cfg.check_world(np)
-    except ConfigError as e:
-        raise BenchError(str(e)) from None
+    cfg = script_config(inside, framework, np)
+    run_id = cfg.run_id
     if framework == "horovod" and s.device == "cuda":
         # the image of --backend mpi does its GPU operations over MPI, the others over NCCL
         from lab.common.kit import horovod_gpu_path_problem

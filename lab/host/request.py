@@ -311,3 +311,27 @@ def check_strategy_stack(strategy: str, stack: dict) -> None:
     if strategy == "rpc-pipeline" and not stack.get("rpc", True):
         raise BenchError("this torch has no torch.distributed.rpc (rpc.is_available() is False; "
                          "RPC is in maintenance mode upstream): use --strategy pipeline")
+
+
+def attempt_name(s: BenchSettings, framework: str, np: int, index: int = 0, repeat: int = 0) -> str:
+    """The name of one launch (its failures/, heartbeats/ and slurm/ folders): the one form."""
+    return (f"{index:03d}-{s.strategy}-{framework}-{s.backend}-{s.compression}"
+            f"-n{s.nodes}-np{np}-r{repeat}")
+
+
+def script_config(s: BenchSettings, framework: str, np: int) -> RunConfig:
+    """The one run a script for another cluster holds (invoke sbatch, invoke k8s): its
+    run id checked or made, its configuration checked as a rank would, as a BenchError."""
+    from lab.common import results
+    if s.run_id and (not RUN_ID.match(s.run_id) or ".." in s.run_id):
+        raise BenchError(f"--run-id names a folder inside --results-dir: letters, digits, '.', "
+                         f"'_' and '-' only, not {s.run_id!r}")
+    cfg = dataclasses.replace(base_config(s, framework), run_id=s.run_id or results.new_run_id(),
+                              expected_np=np, attempt=attempt_name(s, framework, np))
+    try:
+        cfg.check()
+        cfg.check_world(np)
+    except ConfigError as e:
+        raise BenchError(str(e)) from None
+    return cfg
+

@@ -268,8 +268,7 @@ def script_for_request(s, partition: str = "", gpus_per_node: int | None = None,
     import dataclasses
 
     from lab.common import results
-    from lab.common.config import ConfigError
-    from lab.host.request import RUN_ID, BenchError, base_config, resolve_framework
+    from lab.host.request import BenchError, resolve_framework, script_config
     nps = s.np if isinstance(s.np, list) else [s.np]
     if len(nps) != 1:
         raise BenchError("a batch script runs one process count: give --np one number")
@@ -279,22 +278,12 @@ def script_for_request(s, partition: str = "", gpus_per_node: int | None = None,
     framework = resolve_framework(s.framework, {}, s.strategy)[0]
     notes = ["--framework auto is DDP in a script for another cluster (whether Horovod is "
              "installed there is not known here)"] if s.framework == "auto" else []
-    if s.run_id and (not RUN_ID.match(s.run_id) or ".." in s.run_id):
-        raise BenchError(f"--run-id names a folder inside --results-dir: letters, digits, '.', "
-                         f"'_' and '-' only, not {s.run_id!r}")
-    run_id = s.run_id or results.new_run_id()
     # Absolute folders: a container (pyxis) starts in its image's working folder, not
     # where the job was submitted.
     results_dir, data_dir = os.path.abspath(s.results_dir), os.path.abspath(s.data_dir)
     s = dataclasses.replace(s, results_dir=results_dir, data_dir=data_dir)
-    cfg = dataclasses.replace(base_config(s, framework), run_id=run_id, expected_np=np,
-                              attempt=f"000-{s.strategy}-{framework}-{s.backend}-{s.compression}"
-                                      f"-n{s.nodes}-np{np}-r0")
-    try:
-        cfg.check()
-        cfg.check_world(np)
-    except ConfigError as e:
-        raise BenchError(str(e)) from None
+    cfg = script_config(s, framework, np)
+    run_id = cfg.run_id
     try:
         gpus = gpus_per_node if gpus_per_node is not None else (
             ranks_per_node(np, s.nodes) if s.device == "cuda" else 0)
