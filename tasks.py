@@ -20,6 +20,8 @@ BENCH_HELP = {
     "warmup-steps": "steps left out of the timing",
     "max-steps": "cap on steps per epoch (0: the whole shard)",
     "threads": "CPU threads per rank",
+    "seed": "the random seed of the model's weights and the data's order",
+    "synthetic-size": "samples of --data synthetic (0: a default per model)",
     "results-dir": "where results/<run-id>/results.jsonl goes",
     "run-id": "append to this run instead of starting a new one",
     "timeout-s": "seconds a run may take before it is stopped and recorded as failed",
@@ -51,27 +53,28 @@ BENCH_HELP = {
 }
 
 
-@task(help=BENCH_HELP, auto_shortflags=False)   # 27 flags: the automatic short ones ran out (micro-batches got "-")
+@task(help=BENCH_HELP, auto_shortflags=False)   # 35 flags: the automatic short ones ran out (micro-batches got "-")
 def bench(c, np=None, framework=None, backend=None, model=None, data=None, data_dir=None,
           device=None, epochs=None, batch_size=None, compression=None, warmup_steps=None,
           max_steps=None, threads=None, results_dir=None, run_id=None, timeout_s=None,
           ceiling=False, local=False, image=None, frozen=False, fault=None, nodes=None,
           link=None, resume=False, repeat=None, strategy=None, micro_batches=None, schedule=None,
           zero_stage=None, launcher=None, partition=None, hosts=None, hostfile=None, stall_s=None,
-          debug=False):
+          debug=False, seed=None, synthetic_size=None):
     """Run distributed training (one run, or a sweep over lists), record it and print the table."""
     flags = {k: v for k, v in locals().items() if k not in ("c", "resume")}
     from lab.host.bench import Terminated, terminate_as_interrupt
+    from lab.host.plan import make_plan
     from lab.host.progress import Display
-    from lab.host.request import BenchError, settings_from_flags
+    from lab.host.request import BenchError
     from lab.host.sweep import run_request
     from lab.report.bench_output import render
 
     display = Display()
     try:
-        settings, lists = settings_from_flags(flags, dict(c.config.get("bench", {})))
+        plan = make_plan(flags, dict(c.config.get("bench", {})), resume=resume)
         with terminate_as_interrupt():
-            outcome = run_request(settings, lists, resume=resume, echo=display.line)
+            outcome = run_request(plan, echo=display.line)
     except BenchError as e:
         raise Exit(f"error: {e}", code=2)
     except Terminated:
@@ -109,13 +112,12 @@ def sbatch(c, np=None, nodes=None, framework=None, backend=None, model=None, dat
     """Write the batch script of a bench run for a real Slurm cluster (nothing is submitted)."""
     flags = {k: v for k, v in locals().items()
              if k not in ("c", "partition", "gpus_per_node", "container", "output")}
-    from lab.host.request import BenchError, settings_from_flags, whole
+    from lab.host.plan import make_plan
+    from lab.host.request import BenchError, whole
     from lab.host.slurm import script_for_request
 
     try:
-        settings, lists = settings_from_flags(flags, dict(c.config.get("bench", {})))
-        if any(len(v) > 1 for v in lists.values()):
-            raise BenchError("a batch script runs one combination: give one value per flag")
+        settings = make_plan(flags, dict(c.config.get("bench", {}))).single("a batch script")
         gpus = whole("gpus_per_node", gpus_per_node) if gpus_per_node is not None else None
         # --time only when asked for (--timeout-s): invoke.yaml's bench default is a
         # per-run limit on this machine, not the cluster's wall time.
@@ -167,14 +169,13 @@ def k8s(c, np=None, nodes=None, framework=None, backend=None, model=None, data=N
     flags = {k: v for k, v in locals().items()
              if k not in ("c", "api", "registry", "image", "gpus_per_node", "pvc", "namespace")}
     from lab.host import k8s as kube
-    from lab.host.request import BenchError, settings_from_flags, whole
+    from lab.host.plan import make_plan
+    from lab.host.request import BenchError, whole
 
     given = {k: v for k, v in dict(api=api, registry=registry, image=image, pvc=pvc,
                                    namespace=namespace).items() if v is not None}
     try:
-        settings, lists = settings_from_flags(flags, dict(c.config.get("bench", {})))
-        if any(len(v) > 1 for v in lists.values()):
-            raise BenchError("a Kubernetes job runs one combination: give one value per flag")
+        settings = make_plan(flags, dict(c.config.get("bench", {}))).single("a Kubernetes job")
         opts = kube.options({**dict(c.config.get("k8s", {})), **given})
         if gpus_per_node is not None:
             opts.gpus_per_node = whole("gpus_per_node", gpus_per_node)

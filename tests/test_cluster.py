@@ -22,10 +22,10 @@ IMAGE = "dl-lab-kit:cpu"
 
 
 def test_host_slots_spread_ranks_evenly():
-    assert cluster.host_slots(4, 2) == "node1:2,node2:2"
-    assert cluster.host_slots(2, 2) == "node1:1,node2:1"
+    assert [(h.name, h.slots) for h in cluster.node_hosts(4, 2)] == [("node1", 2), ("node2", 2)]
+    assert [(h.name, h.slots) for h in cluster.node_hosts(2, 2)] == [("node1", 1), ("node2", 1)]
     with pytest.raises(cluster.ClusterError, match="multiple of 2"):
-        cluster.host_slots(3, 2)
+        cluster.node_hosts(3, 2)
 
 
 @pytest.mark.parametrize("spec,rate,delay", [("10gbit", "10gbit", None), ("1gbit/1ms", "1gbit", "1ms"),

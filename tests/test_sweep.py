@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from lab.common import results
-from lab.host import request
-from lab.host import sweep as sweeps
+from lab.host import plan, request
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -24,7 +23,7 @@ def test_lists_are_checked_before_anything_runs():
 
 
 def test_the_plan_is_the_cross_product():
-    plans = sweeps.sweep_plan(request.BenchSettings(np=[1, 2]), {
+    plans = plan.combinations(request.BenchSettings(np=[1, 2]), {
         "framework": ["horovod", "ddp"], "backend": ["gloo", "mpi", "nccl"], "compression": ["none", "int8"]})
     assert len(plans) == 12 and all(p.np == [1, 2] for p in plans)
     assert {(p.framework, p.backend, p.compression) for p in plans} == {

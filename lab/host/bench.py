@@ -21,10 +21,8 @@ from lab.host.launch import HostsError, job_env
 from lab.host.request import (
     BenchError,
     BenchSettings,
-    attempt_name,
     base_config,
     check_request,
-    check_settings,
 )
 from lab.host.runners import JobResult, Launch, Runner, RunnerError
 from lab.host.stall import StallWatch, flight_recorder
@@ -39,49 +37,12 @@ class Outcome:
     notes: list[str]
 
 
-def check_link(s: BenchSettings) -> None:
-    if s.link:
-        if s.nodes < 2:
-            raise BenchError("--link shapes the links between the cluster's nodes: add --nodes 2 or more")
-        from lab.host.cluster import parse_link
-        try:
-            parse_link(s.link)
-        except RunnerError as e:
-            raise BenchError(str(e)) from None
-
-
-def host_list(s: BenchSettings):
-    """--hosts or --hostfile as a host list (lab.host.launch.Host), or None."""
-    from lab.host.hosts_runner import parse_hostfile
-    from lab.host.launch import parse_hosts
-    try:
-        if s.hosts:
-            return parse_hosts(s.hosts)
-        if s.hostfile:
-            try:
-                with open(s.hostfile) as f:
-                    text = f.read()
-            except OSError as e:
-                raise BenchError(f"--hostfile {s.hostfile} cannot be read ({e.strerror}): give a "
-                                 f"file of lines such as `node1 slots=4`") from None
-            return parse_hostfile(text, s.hostfile)
-    except HostsError as e:
-        raise BenchError(str(e)) from None
-    return None
-
-
-def select_runner(s: BenchSettings, echo=print) -> tuple[Runner, str | None]:
-    """Where the ranks of `s` run (lab.host.where.choose_runner), as a BenchError."""
-    check_link(s)
-    hosts = host_list(s)
+def select_runner(s: BenchSettings, hosts=(), echo=print) -> tuple[Runner, str | None]:
+    """Where the ranks of `s` run: the plan's hosts (--hosts, --hostfile), else
+    lab.host.where.choose_runner; a refusal as a BenchError."""
     if hosts:
-        from lab.host.hosts_runner import HostsRunner, check_hosts, check_slots
-        try:
-            check_slots(hosts, list(s.np))
-            check_hosts(hosts)
-        except HostsError as e:
-            raise BenchError(str(e)) from None
-        runner = HostsRunner(hosts, s.results_dir, s.data_dir, echo=echo)
+        from lab.host.hosts_runner import HostsRunner
+        runner = HostsRunner(list(hosts), s.results_dir, s.data_dir, echo=echo)
         return runner, runner.describe()
     try:
         return choose_runner(where=s.where, nodes=s.nodes, image=s.image, frozen=s.frozen,
@@ -143,17 +104,23 @@ def _duration(seconds: float) -> str:
     return f"{m} min {s:02d} s" if m else f"{s} s"
 
 
-def run(s: BenchSettings, echo=print, stack: dict | None = None,
-        runner: Runner | None = None, repeats: list[int] | None = None,
+def run(s: BenchSettings, echo=print, stack: dict | None = None, runner: Runner | None = None,
         progress: Progress | None = None) -> Outcome:
-    """Check the request, then run one job per process count into one results directory,
-    --repeat times, interleaved (every process count once, then again). `repeats`: which
-    repeat indices to run (a sweep runs one at a time); default all of them."""
-    nps = list(s.np)          # parsed once, by request.settings_from_flags
-    check_settings(s)
-    check_link(s)
+    """One combination (`s`, with all its process counts and repeats): its plan
+    (lab.host.plan.plan_of, where every check of the request is made), then its jobs."""
+    from lab.host.plan import plan_of
+    plan = plan_of(s)
+    return run_jobs(plan.settings, plan.jobs, plan.hosts, echo, stack, runner, progress)
+
+
+def run_jobs(s: BenchSettings, jobs, hosts=(), echo=print, stack: dict | None = None,
+             runner: Runner | None = None, progress: Progress | None = None) -> Outcome:
+    """The jobs of one combination of a plan (lab.host.plan.Job: settings `s`, a process
+    count, a repeat) into the plan's results directory, in the plan's order: the runner
+    chosen and the stack probed once, the request checked against that stack."""
+    nps = list(dict.fromkeys(j.np for j in jobs))
     if runner is None:
-        runner, where_note = select_runner(s, echo)
+        runner, where_note = select_runner(s, hosts, echo)
         if where_note:
             echo(where_note)
     else:
@@ -166,8 +133,6 @@ def run(s: BenchSettings, echo=print, stack: dict | None = None,
                              f"(compose.yaml mounts it): give --results-dir {runner.results_dir}, "
                              f"or leave --results-dir out when running from the checkout")
         s = dataclasses.replace(s, data_dir=runner.data_dir or s.data_dir)
-    if runner.kind == "hosts":
-        s = dataclasses.replace(s, nodes=runner.nodes)
     stack = stack if stack is not None else probe_stack(runner)
     try:
         framework, notes = check_request(s, stack)
@@ -193,15 +158,14 @@ def run(s: BenchSettings, echo=print, stack: dict | None = None,
     if where_note and runner.kind != "local":
         notes.insert(0, where_note)
     check_steps(s, framework, nps)
-    run_id = s.run_id or results.new_run_id()
+    run_id = s.run_id           # fixed by the plan
     rdir = results.run_dir(s.results_dir, run_id)
     rfile = rdir / results.RESULTS_FILE
     os.makedirs(rdir, exist_ok=True)
     runner.prepare(str(rdir))
     shaped = runner.kind == "cluster" and bool(s.link)
     failed = 0
-    repeats = list(range(s.repeat)) if repeats is None else repeats
-    progress = progress or Progress(len(repeats) * len(nps), echo)
+    progress = progress or Progress(len(jobs), echo)
     from lab.host import cluster
     try:
         if shaped:      # inside the try: nodes shaped before one that fails are unshaped
@@ -209,12 +173,12 @@ def run(s: BenchSettings, echo=print, stack: dict | None = None,
                 cluster.shape(runner.found, s.link, echo)
             except RunnerError as e:
                 raise BenchError(str(e)) from None
-        # Interleaved: every process count once, then every one again (a drift of the
-        # machine's speed falls on all of them alike).
-        for rep, np in [(r, n) for r in repeats for n in nps]:
+        # The plan's order: every process count once, then every one again (a drift of
+        # the machine's speed falls on all of them alike).
+        for job in jobs:
+            np, rep = job.np, job.repeat
             cfg = dataclasses.replace(base_config(s, framework), run_id=run_id, expected_np=np,
-                                      attempt=attempt_name(s, framework, np, nps.index(np), rep),
-                                      link=s.link, repeat=rep)
+                                      attempt=job.attempt(framework), link=s.link, repeat=rep)
             if s.strategy == "dataparallel":   # one process over np GPUs
                 cfg = dataclasses.replace(cfg, expected_np=1, devices=np)
             progress.start((f"{s.strategy}, " if s.strategy != "ddp" else "")

@@ -17,7 +17,7 @@ from pathlib import Path
 from lab.common import docker_api, proc
 from lab.common.docker_api import CLUSTER as LABEL
 from lab.common.kit import REPO_ROOT
-from lab.host.launch import HostsError, ranks_per_node
+from lab.host.launch import Host, HostsError, ranks_per_node
 from lab.host.runners import RunnerError
 
 COMPOSE_FILE = REPO_ROOT / "compose.yaml"
@@ -48,13 +48,13 @@ def node_names(n: int) -> list[str]:
     return [f"node{i}" for i in range(1, n + 1)]
 
 
-def host_slots(np: int, nodes: int) -> str:
-    """horovodrun's -H for np ranks spread evenly over nodes: node1:2,node2:2."""
+def node_hosts(np: int, nodes: int) -> list[Host]:
+    """np ranks spread evenly over the cluster's nodes: node1 with 2 slots, node2 with 2."""
     try:
         per = ranks_per_node(np, nodes)
     except HostsError as e:
         raise ClusterError(str(e)) from None
-    return ",".join(f"{name}:{per}" for name in node_names(nodes))
+    return [Host(name, per) for name in node_names(nodes)]
 
 
 def override_yaml(n: int) -> str:

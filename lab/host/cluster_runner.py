@@ -12,7 +12,7 @@ from lab.common import proc
 from lab.common.forwarded_env import forwarded
 from lab.common.kit import REPO_ROOT
 from lab.host import jobs, launch, slurm
-from lab.host.cluster import ClusterError, engine, exec_out, host_slots, node_names, nodes, wait_ssh
+from lab.host.cluster import ClusterError, engine, exec_out, node_hosts, node_names, nodes, wait_ssh
 from lab.host.container import DATA_IN, RESULTS_IN, SOURCE_IN, hand_over
 from lab.host.runners import JobResult, Runner
 
@@ -74,13 +74,13 @@ def cluster_commands(framework: str, backend: str, np: int, n: int,
     """Node -> the command it runs: Horovod from node1 over all nodes (NCCL rides on the
     Gloo controller, as locally: launch.framework_for_backend), DDP on every node."""
     if framework == "horovod":
-        hosts = launch.parse_hosts(host_slots(np, n))
+        hosts = node_hosts(np, n)
         return {"node1": launch.horovod_command(np, hosts, launch.framework_for_backend(
             framework, backend), args, python="python")}
     if framework == "ddp":
         # A rendezvous of this launch's own (port and id from its run id and attempt, as
         # --hosts and Slurm do): a run left over on node1 never meets the next one.
-        host_slots(np, n)       # spread evenly, or refused
+        node_hosts(np, n)       # spread evenly, or refused
         return {h: launch.ddp_command(np // n, args, nnodes=n, node_rank=i,
                                       rdzv_endpoint=f"node1:{launch.rendezvous_port(key)}",
                                       rdzv_id=key.replace("/", "-"), python="python")
@@ -132,8 +132,7 @@ class ClusterRunner(Runner):
         return env
 
     def placement(self, np: int) -> dict[str, int]:
-        host_slots(np, self.n)            # spread evenly, or refused
-        return {h: np // self.n for h in self.found}
+        return {h.name: h.slots for h in node_hosts(np, self.n)}
 
     def output(self, command: list[str], timeout_s: float = 300) -> tuple[int | None, str]:
         return self.output_on("node1", command, timeout_s)

@@ -312,10 +312,11 @@ def manifest_for_request(s, opts: K8sOptions) -> Manifest:
     else:
         framework = resolve_framework(s.framework, {}, s.strategy)[0]
     api = choose_api(opts.api, framework, s.strategy)
-    if s.nodes < 1 or np % s.nodes:
-        raise BenchError(f"--np {np} does not spread evenly over {s.nodes} nodes: use a multiple "
-                         f"of {s.nodes}")
-    per = np // s.nodes
+    from lab.host.launch import HostsError, ranks_per_node
+    try:
+        per = ranks_per_node(np, s.nodes)       # the even-spread rule
+    except HostsError as e:
+        raise BenchError(str(e)) from None
     gpus = 0
     if s.device == "cuda":
         gpus = per if opts.gpus_per_node is None else opts.gpus_per_node

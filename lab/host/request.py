@@ -30,7 +30,7 @@ _RUN = RunConfig()  # the run's own defaults live in RunConfig alone
 SWEEP_FIELDS = ("strategy", "framework", "backend", "compression", "nodes")
 
 
-@dataclass
+@dataclass(frozen=True)
 class BenchSettings:
     np: list[int]                    # process counts; invoke.yaml holds the task's default
     framework: str = "auto"          # auto: horovod when it imports, else ddp
@@ -178,14 +178,17 @@ def parse_stall(value) -> float:
     return seconds
 
 
-def is_sweep(lists: dict[str, list]) -> bool:
-    return any(len(v) > 1 for v in lists.values())
-
-
 # How a cluster job starts: the kit's own launch (horovodrun over SSH, torchrun on each
 # node), or a batch job of the cluster's Slurm (lab.host.slurm).
 LAUNCHERS = ("direct", "slurm")
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def check_run_id(run_id: str) -> None:
+    """The run-id form, the one place it is checked: a folder name inside --results-dir."""
+    if run_id and (not RUN_ID.match(run_id) or ".." in run_id):
+        raise BenchError(f"--run-id names a folder inside --results-dir: letters, digits, '.', "
+                         f"'_' and '-' only, not {run_id!r}")
 
 
 def check_settings(s: BenchSettings) -> None:
@@ -204,9 +207,7 @@ def check_settings(s: BenchSettings) -> None:
                          "(they are the simulated cluster's)")
     if s.partition and s.launcher != "slurm":
         raise BenchError("--partition is Slurm's: add --launcher slurm")
-    if s.run_id and (not RUN_ID.match(s.run_id) or ".." in s.run_id):
-        raise BenchError(f"--run-id names a folder inside --results-dir: letters, digits, '.', "
-                         f"'_' and '-' only, not {s.run_id!r}")
+    check_run_id(s.run_id)
     try:
         os.makedirs(s.results_dir, exist_ok=True)
         if not os.access(s.results_dir, os.W_OK | os.X_OK):
@@ -234,13 +235,14 @@ def resolve_framework(requested: str, stack: dict, strategy: str = "ddp") -> tup
 
 
 def base_config(s: BenchSettings, framework: str) -> RunConfig:
-    return RunConfig(model=s.model, framework=framework, backend=s.backend, device=s.device,
-                     data=s.data, data_dir=s.data_dir, epochs=s.epochs, batch_size=s.batch_size,
-                     compression=s.compression, warmup_steps=s.warmup_steps,
-                     max_steps=s.max_steps, synthetic_size=s.synthetic_size, threads=s.threads,
-                     seed=s.seed, results_dir=s.results_dir, fault=s.fault, stall_s=max(s.stall_s, 0.0),
-                     strategy=s.strategy,
-                     micro_batches=s.micro_batches, schedule=s.schedule, zero_stage=s.zero_stage)
+    """The run configuration the settings name: every field RunConfig and BenchSettings
+    share, carried by name (a field added to both is carried without a line here), but
+    the framework (resolved against the stack), --stall-s (auto and off are 0 and -1 in
+    the settings) and repeat (the settings' count of repeats, the configuration's index)."""
+    shared = {f.name: getattr(s, f.name) for f in dataclasses.fields(RunConfig)
+              if f.name in BENCH_FLAGS and f.name not in ("framework", "stall_s", "repeat")}
+    shared["run_id"] = s.run_id or RunConfig.run_id
+    return RunConfig(**shared, framework=framework, stall_s=max(s.stall_s, 0.0))
 
 
 def check_request(s: BenchSettings, stack: dict) -> tuple[str, list[str]]:
@@ -323,9 +325,7 @@ def script_config(s: BenchSettings, framework: str, np: int) -> RunConfig:
     """The one run a script for another cluster holds (invoke sbatch, invoke k8s): its
     run id checked or made, its configuration checked as a rank would, as a BenchError."""
     from lab.common import results
-    if s.run_id and (not RUN_ID.match(s.run_id) or ".." in s.run_id):
-        raise BenchError(f"--run-id names a folder inside --results-dir: letters, digits, '.', "
-                         f"'_' and '-' only, not {s.run_id!r}")
+    check_run_id(s.run_id)
     cfg = dataclasses.replace(base_config(s, framework), run_id=s.run_id or results.new_run_id(),
                               expected_np=np, attempt=attempt_name(s, framework, np))
     try:

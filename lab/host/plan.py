@@ -1,0 +1,182 @@
+"""The plan of one request: the task's flags over invoke.yaml's defaults, parsed and
+checked once, on the host, into an immutable list of jobs (a combination's settings,
+one process count, one repeat), in the order they run. `invoke bench` (lab.host.sweep,
+lab.host.bench), `invoke sbatch` and `invoke k8s` read it; nothing after it parses a
+flag again. What needs the ranks' stack (--framework auto, whether a back end is built)
+is decided where the stack is probed (lab.host.request.check_request)."""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass
+
+from lab.common import results, stats
+from lab.host.launch import Host, HostsError, ranks_per_node
+from lab.host.request import (
+    SWEEP_FIELDS,
+    BenchError,
+    BenchSettings,
+    attempt_name,
+    check_settings,
+    settings_from_flags,
+)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One launch: `np` ranks of one combination (its settings), in repeat `repeat`."""
+
+    settings: BenchSettings
+    combination: int        # the combination's index in the sweep's cross product
+    np: int
+    repeat: int
+
+    def attempt(self, framework: str) -> str:
+        """The launch's name (its failures/, heartbeats/ and slurm/ folders)."""
+        return attempt_name(self.settings, framework, self.np, self.settings.np.index(self.np),
+                            self.repeat)
+
+
+@dataclass(frozen=True)
+class Plan:
+    settings: BenchSettings                 # the request's own (the first combination's)
+    combinations: tuple[BenchSettings, ...]
+    jobs: tuple[Job, ...]                   # what runs, in order
+    hosts: tuple[Host, ...] = ()            # --hosts / --hostfile, parsed once
+    already: tuple[str, ...] = ()           # --resume: combinations left out, as said
+    refused: tuple[tuple[int, str], ...] = ()   # a sweep's combinations that cannot run, and why
+
+    @property
+    def sweep(self) -> bool:
+        return len(self.combinations) > 1
+
+    def single(self, what: str) -> BenchSettings:
+        """The one job a script for another cluster holds (invoke sbatch, invoke k8s)."""
+        if self.sweep:
+            raise BenchError(f"{what} runs one combination: give one value per flag")
+        if len(self.settings.np) != 1:
+            raise BenchError(f"{what} runs one process count: give --np one number")
+        return self.settings
+
+
+def make_plan(flags: dict, defaults: dict, resume: bool = False) -> Plan:
+    """The task's flags (None where not given) over invoke.yaml's `bench` section."""
+    settings, lists = settings_from_flags(flags, defaults)
+    return plan_of(settings, lists, resume)
+
+
+def plan_of(s: BenchSettings, lists: dict | None = None, resume: bool = False) -> Plan:
+    """Every check that needs nothing but the request, then the jobs: the cross product of
+    the lists (each combination with all of --np), --repeat times, interleaved (every
+    combination once, then every one again), less what --resume finds recorded."""
+    check_settings(s)
+    hosts = tuple(host_list(s) or ())
+    if hosts:
+        from lab.host.hosts_runner import check_hosts, check_slots
+        try:
+            check_slots(list(hosts), list(s.np))
+            check_hosts(list(hosts))
+        except HostsError as e:
+            raise BenchError(str(e)) from None
+        s = dataclasses.replace(s, nodes=len(hosts))
+        lists = {**(lists or {}), "nodes": [len(hosts)]}
+    if resume and not s.run_id:
+        raise BenchError("--resume continues a sweep: give its --run-id (the results folder's name)")
+    s = dataclasses.replace(s, run_id=s.run_id or results.new_run_id())
+    combos = tuple(combinations(s, lists or {}))
+    refused = {}
+    for i, c in enumerate(combos):
+        try:
+            check_combination(c, bool(hosts))
+        except BenchError as e:
+            if len(combos) == 1:
+                raise
+            refused[i] = str(e)
+    have = finished(results.run_dir(s.results_dir, s.run_id) / results.RESULTS_FILE) if resume else set()
+    jobs, already = [], []
+    for rep, (i, c) in stats.interleaved(list(enumerate(combos)), s.repeat):
+        todo = [Job(c, i, np, rep) for np in c.np if done_key(c, np, rep) not in have]
+        if not todo:
+            already.append(f"-- {label(c)}" + (f", repeat {rep + 1}" if s.repeat > 1 else "")
+                           + ": already recorded, not run again (--resume)")
+        jobs += todo
+    return Plan(combos[0], combos, tuple(jobs), hosts, tuple(already), tuple(sorted(refused.items())))
+
+
+def combinations(base: BenchSettings, lists: dict) -> list[BenchSettings]:
+    """The cross product of the lists (strategy, framework, back end, compression, nodes),
+    each with all of base.np."""
+    keys = [k for k in SWEEP_FIELDS if k in lists]
+    return [dataclasses.replace(base, **dict(zip(keys, values)))
+            for values in itertools.product(*(lists[k] for k in keys))]
+
+
+def label(s: BenchSettings) -> str:
+    how = f"strategy {s.strategy}, " if s.strategy != "ddp" else ""
+    return f"{how}{s.framework} over {s.backend}, compression {s.compression}, {s.nodes} node(s)"
+
+
+def done_key(s: BenchSettings, np: int, repeat: int) -> tuple:
+    return key_of(s.strategy, s.framework, s.backend, s.compression, s.nodes, np, s.link, repeat)
+
+
+def key_of(strategy, framework, backend, compression, nodes, np, link, repeat) -> tuple:
+    return (strategy or "ddp", framework, backend, compression, int(nodes), int(np), link or "",
+            int(repeat))
+
+
+def finished(rfile) -> set:
+    """Runs that already have an ok record in a results file (for --resume): each
+    combination, process count and repeat index."""
+    out = set()
+    for r in results.read_records(rfile)[0]:
+        if r.get("status") == "ok":
+            c = r["config"]
+            out.add(key_of(c.get("strategy", "ddp"), c["framework"], c["backend"], c["compression"],
+                           r["world"]["nodes"], r["world"]["np"], c.get("link", ""),
+                           c.get("repeat", 0)))
+    return out
+
+
+def check_combination(c: BenchSettings, on_hosts: bool) -> None:
+    """What one combination of a sweep needs of itself: its link and the even spread of
+    each process count over its nodes (a sweep skips and records a combination that
+    fails it; a single run is refused)."""
+    check_link(c)
+    for np in c.np if c.nodes > 1 and not on_hosts else ():
+        try:
+            ranks_per_node(np, c.nodes)     # the even-spread rule
+        except HostsError as e:
+            raise BenchError(str(e)) from None
+
+
+def check_link(s: BenchSettings) -> None:
+    if s.link:
+        if s.nodes < 2:
+            raise BenchError("--link shapes the links between the cluster's nodes: add --nodes 2 or more")
+        from lab.host.cluster import parse_link
+        from lab.host.runners import RunnerError
+        try:
+            parse_link(s.link)
+        except RunnerError as e:
+            raise BenchError(str(e)) from None
+
+
+def host_list(s: BenchSettings) -> list[Host] | None:
+    """--hosts or --hostfile as a host list (lab.host.launch.Host), or None."""
+    from lab.host.hosts_runner import parse_hostfile
+    from lab.host.launch import parse_hosts
+    try:
+        if s.hosts:
+            return parse_hosts(s.hosts)
+        if s.hostfile:
+            try:
+                with open(s.hostfile) as f:
+                    text = f.read()
+            except OSError as e:
+                raise BenchError(f"--hostfile {s.hostfile} cannot be read ({e.strerror}): give a "
+                                 f"file of lines such as `node1 slots=4`") from None
+            return parse_hostfile(text, s.hostfile)
+    except HostsError as e:
+        raise BenchError(str(e)) from None
+    return None

@@ -1,0 +1,106 @@
+"""The plan (lab.host.plan): flags parsed and checked once into an immutable list of
+jobs, read by bench, sweeps, invoke sbatch and invoke k8s."""
+import dataclasses
+import inspect
+
+import pytest
+
+import tasks
+from lab.common import results
+from lab.common.config import RunConfig
+from lab.host import plan as plans
+from lab.host.request import BENCH_FLAGS, BenchError, BenchSettings, base_config
+
+DEFAULTS = {"np": "2", "timeout_s": 3600}
+
+
+def make(tmp_path, **flags):
+    return plans.make_plan({"results_dir": str(tmp_path), **flags}, DEFAULTS,
+                           resume=flags.pop("resume", False) if "resume" in flags else False)
+
+
+def test_the_jobs_are_every_combination_and_process_count_repeats_interleaved(tmp_path):
+    p = make(tmp_path, np="1,2", backend="gloo,mpi", repeat=2)
+    order = [(j.repeat, j.settings.backend, j.np) for j in p.jobs]
+    assert order == [(0, "gloo", 1), (0, "gloo", 2), (0, "mpi", 1), (0, "mpi", 2),
+                     (1, "gloo", 1), (1, "gloo", 2), (1, "mpi", 1), (1, "mpi", 2)]
+    assert p.sweep and len(p.combinations) == 2
+    # One run id, fixed once for every job (the table reads the run back by it).
+    assert len({j.settings.run_id for j in p.jobs}) == 1 and p.settings.run_id
+    # Immutable: nothing downstream can change a job of the plan.
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.jobs[0].np = 4
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.jobs[0].settings.np = [4]
+
+
+def test_attempt_names_are_unique_within_a_plan(tmp_path):
+    p = make(tmp_path, np="1,2", compression="none,fp16", repeat=2)
+    names = [j.attempt("ddp") for j in p.jobs]
+    assert len(set(names)) == len(names) == 8
+    assert names[0] == "000-ddp-ddp-gloo-none-n1-np1-r0"
+
+
+def test_resume_leaves_out_what_has_an_ok_record(tmp_path):
+    first = make(tmp_path, np="1,2", framework="ddp", run_id="r")
+    rfile = results.run_dir(str(tmp_path), "r") / results.RESULTS_FILE
+    rfile.parent.mkdir(parents=True)
+    job = first.jobs[1]                                     # np 2 ran and wrote its record
+    cfg = dataclasses.replace(base_config(job.settings, "ddp"), expected_np=2, repeat=0)
+    results.append_record(rfile, results.make_record("ok", run_id="r", config=cfg.as_record(),
+                                                     np=2, nodes=1, started_at=results.now_iso(),
+                                                     figures={"throughput_img_s": 100.0}))
+    again = plans.make_plan({"results_dir": str(tmp_path), "np": "1,2", "framework": "ddp",
+                             "run_id": "r"}, DEFAULTS, resume=True)
+    assert [j.np for j in again.jobs] == [1]
+    with pytest.raises(BenchError, match="--resume continues a sweep: give its --run-id"):
+        plans.make_plan({"results_dir": str(tmp_path)}, DEFAULTS, resume=True)
+
+
+def test_the_even_spread_refuses_one_run_and_skips_a_sweeps_combination(tmp_path):
+    with pytest.raises(BenchError, match="--np 3 does not spread evenly over 2 nodes"):
+        make(tmp_path, np="3", nodes="2")
+    p = make(tmp_path, np="1,2", nodes="1,2")
+    assert dict(p.refused) == {1: "--np 1 does not spread evenly over 2 nodes: use a multiple of 2"}
+
+
+def test_hosts_are_parsed_once_and_fill_their_slots(tmp_path):
+    p = make(tmp_path, np="3", hosts="h1:2,h2:1")
+    assert [(h.name, h.slots) for h in p.hosts] == [("h1", 2), ("h2", 1)]
+    assert p.settings.nodes == 2 and p.jobs[0].settings.nodes == 2
+    with pytest.raises(BenchError, match="the hosts offer 3 slot"):
+        make(tmp_path, np="4", hosts="h1:2,h2:1")
+
+
+def test_a_script_holds_one_job(tmp_path):
+    assert make(tmp_path, np="4").single("a batch script").np == [4]
+    with pytest.raises(BenchError, match="a batch script runs one combination: give one value per flag"):
+        make(tmp_path, np="4", backend="gloo,mpi").single("a batch script")
+    with pytest.raises(BenchError, match="a Kubernetes job runs one process count"):
+        make(tmp_path, np="2,4").single("a Kubernetes job")
+
+
+def test_the_settings_carry_every_run_field_by_name():
+    """A field shared by RunConfig and BenchSettings reaches the ranks' configuration
+    without a line of its own: change each from its default and find it there."""
+    run = RunConfig()
+    changed = {}
+    for f in dataclasses.fields(RunConfig):
+        if f.name in BENCH_FLAGS and f.name not in ("framework", "repeat", "stall_s"):
+            value = getattr(run, f.name)
+            changed[f.name] = (value + 3 if isinstance(value, int) and not isinstance(value, bool)
+                               else f"x-{value}")
+    cfg = base_config(BenchSettings(np=[1], **changed), "ddp")
+    assert {k: getattr(cfg, k) for k in changed} == changed
+    assert cfg.repeat == 0          # the settings' repeat is a count, the configuration's an index
+
+
+def test_every_bench_setting_is_a_flag_with_help():
+    """The settings are listed once (BenchSettings); the task's signature and its help are
+    checked against them, so a setting cannot lack its flag or its help."""
+    params = set(inspect.signature(tasks.bench.body).parameters) - {"c"}
+    internal = {"where"}                       # set by --local / --image and invoke.yaml
+    assert BENCH_FLAGS - internal <= params, BENCH_FLAGS - internal - params
+    assert params - BENCH_FLAGS <= {"local", "resume"}, params - BENCH_FLAGS
+    helps = {k.replace("-", "_") for k in tasks.BENCH_HELP}
+    assert params <= helps, params - helps
