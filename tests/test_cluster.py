@@ -376,6 +376,39 @@ def test_the_script_invoke_sbatch_writes_runs_as_submitted_by_hand(up):
     assert r["world"]["scheduler"]["job_id"].isdigit() and r["world"]["controller"] == "mpi"
 
 
+@pytest.mark.parametrize("launcher", ["direct", "slurm"])
+def test_what_a_cluster_runner_runs_is_its_commands(up, launcher):
+    """commands(launch) is what run() has the engine start: for the direct launcher the
+    argv of each node's `docker exec` as the engine reports it (exec inspect's
+    ProcessConfig), for Slurm the sbatch on node1, whose script is the one written for
+    this launch and holds its worker arguments."""
+    from lab.common.config import RunConfig
+    from lab.host.cluster_runner import ClusterRunner, SlurmClusterRunner
+    from lab.host.runners import Launch
+    runner = ClusterRunner(2) if launcher == "direct" else SlurmClusterRunner(2)
+    run_id = f"cmds-{launcher}-{os.getpid()}-{int(time.time())}"
+    cfg = RunConfig(framework="ddp", max_steps=4, warmup_steps=1, results_dir=runner.results_in,
+                    data_dir=runner.data_in, run_id=run_id, expected_np=2, attempt="a0")
+    rdir = Path(runner.results_dir) / run_id
+    rdir.mkdir(parents=True)
+    runner.prepare(str(rdir))
+    launch = Launch("ddp", "gloo", 2, tuple(cfg.to_args()), (), 300, run_id, "a0")
+    commands = runner.commands(launch)
+    lines: list[str] = []
+    res = runner.run(commands, {}, 300, lines.append)
+    assert res.returncode == 0, "\n".join(lines[-30:])
+    assert runner.started == commands
+    if launcher == "direct":
+        assert set(commands) == {"node1", "node2"}
+    else:
+        script = Path(runner.results_dir) / Path(commands["node1"][-1]).relative_to(runner.results_in)
+        import shlex
+        text = script.read_text().replace(" \\\n    ", " ")       # the script's continuation lines
+        assert shlex.join(cfg.to_args()) in text
+    [r] = results.read_records(rdir / results.RESULTS_FILE)[0]
+    assert r["status"] == "ok" and sorted(set(r["world"]["hosts"])) == ["node1", "node2"]
+
+
 def bench_from_node1(node1, *args, timeout=600):
     """`invoke bench` run on node1 as the user lab, from the checkout's tasks there
     (compose.yaml mounts them at /opt/lab-src), as on a user's first server."""
@@ -431,6 +464,52 @@ def test_bench_on_a_list_of_hosts_runs_from_the_first_over_ssh(up):
     finally:
         cluster.exec_out(node2, ["bash", "-c", f"cp /tmp/hvd-init.bak {init}"], user="root")
     assert not (folder / "refused").exists()               # refused before anything was made
+
+
+def test_a_silent_slurm_controller_ends_the_poll_in_one_sentence(up):
+    """slurmctld killed while its job runs: with no time limit, bench's poll ends once
+    scontrol has not answered for CONTROLLER_SILENCE_S (5 s here, 60 s in bench), and
+    says so; the controller is then started again and the job cancelled."""
+    from lab.common.config import RunConfig
+    from lab.host.cluster_runner import SlurmClusterRunner
+    from lab.host.runners import Launch
+    node1 = cluster.nodes(up)["node1"]
+    runner = SlurmClusterRunner(2)
+    runner.CONTROLLER_SILENCE_S = 5.0
+    run_id = f"silent-{os.getpid()}-{int(time.time())}"
+    cfg = RunConfig(framework="ddp", max_steps=100000, results_dir=runner.results_in,
+                    data_dir=runner.data_in, run_id=run_id, expected_np=2, attempt="silent")
+    rdir = Path(runner.results_dir) / run_id
+    rdir.mkdir(parents=True)
+    runner.prepare(str(rdir))
+    commands = runner.commands(Launch("ddp", "gloo", 2, tuple(cfg.to_args()), (), 0, run_id, "silent"))
+    lines: list[str] = []
+
+    def echo(line):
+        lines.append(line)
+        if line.startswith("submitted Slurm job"):
+            rc, out = cluster.exec_out(node1, ["pkill", "-KILL", "-x", "slurmctld"], user="root")
+            assert rc == 0, out
+    t0 = time.monotonic()
+    try:
+        res = runner.run(commands, {}, 0, echo)
+        took = time.monotonic() - t0
+    finally:
+        rc, out = cluster.exec_out(node1, ["/usr/sbin/slurmctld"], user="root")
+        for _ in range(30):
+            if cluster.exec_out(node1, ["scontrol", "ping"])[0] == 0:
+                break
+            time.sleep(1)
+        cluster.exec_out(node1, ["scancel", "--name", "lab-silent"], user="root")
+    assert res.returncode is None and "Slurm's controller did not answer for 5 s" in res.why, res.why
+    assert took < 90, took
+    for node in cluster.nodes(up).values():               # the job was cancelled once it answered
+        for _ in range(30):
+            if cluster.exec_out(node, TRAINING, user="root")[0] == 1:
+                break
+            time.sleep(1)
+        else:
+            raise AssertionError(f"ranks left running on {node.name}")
 
 
 def test_stopping_bench_cancels_its_slurm_job(up):

@@ -92,6 +92,27 @@ def test_ddp_over_gloo_in_the_image(image, tmp_path):
     assert recs[-1]["world"]["np"] == 2 and recs[-1]["world"]["controller"] == "gloo"
 
 
+def test_what_the_image_runner_runs_is_its_commands(image, tmp_path):
+    """commands(launch) is what run() has the engine start: the container's command as
+    the engine reports it (Config.Cmd), and the run it makes writes its record."""
+    from lab.common.config import RunConfig
+    from lab.host.container import ImageRunner
+    from lab.host.runners import Launch
+    client, img = image
+    runner = ImageRunner(client, img, frozen=False, gpus=False, results_dir=str(tmp_path),
+                         data_dir=None)
+    cfg = RunConfig(framework="ddp", max_steps=4, warmup_steps=1, results_dir=runner.results_in,
+                    run_id="cmds", expected_np=2, attempt="a0")
+    runner.prepare(str(tmp_path / "cmds"))
+    commands = runner.commands(Launch("ddp", "gloo", 2, tuple(cfg.to_args()), (), 300, "cmds", "a0"))
+    lines: list[str] = []
+    res = runner.run(commands, {}, 300, lines.append, name=f"lab-test-cmds-{os.getpid()}")
+    assert res.returncode == 0, "\n".join(lines[-30:])
+    assert runner.started == commands
+    [r] = results.read_records(tmp_path / "cmds" / results.RESULTS_FILE)[0]
+    assert r["status"] == "ok" and r["world"]["np"] == 2
+
+
 def test_image_runs_jobs_as_an_unprivileged_user_and_holds_no_keys(image, tmp_path):
     rc, logs, _ = run_in_image(image, "id -u; ls /etc/ssh/ | grep -c ssh_host_ || true; "
                                       "ls ~/.ssh 2>/dev/null | wc -l", tmp_path)

@@ -179,6 +179,25 @@ def test_a_long_reason_is_a_numbered_note_and_no_table_line_is_over_160(tmp_path
     assert max(len(ln) for ln in text.splitlines() if ln.startswith("|")) <= 160
 
 
+def test_bench_prints_what_did_not_run_under_its_table_and_reasons_as_notes(tmp_path):
+    """invoke bench's own table (lab.report.bench_output): a skipped combination is no row
+    but one line per reason under the table; a failed run is a row whose cell points to a
+    numbered note with the reason."""
+    from lab.report.bench_output import render
+    mpi = "this torch has no mpi back end for DDP: pip's torch builds have no MPI back end"
+    died = "rank 1 exited with signal 9 (SIGKILL) while the other ranks waited in the all-reduce"
+    recs = [rec("horovod", "gloo", 1, 0.020, 3200.0, 0.93),
+            rec("horovod", "gloo", 2, 0, 0, 0, status="failed", reason=died)]
+    recs += [rec("ddp", "mpi", n, 0, 0, 0, compression=c, status="skipped", reason=mpi)
+             for c in ("none", "fp16") for n in (1, 2)]
+    text = render(recs, str(tmp_path))
+    rows = [ln for ln in text.splitlines() if ln.startswith("|")][2:]
+    assert len(rows) == 2 and "| FAILED [1]" in rows[1] and died not in rows[1]
+    assert f"[1] {died}" in text.splitlines()
+    assert f"- DDP over MPI: 4 combinations (compression none, fp16; 1 and 2 workers): {mpi}" in text
+    assert text.count(mpi) == 1 and "SKIPPED" not in text
+
+
 def test_analysis_is_computed_from_the_figures(written):
     text, _ = written
     a = section(text, "Analysis")

@@ -18,7 +18,7 @@ from lab.host.runners import JobResult, Runner
 
 
 def run_on(found: dict, commands: dict[str, list[str]], env: dict, timeout_s: float,
-           echo) -> JobResult:
+           echo, started: dict | None = None) -> JobResult:
     """Run one command per node (host name -> command) at once through `docker exec`, as
     the user lab, in the one job loop (lab.host.jobs): output prefixed by node; ends when
     all have exited, one fails (the others are then stopped), a node stops, at the time
@@ -29,6 +29,9 @@ def run_on(found: dict, commands: dict[str, list[str]], env: dict, timeout_s: fl
     def start(host, out):
         ex = client.api.exec_create(found[host].id, commands[host], user="lab", environment=env,
                                     workdir="/tmp")["Id"]
+        if started is not None:     # what the engine was given to run, as it says
+            config = client.api.exec_inspect(ex).get("ProcessConfig") or {}
+            started[host] = [config.get("entrypoint"), *(config.get("arguments") or [])]
         return jobs.StreamPart(host, lambda: client.api.exec_start(ex, stream=True),
                                lambda: client.api.exec_inspect(ex)["ExitCode"], out)
 
@@ -148,7 +151,8 @@ class ClusterRunner(Runner):
         return cluster_commands(job.framework, job.backend, job.np, self.n, list(job.worker_args), job.key)
 
     def run(self, commands, env, timeout_s, echo, name=""):
-        return run_on(self.found, commands, self.env(env), timeout_s, echo)
+        self.started = {}
+        return run_on(self.found, commands, self.env(env), timeout_s, echo, self.started)
 
     def stop(self) -> None:
         stop_jobs(self.found)

@@ -192,6 +192,8 @@ class ImageRunner(Runner):
             try:
                 self._container = self.client.containers.create(
                     **run_kwargs(self.spec(command, env, name or None)))
+                # What the engine was given to run, as it says (the container's command).
+                self.started = {self.tag: list(self._container.attrs["Config"]["Cmd"] or [])}
                 self._container.start()
             except Exception as e:
                 msg = getattr(e, "explanation", None) or str(e)

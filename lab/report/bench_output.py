@@ -1,12 +1,12 @@
-"""What `invoke bench` prints when it is done: the results table of its records, each
-run against the compute ceiling measured around it (figures.ceiling), and where the
-records are."""
+"""What `invoke bench` prints when it is done: the results table of its records (what
+did not run listed once per reason under it), each run against the compute ceiling
+measured around it (figures.ceiling), and where the records are."""
 from __future__ import annotations
 
 import os
 
 from lab.common import results
-from lab.report import summary
+from lab.report import summary, tables
 
 
 def ceiling_line(r: dict) -> str | None:
@@ -26,7 +26,14 @@ def ceiling_line(r: dict) -> str | None:
 
 
 def render(records: list[dict], run_dir: str) -> str:
-    lines = [summary.render(summary.rows(records))]
+    """The table of the runs that ran (a failed one with its reason as a numbered note),
+    then what did not run, once per reason (lab.report.tables.not_run), the ceilings and
+    where the records are."""
+    ran = [r for r in records if r.get("status") != "skipped"]
+    lines = [summary.render(summary.rows(ran))] if ran else []
+    skipped = tables.not_run(records)
+    if skipped:
+        lines.append("not run:\n" + "\n".join(f"- {line}" for line in skipped))
     lines += [line for line in map(ceiling_line, records) if line]
     lines.append(f"records: {os.path.join(run_dir, results.RESULTS_FILE)}")
     return "\n".join(lines)

@@ -158,14 +158,16 @@ def render(table_rows: list[dict]) -> str:
     strategies = any(r.get("strategy", "ddp") != "ddp" for r in table_rows)
     columns = (("strategy",) if strategies else ()) + COLUMNS + (("runs",) if repeated else ())
 
+    # A run that did not finish: its status in the row, its reason a numbered note under
+    # the table (no cell holds a sentence).
+    reasons = {id(r): i for i, r in enumerate((r for r in table_rows if "failed" in r), 1)}
+
     def cell(row, col):
         if "failed" in row and col not in ("strategy", "model", "framework", "back end", "compression",
                                            "np", "servers"):
             if col != "time per step (ms)":
                 return ""
-            reason = row["failed"]
-            return (row.get("status", "failed").upper() + ": "
-                    + (reason if len(reason) <= 70 else reason[:67] + "..."))
+            return f"{row.get('status', 'failed').upper()} [{reasons[id(row)]}]"
         if "failed" in row and col == "servers":
             return "" if row.get("servers") is None else str(row["servers"])
         if col in ("throughput (img/s)", "speedup", "efficiency"):
@@ -180,5 +182,6 @@ def render(table_rows: list[dict]) -> str:
         return str(v)
 
     table = markdown.table(columns, [[cell(r, c) for c in columns] for r in table_rows])
-    notes = footnotes(table_rows)
+    notes = [f"[{reasons[id(r)]}] {r['failed']}" for r in table_rows if "failed" in r]
+    notes += footnotes(table_rows)
     return table + ("\n\n" + "\n".join(notes) if notes else "")
