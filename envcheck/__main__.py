@@ -16,6 +16,9 @@ def main(argv=None) -> int:
     p.add_argument("--part", choices=("host", "stack", "all"), default="all")
     p.add_argument("--np", type=int, default=stack.DEFAULT_NP, help="ranks of the MPI and all-reduce probes")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.add_argument("--wide", action="store_true",
+                   help=f"every value and fix in full on its row (default: {report.WIDTH} columns, "
+                        f"long ones as notes)")
     a = p.parse_args(argv)
     if a.np < 1:
         p.error("--np must be at least 1")
@@ -35,7 +38,7 @@ def main(argv=None) -> int:
     if a.json:
         print(report.as_json(checks, seconds, []))
     else:
-        print(report.table(checks))
+        print(report.table(checks, None if a.wide else report.WIDTH))
         print(report.summary(checks, seconds))
     return 1 if any(c["status"] == FAIL for c in checks) else 0
 

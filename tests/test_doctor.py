@@ -271,6 +271,22 @@ def test_doctor_wide_and_help_name_the_flag():
     assert "--wide" in cp.stdout and "120 columns" in cp.stdout
 
 
+def test_python_m_envcheck_fits_120_columns_unless_wide():
+    """The probes without Docker (python -m envcheck) print the same table: 120 columns by
+    default, every value on its row with --wide."""
+    def run(*flags):
+        cp = subprocess.run([sys.executable, "-m", "envcheck", "--part", "host", *flags], cwd=REPO,
+                            capture_output=True, text=True, timeout=300)
+        assert cp.returncode in (0, 1) and "Traceback" not in cp.stderr, cp.stderr
+        return [ln for ln in cp.stdout.splitlines()[:-1]]
+    narrow, wide = run(), run("--wide")
+    assert max(map(len, narrow)) <= report.WIDTH
+    assert "--wide" in subprocess.run([sys.executable, "-m", "envcheck", "--help"], cwd=REPO,
+                                      capture_output=True, text=True).stdout
+    assert not any(re.match(r"^\[\d+\] ", ln) for ln in wide)      # no notes: all on the rows
+    assert any(re.match(r"^\[\d+\] ", ln) for ln in narrow) or max(map(len, wide)) <= report.WIDTH
+
+
 def test_table_and_summary_render_every_check():
     checks = [dict(where="host", name="shm", status=WARN, value={"path": "/dev/shm", "bytes": 2**26},
                    fix="give containers --shm-size=1g"),
