@@ -47,7 +47,8 @@ BENCH_HELP = {
              "Python path and results folder on each)",
     "hostfile": "or a file of `host slots=N` lines (mpirun's and horovodrun's format)",
     "launcher": "on the cluster: direct (the kit starts the launchers) or slurm (an sbatch job; "
-                "invoke up --scheduler slurm)",
+                "invoke up --scheduler slurm); k8s: a Kubeflow job on the kubeconfig's cluster "
+                "(invoke.yaml's k8s: options)",
 }
 
 
@@ -70,6 +71,9 @@ def bench(c, np=None, framework=None, backend=None, model=None, data=None, data_
     display = Display()
     try:
         settings, lists = settings_from_flags(flags, dict(c.config.get("bench", {})))
+        if settings.launcher == "k8s":      # invoke.yaml's k8s: options (lab.host.k8s_runner)
+            from lab.host.k8s_runner import for_bench
+            settings = for_bench(settings, dict(c.config.get("k8s", {})))
         with terminate_as_interrupt():
             outcome = run_request(settings, lists, resume=resume, echo=display.line)
     except BenchError as e:
