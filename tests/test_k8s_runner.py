@@ -196,15 +196,16 @@ def test_what_cannot_run_on_a_cluster_is_refused_in_one_sentence():
 def test_the_operators_labels_pick_rank_0():
     from types import SimpleNamespace as NS
 
-    def p(labels):
-        return NS(metadata=NS(labels=labels, annotations={}))
+    def p(labels, index=None):
+        return NS(metadata=NS(labels=labels, annotations={k8s_cluster.COMPLETION_INDEX: index}))
     assert k8s_cluster.is_rank0("MPIJob", p({k8s_cluster.JOB_ROLE: "launcher"}))
     assert not k8s_cluster.is_rank0("MPIJob", p({k8s_cluster.JOB_ROLE: "worker"}))
     assert k8s_cluster.is_rank0("PyTorchJob", p({k8s_cluster.REPLICA_TYPE: "master"}))
-    assert k8s_cluster.is_rank0("TrainJob", p({k8s_cluster.JOBSET_INDEX: "0",
-                                               k8s_cluster.COMPLETION_INDEX: "0"}))
-    assert not k8s_cluster.is_rank0("TrainJob", p({k8s_cluster.JOBSET_INDEX: "0",
-                                                   k8s_cluster.COMPLETION_INDEX: "1"}))
+    assert not k8s_cluster.is_rank0("PyTorchJob", p({k8s_cluster.REPLICA_TYPE: "worker"}))
+    node0 = {k8s_cluster.REPLICATED_JOB: "node", k8s_cluster.JOBSET_INDEX: "0"}
+    assert k8s_cluster.is_rank0("TrainJob", p(node0, "0"))
+    assert not k8s_cluster.is_rank0("TrainJob", p(node0, "1"))
+    assert not k8s_cluster.is_rank0("TrainJob", p({**node0, k8s_cluster.REPLICATED_JOB: "dataset-initializer"}, "0"))
 
 
 def test_invoke_bench_launcher_k8s_end_to_end(tmp_path, cluster):

@@ -16,18 +16,21 @@ PLURALS = {"MPIJob": "mpijobs", "TrainJob": "trainjobs", "PyTorchJob": "pytorchj
 # The labels the operators put on the pods they make:
 # - mpi-operator v0.8.0 pkg/apis/kubeflow/v2beta1/constants.go (JobNameLabel, JobRoleLabel),
 #   set in pkg/controller/mpi_job_controller.go (defaultLabels: job-role launcher|worker);
-# - training-operator v1.9.0 (PyTorchJob) the same job-name key, and replica-type with the
-#   replica's type in lower case (pkg/controller.v1/common/pod.go; a captured PyTorchJob's
-#   replicaStatuses selector reads training.kubeflow.org/replica-type=master);
+# - training-operator v1.9.0 (PyTorchJob): pkg/apis/kubeflow.org/v1/common_types.go
+#   (JobNameLabel, ReplicaTypeLabel), the replica type lower-cased on the pod
+#   (pkg/controller.v1/common/pod.go: strings.ToLower, SetReplicaType): "master";
 # - Trainer v2.3.0 runs a JobSet, whose pods carry jobset.sigs.k8s.io/jobset-name (Trainer
 #   v2.3.0 examples/yaml/01-multi-node.yaml: kubectl logs -l jobset.sigs.k8s.io/jobset-name=
-#   <name>; JobSet v0.12.0 api/jobset/v1alpha2/jobset_types.go) and job-index, and the
-#   Indexed Job's batch.kubernetes.io/job-completion-index: node 0, index 0 runs rank 0.
+#   <name>), replicatedjob-name and job-index (JobSet v0.12.0 api/jobset/v1alpha2/
+#   jobset_types.go, pkg/controllers/jobset_controller.go), and the Indexed Job's
+#   batch.kubernetes.io/job-completion-index annotation (JobSet v0.12.0 pkg/util/placement:
+#   index "0" is the leader): job 0 of the `node` replicated job, index 0, runs rank 0.
 JOB_NAME = "training.kubeflow.org/job-name"
 JOB_ROLE = "training.kubeflow.org/job-role"
 REPLICA_TYPE = "training.kubeflow.org/replica-type"
 JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
 JOBSET_INDEX = "jobset.sigs.k8s.io/job-index"
+REPLICATED_JOB = "jobset.sigs.k8s.io/replicatedjob-name"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 # The container whose log is rank 0's, by kind (the names lab.host.k8s gives them; the
 # TrainJob's is the torch-distributed runtime's `node`).
@@ -135,8 +138,8 @@ def is_rank0(kind: str, pod) -> bool:
         return labels.get(JOB_ROLE) == "launcher"
     if kind == "PyTorchJob":
         return labels.get(REPLICA_TYPE, "").lower() == "master"
-    index = labels.get(COMPLETION_INDEX) or (pod.metadata.annotations or {}).get(COMPLETION_INDEX)
-    return labels.get(JOBSET_INDEX) == "0" and index in ("0", None)
+    index = (pod.metadata.annotations or {}).get(COMPLETION_INDEX) or labels.get(COMPLETION_INDEX)
+    return labels.get(REPLICATED_JOB) == "node" and labels.get(JOBSET_INDEX) == "0" and index == "0"
 
 
 def selector(kind: str, name: str) -> str:
