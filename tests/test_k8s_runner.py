@@ -214,16 +214,18 @@ def test_invoke_bench_launcher_k8s_end_to_end(tmp_path, cluster):
     sc = Scenario(pods=mpijob_pods(RUNNING), log=lambda job: record_lines(job, tmp_path),
                   status=captured("mpijob-succeeded.yaml")["status"])
     cluster(sc)
-    cp = subprocess.run([sys.executable, "-m", "invoke", "-r", str(REPO), "bench", "--launcher", "k8s",
-                         "--np", "2", "--framework", "horovod", "--backend", "gloo", "--data", "synthetic",
-                         "--epochs", "1", "--batch-size", "8", "--warmup-steps", "1",
-                         "--image", IMAGE, "--results-dir", str(tmp_path / "results"), "--run-id", "k1"],
+    (line,) = [ln for ln in (REPO / "README.md").read_text().splitlines()
+               if ln.startswith("invoke bench --launcher k8s")]
+    args = shlex.split(line)[1:] + ["--epochs", "1", "--batch-size", "8", "--warmup-steps", "1",
+                                    "--results-dir", str(tmp_path / "results")]
+    cp = subprocess.run([sys.executable, "-m", "invoke", "-r", str(REPO), *args],
                         capture_output=True, text=True, cwd=tmp_path, timeout=120, env=dict(os.environ))
     assert cp.returncode == 0, cp.stdout + cp.stderr
-    assert "k8s: created MPIJob default/lab-k1" in cp.stdout + cp.stderr
-    rec = json.loads((tmp_path / "results" / "k1" / results.RESULTS_FILE).read_text())
-    assert rec["status"] == "ok" and rec["run_id"] == "k1"
-    assert (tmp_path / "results" / "k1" / "k8s" / "mpijob.yaml").exists()
+    assert "k8s: created MPIJob default/lab-hvd-k8s" in cp.stdout + cp.stderr
+    rec = json.loads((tmp_path / "results" / "hvd-k8s" / results.RESULTS_FILE).read_text())
+    assert rec["status"] == "ok" and rec["run_id"] == "hvd-k8s" and rec["world"]["np"] == 2
+    assert "| horovod" in cp.stdout or "horovod" in cp.stdout       # the table, from the record
+    assert (tmp_path / "results" / "hvd-k8s" / "k8s" / "mpijob.yaml").exists()
     cp = subprocess.run([sys.executable, "-m", "invoke", "-r", str(REPO), "bench", "--launcher", "k8s",
                          "--np", "2", "--ceiling", "--results-dir", str(tmp_path / "r2")],
                         capture_output=True, text=True, cwd=tmp_path, timeout=120)
