@@ -81,7 +81,16 @@ class Handler(BaseHTTPRequestHandler):
         m = CUSTOM.match(url.path)
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         body["metadata"]["namespace"] = m.group(3)
-        sc.jobs[body["metadata"]["name"]] = body
+        name = body["metadata"]["name"]
+        if name in sc.jobs and name not in sc.deleted:
+            return self.reply(409, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                    "message": f'{m.group(4)}.{m.group(1)} "{name}" already exists',
+                                    "reason": "AlreadyExists", "code": 409})
+        if name in sc.deleted:          # a new object of the same name
+            sc.deleted.remove(name)
+            sc.log_served.clear()
+            sc.gone.clear()
+        sc.jobs[name] = body
         self.reply(201, body)
 
     def do_GET(self):

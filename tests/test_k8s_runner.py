@@ -47,7 +47,7 @@ def record_lines(job: dict, folder: Path) -> list[str]:
                 if r["status"] == "ok" and r["world"]["np"] == cfg.expected_np
                 and r["config"]["framework"] == cfg.framework and r["config"]["backend"] == cfg.backend)
     real.update(run_id=cfg.run_id, config=cfg.as_record())
-    rfile = folder / f"pod-{cfg.run_id}" / results.RESULTS_FILE
+    rfile = folder / f"pod-{cfg.attempt}" / results.RESULTS_FILE    # each pod its own emptyDir
     rfile.parent.mkdir(parents=True, exist_ok=True)
     results.append_record(rfile, real)
     return [k8s.RECORD_PREFIX + line for line in rfile.read_text().splitlines()]
@@ -122,6 +122,17 @@ def test_a_job_that_succeeds_appends_the_record_it_printed(tmp_path, cluster):
     assert sc.deleted == [name]             # the job is removed once it ended (names repeat)
 
 
+def test_each_launch_is_a_job_of_its_own(tmp_path, cluster):
+    """--np 1,2: two jobs of the same name one after the other (the first deleted when it
+    ended), each record with its own process count."""
+    sc = Scenario(pods=mpijob_pods(RUNNING), log=lambda job: record_lines(job, tmp_path),
+                  status=captured("mpijob-succeeded.yaml")["status"])
+    cluster(sc)
+    outcome, lines = bench_run(tmp_path, np=[1, 2])
+    assert outcome.failed == 0 and [r["world"]["np"] for r in outcome.records] == [1, 2]
+    assert [r[0] for r in sc.requests if r[0] in ("POST", "DELETE")] == ["POST", "DELETE"] * 2
+
+
 def test_an_unschedulable_pod_is_one_sentence_and_a_failed_record_naming_it(tmp_path, cluster):
     sc = Scenario(pods=mpijob_pods(RUNNING, captured("pod-unschedulable-gpu.yaml")["status"]))
     cluster(sc)
@@ -185,12 +196,16 @@ def test_no_client_is_one_sentence(tmp_path, monkeypatch):
         k8s_runner.K8sRunner(1, "cpu", IMAGE, str(tmp_path), None)
 
 
-def test_what_cannot_run_on_a_cluster_is_refused_in_one_sentence():
-    s = BenchSettings(np=[2], launcher="k8s", ceiling=True)
+def test_what_cannot_run_on_a_cluster_is_refused_in_one_sentence(tmp_path):
+    s = BenchSettings(np=[2], launcher="k8s", ceiling=True, where="auto")
     with pytest.raises(BenchError, match="leave out --ceiling"):
         k8s_runner.for_bench(s, {})
+    with pytest.raises(BenchError, match="leave it out with --launcher k8s"):
+        k8s_runner.for_bench(BenchSettings(np=[2], launcher="k8s", where="local"), {})
+    with pytest.raises(RunnerError, match="give --image"):
+        k8s_runner.K8sRunner(1, "cpu", "", str(tmp_path), None)
     with pytest.raises(BenchError, match="has no setting 'regsitry'"):
-        k8s_runner.for_bench(BenchSettings(np=[2], launcher="k8s"), {"regsitry": "r"})
+        k8s_runner.for_bench(BenchSettings(np=[2], launcher="k8s", where="auto"), {"regsitry": "r"})
 
 
 def test_the_operators_labels_pick_rank_0():
@@ -231,3 +246,8 @@ def test_invoke_bench_launcher_k8s_end_to_end(tmp_path, cluster):
                         capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert cp.returncode == 2 and cp.stderr.strip().splitlines() == [cp.stderr.strip()]
     assert "leave out --ceiling" in cp.stderr
+    cp = subprocess.run([sys.executable, "-m", "invoke", "-r", str(REPO), *args],
+                        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                        env=dict(os.environ, KUBECONFIG=str(tmp_path / "absent")))
+    assert cp.returncode == 2 and cp.stderr.strip().splitlines() == [cp.stderr.strip()]
+    assert "write ~/.kube/config" in cp.stderr and "invoke k8s" in cp.stderr

@@ -60,7 +60,7 @@ class K8sRunner(Runner):
 
     def __init__(self, nodes: int = 1, device: str = "cpu", image: str = "",
                  results_dir: str = "results", data_dir: str | None = "data",
-                 settings: Settings | None = None):
+                 settings: Settings | None = None, backend: str = "gloo"):
         super().__init__(results_dir, data_dir)
         self.results_in, self.data_in = kube.RESULTS_IN_POD, kube.DATA_IN_POD
         self.settings = settings or SETTINGS.get(Settings())
@@ -71,7 +71,11 @@ class K8sRunner(Runner):
             raise RunnerError(f"--launcher k8s reads the records from the job's log, which a job "
                               f"with a volume ({self.opts.pvc}) does not print: leave pvc out of "
                               f"invoke.yaml's k8s: for bench (invoke k8s keeps it)")
-        self.nodes, self.device = nodes, device
+        if not (self.opts.image or self.opts.registry):
+            raise RunnerError("a cluster pulls the image from a registry: give --image with the "
+                              "whole reference, or registry: REGISTRY/PATH in invoke.yaml's k8s: "
+                              "(after `docker tag` and `docker push` of the built image)")
+        self.nodes, self.device, self.backend = nodes, device, backend
         self.core, self.custom, self.namespace, self.context = connect(self.opts.namespace)
         self._manifests: dict[str, kube.Manifest] = {}
         self._job: tuple[str, str] | None = None        # (kind, name) created, not yet deleted
@@ -86,7 +90,7 @@ class K8sRunner(Runner):
                 f"configuration, against the kit's image")
 
     def probe_stack(self, timeout_s: float = 120) -> dict:
-        return assumed_stack(self.device, "", self.opts.api)
+        return assumed_stack(self.device, self.backend, self.opts.api)
 
     def machines(self, np: int, stack: dict) -> list[tuple[str, int, int]]:
         per = -(-np // max(self.nodes, 1))
@@ -293,6 +297,9 @@ def for_bench(s, k8s_config: dict):
     if s.ceiling:
         raise BenchError("--ceiling measures the compute ceiling by running processes where the "
                          "ranks run, which a Kubernetes job does not offer: leave out --ceiling")
+    if s.where == "local":
+        raise BenchError("--local (or invoke.yaml's bench: where: local) runs the ranks on this "
+                         "machine: leave it out with --launcher k8s")
     if s.link:
         raise BenchError("--link shapes the simulated cluster's links: leave it out with --launcher k8s")
     use(Settings(opts=kube.options(k8s_config), threads=s.threads))

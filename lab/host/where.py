@@ -22,7 +22,7 @@ def choose_runner(*, where: str = "auto", nodes: int = 1, image: str = "", froze
         raise runners.RunnerError(f"where the job runs must be one of {', '.join(runners.WHERE)}, not {where!r}")
     if launcher == "k8s":
         from lab.host.k8s_runner import K8sRunner
-        runner = K8sRunner(nodes, device, image, results_dir, data_dir)
+        runner = K8sRunner(nodes, device, image, results_dir, data_dir, backend=backend)
         return runner, runner.describe()
     if launcher == "slurm":
         from lab.host.cluster_runner import SlurmClusterRunner
