@@ -28,8 +28,11 @@ LOG = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/log$")
 
 
 def captured(name: str):
+    """A fixture as the API server sends it: JSON, times as RFC 3339 strings (YAML reads an
+    unquoted time, as kubectl's docs print some, as a datetime)."""
     text = (API / name).read_text()
-    return json.loads(text) if name.endswith(".json") else yaml.safe_load(text)
+    obj = json.loads(text) if name.endswith(".json") else yaml.safe_load(text)
+    return json.loads(json.dumps(obj, default=lambda t: t.strftime("%Y-%m-%dT%H:%M:%SZ")))
 
 
 def pod(name: str, labels: dict, status: dict, spec: dict | None = None) -> dict:

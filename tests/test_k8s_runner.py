@@ -31,6 +31,8 @@ def worker_config(job: dict):
     """The RunConfig the created job's rank-0 command carries (after lab.worker.train)."""
     if job["kind"] == "MPIJob":
         cmd = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"]
+    elif job["kind"] == "PyTorchJob":
+        cmd = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"]
     else:
         cmd = job["spec"]["trainer"]["command"]
     script = cmd[2]
@@ -91,7 +93,7 @@ def bench_run(tmp_path, api="auto", pending_s=30.0, **flags):
                          "epochs": 1, "batch_size": 8, "synthetic_size": 64, "warmup_steps": 1,
                          "results_dir": str(tmp_path / "results"), "launcher": "k8s", "stall_s": -1,
                          "timeout_s": 60, **flags})
-    runner = k8s_runner.K8sRunner(1, "cpu", IMAGE, s.results_dir, s.data_dir, k8s_runner.Settings(
+    runner = k8s_runner.K8sRunner(s.nodes, "cpu", IMAGE, s.results_dir, s.data_dir, k8s_runner.Settings(
         opts=k8s.K8sOptions(api=api), pending_s=pending_s, poll_s=0.05))
     lines: list[str] = []
     outcome = bench.run(s, echo=lines.append, runner=runner)
@@ -120,6 +122,25 @@ def test_a_job_that_succeeds_appends_the_record_it_printed(tmp_path, cluster):
     assert "training ..." in lines and not any(ln.startswith(k8s.RECORD_PREFIX) for ln in lines)
     assert any("ended: MPIJobSucceeded" in ln for ln in lines)
     assert sc.deleted == [name]             # the job is removed once it ended (names repeat)
+
+
+def test_a_pytorchjob_streams_the_masters_log(tmp_path, cluster):
+    """training-operator v1.9.0's pods: the Master (replica-type master) holds rank 0."""
+    def pods(job):
+        name = job["metadata"]["name"]
+        return [pod(f"{name}-{t}-0", {k8s_cluster.JOB_NAME: name, k8s_cluster.REPLICA_TYPE: t}, RUNNING)
+                for t in ("worker", "master")]
+    sc = Scenario(pods=pods, log=lambda job: record_lines(job, tmp_path),
+                  status=captured("pytorchjob-succeeded-status.yaml")["status"])
+    cluster(sc)
+    outcome, lines = bench_run(tmp_path, api="pytorchjob", framework="ddp", nodes=2)
+    (job,) = sc.jobs.values()
+    name = job["metadata"]["name"]
+    assert ("POST", "/apis/kubeflow.org/v1/namespaces/default/pytorchjobs") in sc.requests
+    (log,) = [r for r in sc.requests if r[1].endswith("/log")]
+    assert log[1].endswith(f"/pods/{name}-master-0/log") and log[2]["container"] == "pytorch"
+    assert outcome.failed == 0 and outcome.records[0]["config"]["framework"] == "ddp"
+    assert any("ended: PyTorchJobSucceeded" in ln for ln in lines)
 
 
 def test_each_launch_is_a_job_of_its_own(tmp_path, cluster):

@@ -82,6 +82,7 @@ class K8sRunner(Runner):
         self._lock = threading.Lock()
         self._dead: dict = {}
         self._expired = threading.Event()
+        self._stream = None             # the log being read (urllib3's response)
 
     def describe(self) -> str:
         where = f"context {self.context}, " if self.context else ""
@@ -152,11 +153,18 @@ class K8sRunner(Runner):
             self.stop()
 
     def _expire(self) -> None:
+        """At --timeout-s (a timer's thread): the job deleted, the log stream cut."""
         self._expired.set()
-        self.stop()
-        stream = getattr(self, "_stream", None)
+        try:
+            self.stop()
+        except RunnerError:             # run() tries again on its way out, and says why
+            pass
+        stream = self._stream
         if stream is not None:
-            stream.shutdown()
+            try:
+                stream.shutdown()
+            except Exception:           # already closed by the reader
+                pass
 
     def _follow(self, m: kube.Manifest, echo, tail: list[str], timeout_s: float) -> JobResult:
         s = self.settings
@@ -238,9 +246,9 @@ class K8sRunner(Runner):
                 *lines, buf = buf.split(b"\n")
                 for raw in lines:
                     self._line(raw.decode("utf-8", "replace").rstrip("\r"), echo, tail, rfile)
-        except Exception:               # the stream cut (the job deleted, the deadline)
+        except Exception as e:          # the stream cut (the job deleted, the deadline)
             if not self._expired.is_set():
-                raise
+                raise RunnerError(f"the log of pod {pod} was cut ({type(e).__name__}: {e})") from None
         finally:
             self._stream.release_conn()
             self._stream = None
