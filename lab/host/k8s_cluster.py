@@ -5,6 +5,7 @@ words. Tested against captured API objects (tests/fixtures/k8s/api/)."""
 from __future__ import annotations
 
 import json
+import os
 
 from lab.host.runners import RunnerError
 
@@ -58,7 +59,6 @@ def client_modules():
 def connect(namespace: str = ""):
     """(CoreV1Api, CustomObjectsApi, namespace, context) from the kubeconfig (KUBECONFIG or
     ~/.kube/config), or RunnerError in one sentence."""
-    import os
     client, config = client_modules()
     # KUBECONFIG read now (the client reads it once, when it is imported), may be a list
     path = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
