@@ -49,7 +49,8 @@ BENCH_HELP = {
              "Python path and results folder on each)",
     "hostfile": "or a file of `host slots=N` lines (mpirun's and horovodrun's format)",
     "launcher": "on the cluster: direct (the kit starts the launchers) or slurm (an sbatch job; "
-                "invoke up --scheduler slurm)",
+                "invoke up --scheduler slurm); k8s: a Kubeflow job on the kubeconfig's cluster "
+                "(invoke.yaml's k8s: options)",
 }
 
 
@@ -72,7 +73,8 @@ def bench(c, np=None, framework=None, backend=None, model=None, data=None, data_
 
     display = Display()
     try:
-        plan = make_plan(flags, dict(c.config.get("bench", {})), resume=resume)
+        plan = make_plan(flags, dict(c.config.get("bench", {})), resume=resume,
+                         k8s=dict(c.config.get("k8s", {})))
         with terminate_as_interrupt():
             outcome = run_request(plan, echo=display.line)
     except BenchError as e:

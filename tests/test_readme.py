@@ -89,6 +89,9 @@ COVERED = {   # command -> the test that runs it
     "invoke k8s --np 8 --nodes 2 --device cuda --strategy fsdp --backend nccl --registry "
     "registry.example.org/me --pvc lab-results --timeout-s 1800 --run-id fsdp-2x4":
         "tests/test_k8s.py::test_the_readmes_examples_are_what_invoke_k8s_writes",
+    "invoke bench --launcher k8s --np 2 --framework horovod --backend gloo --data synthetic --image "
+    "registry.example.org/me/dl-lab-kit:cpu --run-id hvd-k8s":
+        "tests/test_k8s_runner.py::test_invoke_bench_launcher_k8s_end_to_end",
     "invoke report results/strategies-resnet50":
         "tests/test_report.py::test_strategies_table_in_the_sources_shape",
 }

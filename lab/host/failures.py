@@ -288,6 +288,8 @@ def attribute_failure(res: JobResult, failure_dir, dead: dict,
     that exited non-zero; then the launcher's own last words."""
     if dead:
         host, state = next(iter(dead.items()))
+        if isinstance(state, dict):     # a runner's own sentence (a pod that never ran)
+            return {"rank": None, "host": host}, state["reason"]
         return {"rank": None, "host": host}, f"node {host} stopped during the run ({state})"
     sched = res.scheduler or {}
     if sched and not sched.get("job_id"):            # sbatch refused it

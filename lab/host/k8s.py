@@ -105,10 +105,10 @@ def env_list(env: dict[str, str]) -> list[dict]:
     return [{"name": k, "value": str(v)} for k, v in env.items()]
 
 
-def job_env(s, device: str) -> dict[str, str]:
-    """The bench's per-rank environment, and what a pod network needs on top."""
+def job_env(s, device: str, given: dict | None = None) -> dict[str, str]:
+    """The bench's per-rank environment (or the one `given`), and what a pod network needs."""
     from lab.host.launch import job_env as bench_env
-    env = dict(bench_env(s))
+    env = dict(bench_env(s) if given is None else given)
     if device == "cuda":
         # NCCL says why it failed (NCCL's docs: NCCL_DEBUG=WARN prints an error's cause),
         # and talks over the pod's interface (eth0 on the common CNIs) rather than guessing.
@@ -294,10 +294,11 @@ class Manifest:
     notes: list[str]
 
 
-def manifest_for_request(s, opts: K8sOptions) -> Manifest:
+def manifest_for_request(s, opts: K8sOptions, run=None, env: dict | None = None) -> Manifest:
     """The manifest of one bench request (lab.host.request.BenchSettings) for a cluster
     with Kubeflow's operators. Nothing is probed: the request is checked as a
-    configuration; --framework auto means Horovod for --api mpijob, else DDP."""
+    configuration; --framework auto means Horovod for --api mpijob, else DDP. `run` and
+    `env`: bench's own launch (lab.host.k8s_runner), its RunConfig and rank environment."""
     from lab.common import results
     from lab.host.launch import framework_for_backend
     nps = s.np if isinstance(s.np, list) else [s.np]
@@ -327,7 +328,7 @@ def manifest_for_request(s, opts: K8sOptions) -> Manifest:
     elif opts.gpus_per_node:
         raise BenchError("--gpus-per-node is for --device cuda: add it, or leave out --gpus-per-node")
     inside = dataclasses.replace(s, results_dir=RESULTS_IN_POD, data_dir=DATA_IN_POD)
-    cfg = script_config(inside, framework, np)
+    cfg = run or script_config(inside, framework, np)
     run_id = cfg.run_id
     if framework == "horovod" and s.device == "cuda":
         # the image of --backend mpi does its GPU operations over MPI, the others over NCCL
@@ -342,7 +343,7 @@ def manifest_for_request(s, opts: K8sOptions) -> Manifest:
     if opts.namespace:
         meta["namespace"] = opts.namespace
     results_file = f"{RESULTS_IN_POD}/{run_id}/{results.RESULTS_FILE}"
-    env = job_env(inside, s.device)
+    env = job_env(inside, s.device, env)
     args = cfg.to_args()
     if api == "mpijob":
         controller = framework_for_backend("horovod", s.backend)

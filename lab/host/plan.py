@@ -59,9 +59,13 @@ class Plan:
         return self.settings
 
 
-def make_plan(flags: dict, defaults: dict, resume: bool = False) -> Plan:
-    """The task's flags (None where not given) over invoke.yaml's `bench` section."""
+def make_plan(flags: dict, defaults: dict, resume: bool = False, k8s: dict | None = None) -> Plan:
+    """The task's flags (None where not given) over invoke.yaml's `bench` section (and,
+    with --launcher k8s, its `k8s` section: lab.host.k8s_runner.for_bench)."""
     settings, lists = settings_from_flags(flags, defaults)
+    if settings.launcher == "k8s":
+        from lab.host.k8s_runner import for_bench
+        settings = for_bench(settings, k8s or {})
     return plan_of(settings, lists, resume)
 
 

@@ -180,7 +180,7 @@ def parse_stall(value) -> float:
 
 # How a cluster job starts: the kit's own launch (horovodrun over SSH, torchrun on each
 # node), or a batch job of the cluster's Slurm (lab.host.slurm).
-LAUNCHERS = ("direct", "slurm")
+LAUNCHERS = ("direct", "slurm", "k8s")   # k8s: a Kubeflow job (lab.host.k8s_runner)
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 

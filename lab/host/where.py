@@ -17,9 +17,13 @@ def choose_runner(*, where: str = "auto", nodes: int = 1, image: str = "", froze
     the image; `local` never looks. For GPU runs the image must have code for the
     host's GPUs (refused in one sentence, unless check_gpu_code is False: doctor
     reports it as a finding instead). launcher "slurm": a batch job of the cluster's
-    Slurm, on `nodes` of its nodes."""
+    Slurm, on `nodes` of its nodes; "k8s": a Kubeflow job on the kubeconfig's cluster."""
     if where not in runners.WHERE:
         raise runners.RunnerError(f"where the job runs must be one of {', '.join(runners.WHERE)}, not {where!r}")
+    if launcher == "k8s":
+        from lab.host.k8s_runner import K8sRunner
+        runner = K8sRunner(nodes, device, image, results_dir, data_dir, backend=backend)
+        return runner, runner.describe()
     if launcher == "slurm":
         from lab.host.cluster_runner import SlurmClusterRunner
         runner = SlurmClusterRunner(nodes, frozen=frozen, partition=partition, echo=echo)

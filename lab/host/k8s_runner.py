@@ -1,0 +1,317 @@
+"""`invoke bench --launcher k8s`: each launch as a Kubeflow job (the manifest of
+lab.host.k8s.manifest_for_request, the one place it is made) created with the official
+Kubernetes client, its pods followed (a pod that cannot be scheduled or whose image
+cannot be pulled becomes one sentence), the launcher's or rank 0's log streamed to
+bench's echo as other runners' output is, the job's end read from its conditions, and
+the records the job prints after lab.host.k8s.RECORD_PREFIX appended to this machine's
+results file. Tested against captured API objects (tests/fixtures/k8s/api/); never run
+on a live cluster here."""
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import json
+import os
+import threading
+import time
+
+from lab.common import results
+from lab.host import k8s as kube
+from lab.host.k8s_cluster import (
+    PLURALS,
+    RANK0_CONTAINER,
+    advice,
+    api_sentence,
+    assumed_stack,
+    condition,
+    connect,
+    is_rank0,
+    pod_problem,
+    selector,
+)
+from lab.host.runners import JobResult, Launch, Runner, RunnerError
+
+PENDING_S = 300.0     # how long a pod may stay unschedulable (an autoscaler may add a node)
+
+
+@dataclasses.dataclass
+class Settings:
+    """What `invoke bench` gives the runner beside the launch: invoke.yaml's `k8s:`
+    options and the ranks' threads (each pod asks for ranks x threads CPUs)."""
+    opts: kube.K8sOptions = dataclasses.field(default_factory=kube.K8sOptions)
+    threads: int = 1
+    pending_s: float = PENDING_S
+    poll_s: float = 2.0
+
+
+SETTINGS: contextvars.ContextVar[Settings] = contextvars.ContextVar("lab_k8s_settings")
+
+
+def use(settings: Settings) -> None:
+    """The settings the next K8sRunner takes (tasks.py's bench sets them from invoke.yaml)."""
+    SETTINGS.set(settings)
+
+
+class K8sRunner(Runner):
+    """The ranks as the pods of one Kubeflow job per launch, on the kubeconfig's cluster."""
+
+    kind = "k8s"
+    launcher = "k8s"
+
+    def __init__(self, nodes: int = 1, device: str = "cpu", image: str = "",
+                 results_dir: str = "results", data_dir: str | None = "data",
+                 settings: Settings | None = None, backend: str = "gloo"):
+        super().__init__(results_dir, data_dir)
+        self.results_in, self.data_in = kube.RESULTS_IN_POD, kube.DATA_IN_POD
+        self.settings = settings or SETTINGS.get(Settings())
+        self.opts = self.settings.opts
+        if image:
+            self.opts = dataclasses.replace(self.opts, image=image)
+        if self.opts.pvc:
+            raise RunnerError(f"--launcher k8s reads the records from the job's log, which a job "
+                              f"with a volume ({self.opts.pvc}) does not print: leave pvc out of "
+                              f"invoke.yaml's k8s: for bench (invoke k8s keeps it)")
+        if not (self.opts.image or self.opts.registry):
+            raise RunnerError("a cluster pulls the image from a registry: give --image with the "
+                              "whole reference, or registry: REGISTRY/PATH in invoke.yaml's k8s: "
+                              "(after `docker tag` and `docker push` of the built image)")
+        self.nodes, self.device, self.backend = nodes, device, backend
+        self.core, self.custom, self.namespace, self.context = connect(self.opts.namespace)
+        self._manifests: dict[str, kube.Manifest] = {}
+        self._job: tuple[str, str] | None = None        # (kind, name) created, not yet deleted
+        self._lock = threading.Lock()
+        self._dead: dict = {}
+        self._expired = threading.Event()
+        self._stream = None             # the log being read (urllib3's response)
+
+    def describe(self) -> str:
+        where = f"context {self.context}, " if self.context else ""
+        return (f"running as a Kubeflow job on the kubeconfig's cluster ({where}namespace "
+                f"{self.namespace}); its stack is not probed: the request is checked as a "
+                f"configuration, against the kit's image")
+
+    def probe_stack(self, timeout_s: float = 120) -> dict:
+        return assumed_stack(self.device, self.backend, self.opts.api)
+
+    def machines(self, np: int, stack: dict) -> list[tuple[str, int, int]]:
+        per = -(-np // max(self.nodes, 1))
+        return [("each pod (its CPU request)", per, per * max(self.settings.threads, 1))]
+
+    def placement(self, np: int) -> dict[str, int]:
+        return {"": np}
+
+    def output(self, argv, timeout_s=300):
+        raise RunnerError("a Kubernetes job's pods run only the job, not probes: leave out "
+                          "--ceiling with --launcher k8s")
+
+    def dead(self) -> dict:
+        return dict(self._dead)
+
+    def commands(self, job: Launch) -> dict[str, list[str]]:
+        """The job's manifest (written to results/<run-id>/k8s/), named by the job; its
+        value is the command rank 0's container runs."""
+        from lab.common.config import parse_args
+        from lab.host.request import BenchError, BenchSettings
+        cfg = parse_args(list(job.worker_args))
+        fields = {f.name for f in dataclasses.fields(BenchSettings)} & set(vars(cfg))
+        s = BenchSettings(**{**{k: getattr(cfg, k) for k in fields}, "np": [job.np],
+                             "framework": job.framework, "backend": job.backend, "nodes": self.nodes,
+                             "timeout_s": job.timeout_s, "stall_s": -1})
+        try:
+            m = kube.manifest_for_request(s, self.opts, run=cfg, env=job.environment)
+            kube.write(m, self.results_dir)
+        except BenchError as e:
+            raise RunnerError(str(e)) from None
+        self._manifests[m.name] = m
+        return {m.name: rank0_command(m)}
+
+    def run(self, commands, env, timeout_s, echo, name=""):
+        (jobname,) = commands
+        m = self._manifests.pop(jobname)
+        self._dead, tail = {}, []
+        self._expired.clear()
+        group, version = m.body["apiVersion"].split("/")
+        body = json.loads(json.dumps(m.body))
+        body["metadata"].pop("namespace", None)
+        try:
+            self.custom.create_namespaced_custom_object(group, version, self.namespace,
+                                                        PLURALS[m.kind], body)
+        except Exception as e:          # kubernetes.client.ApiException, urllib3's errors
+            raise RunnerError(api_sentence(e, f"creating {m.kind} {self.namespace}/{m.name}")) from None
+        with self._lock:
+            self._job = (m.kind, m.name)
+        echo(f"k8s: created {m.kind} {self.namespace}/{m.name}")
+        timer = threading.Timer(timeout_s, self._expire) if timeout_s and timeout_s > 0 else None
+        if timer:
+            timer.daemon = True
+            timer.start()
+        try:
+            return self._follow(m, echo, tail, timeout_s)
+        finally:
+            if timer:
+                timer.cancel()
+            self.stop()
+
+    def _expire(self) -> None:
+        """At --timeout-s (a timer's thread): the job deleted, the log stream cut."""
+        self._expired.set()
+        try:
+            self.stop()
+        except RunnerError:             # run() tries again on its way out, and says why
+            pass
+        stream = self._stream
+        if stream is not None:
+            try:
+                stream.shutdown()
+            except Exception:           # already closed by the reader
+                pass
+
+    def _follow(self, m: kube.Manifest, echo, tail: list[str], timeout_s: float) -> JobResult:
+        s = self.settings
+        rfile = results.run_dir(self.results_dir, m.run_id) / results.RESULTS_FILE
+        seen: dict[str, float] = {}     # pod -> when its problem was first seen
+        streamed = False
+        while True:
+            if self._expired.is_set():
+                return self._timed_out(m, tail, timeout_s)
+            job = self._get(m)
+            ended = condition(m.kind, job) if job is not None else None
+            pods = [] if streamed else self._pods(m)
+            for pod in pods:
+                problem = pod_problem(pod)
+                if problem is None:
+                    seen.pop(pod.metadata.name, None)
+                    continue
+                if pod.metadata.name not in seen:
+                    echo(f"k8s: pod {pod.metadata.name} is waiting: {problem}")
+                first = seen.setdefault(pod.metadata.name, time.monotonic())
+                if time.monotonic() - first >= s.pending_s:
+                    why = (f"pod {pod.metadata.name} did not start within {s.pending_s:g} s: "
+                           f"{problem}; {advice(problem)}")
+                    echo(f"!! {why}")
+                    self._dead = {pod.metadata.name: {"reason": why}}
+                    return JobResult(1, [*tail, why], why)
+            rank0 = next((p for p in pods if is_rank0(m.kind, p) and p.status
+                          and p.status.phase in ("Running", "Succeeded", "Failed")), None)
+            if rank0 is not None and not streamed:
+                self._stream_log(m, rank0.metadata.name, echo, tail, rfile)
+                streamed = True
+                continue
+            if ended:
+                state, said = ended
+                line = f"k8s: {m.kind} {self.namespace}/{m.name} {'ended' if state == 'ok' else 'failed'}: {said}"
+                echo(line)
+                tail.append(line)
+                return JobResult(0 if state == "ok" else 1, tail[-50:], "exited" if state == "ok" else line)
+            if job is None:
+                why = f"{m.kind} {self.namespace}/{m.name} was deleted before it ended"
+                return JobResult(1, [*tail, why], why)
+            self._expired.wait(s.poll_s)
+
+    def _timed_out(self, m, tail, timeout_s) -> JobResult:
+        why = (f"did not finish within {timeout_s:g} s and was stopped ({m.kind} "
+               f"{self.namespace}/{m.name} deleted)")
+        return JobResult(None, tail[-50:], why)
+
+    def _get(self, m: kube.Manifest) -> dict | None:
+        group, version = m.body["apiVersion"].split("/")
+        try:
+            return self.custom.get_namespaced_custom_object(group, version, self.namespace,
+                                                            PLURALS[m.kind], m.name)
+        except Exception as e:
+            if getattr(e, "status", None) == 404:
+                return None
+            raise RunnerError(api_sentence(e, f"reading {m.kind} {self.namespace}/{m.name}")) from None
+
+    def _pods(self, m: kube.Manifest) -> list:
+        try:
+            return self.core.list_namespaced_pod(self.namespace, label_selector=selector(m.kind, m.name)).items
+        except Exception as e:
+            raise RunnerError(api_sentence(e, f"listing the pods of {m.kind} {m.name}")) from None
+
+    def _stream_log(self, m: kube.Manifest, pod: str, echo, tail: list[str], rfile) -> None:
+        """Rank 0's log, line by line, to echo (as the launcher printed it); the lines
+        after RECORD_PREFIX are records, appended to this machine's results file."""
+        echo(f"k8s: streaming the log of pod {pod}")
+        try:
+            self._stream = self.core.read_namespaced_pod_log(
+                pod, self.namespace, container=RANK0_CONTAINER[m.kind], follow=True,
+                _preload_content=False)
+        except Exception as e:
+            raise RunnerError(api_sentence(e, f"reading the log of pod {pod}")) from None
+        buf = b""
+        try:
+            for chunk in self._stream.stream(4096, decode_content=True):
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                for raw in lines:
+                    self._line(raw.decode("utf-8", "replace").rstrip("\r"), echo, tail, rfile)
+        except Exception as e:          # the stream cut (the job deleted, the deadline)
+            if not self._expired.is_set():
+                raise RunnerError(f"the log of pod {pod} was cut ({type(e).__name__}: {e})") from None
+        finally:
+            self._stream.release_conn()
+            self._stream = None
+        if buf:
+            self._line(buf.decode("utf-8", "replace"), echo, tail, rfile)
+
+    def _line(self, text: str, echo, tail: list[str], rfile) -> None:
+        if text.startswith(kube.RECORD_PREFIX):
+            try:
+                record = json.loads(text[len(kube.RECORD_PREFIX):])
+            except json.JSONDecodeError:
+                record = None
+            if isinstance(record, dict):
+                os.makedirs(rfile.parent, exist_ok=True)
+                results.append_record(rfile, record)
+                echo(f"k8s: record {record.get('record_id', '')} ({record.get('status')}) read from the log")
+                return
+        echo(text)
+        tail.append(text)
+        del tail[:-200]
+
+    def stop(self) -> None:
+        """Delete the job this runner created (its pods go with it: Foreground)."""
+        with self._lock:
+            job, self._job = self._job, None
+        if job is None:
+            return
+        kind, name = job
+        group, version = kube.KINDS[kind.lower()][0].split("/")
+        from kubernetes import client
+        try:
+            self.custom.delete_namespaced_custom_object(
+                group, version, self.namespace, PLURALS[kind], name,
+                propagation_policy="Foreground", body=client.V1DeleteOptions(propagation_policy="Foreground"))
+        except Exception as e:
+            if getattr(e, "status", None) != 404:
+                raise RunnerError(api_sentence(e, f"deleting {kind} {self.namespace}/{name}")) from None
+
+
+def rank0_command(m: kube.Manifest) -> list[str]:
+    """The command of the container that holds rank 0 (what bench prints for the launch)."""
+    spec = m.body["spec"]
+    if m.kind == "MPIJob":
+        return spec["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"]
+    if m.kind == "PyTorchJob":
+        return spec["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"]
+    return spec["trainer"]["command"]
+
+
+def for_bench(s, k8s_config: dict):
+    """`invoke bench --launcher k8s`: what cannot work refused in one sentence, the
+    runner's settings from invoke.yaml's `k8s:` section, and the request as it runs there."""
+    from lab.host.request import BenchError
+    if s.ceiling:
+        raise BenchError("--ceiling measures the compute ceiling by running processes where the "
+                         "ranks run, which a Kubernetes job does not offer: leave out --ceiling")
+    if s.where == "local":
+        raise BenchError("--local (or invoke.yaml's bench: where: local) runs the ranks on this "
+                         "machine: leave it out with --launcher k8s")
+    if s.link:
+        raise BenchError("--link shapes the simulated cluster's links: leave it out with --launcher k8s")
+    use(Settings(opts=kube.options(k8s_config), threads=s.threads))
+    # The stall watch reads heartbeats the ranks write in this machine's results folder;
+    # in pods they are written in the pod's: the job's activeDeadlineSeconds (--timeout-s)
+    # and the runner's own deadline bound the run instead.
+    return dataclasses.replace(s, stall_s=-1)

@@ -1,0 +1,274 @@
+"""`invoke bench --launcher k8s` (lab.host.k8s_runner): the runner through the official
+`kubernetes` client, over real HTTP, against tests/k8s_fake_api.py, which serves objects
+captured from real clusters (tests/fixtures/k8s/api/README.md names each source). The
+record a successful job prints is a real worker record (tests/fixtures/example-report/)
+written with lab.common.results' own writer and printed after RECORD_PREFIX, as the
+manifest's command prints it, so the parse is tested end to end. Never a live cluster."""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lab.common import results
+from lab.common.config import parse_args
+from lab.host import k8s, k8s_cluster, k8s_runner
+from lab.host.request import BenchError, BenchSettings
+from lab.host.runners import RunnerError
+from tests.k8s_fake_api import FakeAPI, Scenario, captured, pod
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "tests" / "fixtures" / "example-report" / "results.jsonl"
+IMAGE = "reg.example/lab/dl-lab-kit:cpu"
+
+
+def worker_config(job: dict):
+    """The RunConfig the created job's rank-0 command carries (after lab.worker.train)."""
+    if job["kind"] == "MPIJob":
+        cmd = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"]
+    elif job["kind"] == "PyTorchJob":
+        cmd = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"]
+    else:
+        cmd = job["spec"]["trainer"]["command"]
+    script = cmd[2]
+    argv = shlex.split(script[:script.index("; rc=$?")])
+    return parse_args(argv[argv.index("lab.worker.train") + 1:])
+
+
+def record_lines(job: dict, folder: Path) -> list[str]:
+    """What the job's command prints after training: rank 0's results file, each line
+    after RECORD_PREFIX. The record is a real worker record given this run's id and
+    configuration, appended with results.append_record as a rank does."""
+    cfg = worker_config(job)
+    real = next(r for r in map(json.loads, EXAMPLE.read_text().splitlines())
+                if r["status"] == "ok" and r["world"]["np"] == cfg.expected_np
+                and r["config"]["framework"] == cfg.framework and r["config"]["backend"] == cfg.backend)
+    real.update(run_id=cfg.run_id, config=cfg.as_record())
+    rfile = folder / f"pod-{cfg.attempt}" / results.RESULTS_FILE    # each pod its own emptyDir
+    rfile.parent.mkdir(parents=True, exist_ok=True)
+    results.append_record(rfile, real)
+    return [k8s.RECORD_PREFIX + line for line in rfile.read_text().splitlines()]
+
+
+def mpijob_pods(status: dict, worker_status: dict | None = None):
+    """The pods mpi-operator v0.8.0 makes for a job (its labels; the launcher Job's pod
+    and worker 0), each with a captured status."""
+    def pods(job):
+        name = job["metadata"]["name"]
+        out = [pod(f"{name}-worker-0", {k8s_cluster.JOB_NAME: name, k8s_cluster.JOB_ROLE: "worker"},
+                   worker_status or status)]
+        if worker_status is None:
+            out.append(pod(f"{name}-launcher-x7k2p", {k8s_cluster.JOB_NAME: name,
+                                                      k8s_cluster.JOB_ROLE: "launcher"}, status))
+        return out
+    return pods
+
+
+RUNNING = captured("pod-running.yaml")["status"]
+
+
+@pytest.fixture
+def cluster(tmp_path, monkeypatch):
+    """Start a fake API for a scenario and point KUBECONFIG at it."""
+    apis = []
+
+    def start(scenario: Scenario) -> FakeAPI:
+        api = FakeAPI(scenario).__enter__()
+        apis.append(api)
+        monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig(tmp_path / "kubeconfig")))
+        return api
+    yield start
+    for api in apis:
+        api.__exit__(None, None, None)
+
+
+def bench_run(tmp_path, api="auto", pending_s=30.0, **flags):
+    from lab.host import bench
+    s = BenchSettings(**{"np": [2], "framework": "horovod", "backend": "gloo", "data": "synthetic",
+                         "epochs": 1, "batch_size": 8, "synthetic_size": 64, "warmup_steps": 1,
+                         "results_dir": str(tmp_path / "results"), "launcher": "k8s", "stall_s": -1,
+                         "timeout_s": 60, **flags})
+    runner = k8s_runner.K8sRunner(s.nodes, "cpu", IMAGE, s.results_dir, s.data_dir, k8s_runner.Settings(
+        opts=k8s.K8sOptions(api=api), pending_s=pending_s, poll_s=0.05))
+    lines: list[str] = []
+    outcome = bench.run(s, echo=lines.append, runner=runner)
+    return outcome, lines
+
+
+def test_a_job_that_succeeds_appends_the_record_it_printed(tmp_path, cluster):
+    sc = Scenario(pods=mpijob_pods(RUNNING), log=lambda job: ["training ...", *record_lines(job, tmp_path)],
+                  status=captured("mpijob-succeeded.yaml")["status"])
+    cluster(sc)
+    outcome, lines = bench_run(tmp_path)
+    assert outcome.failed == 0 and len(outcome.records) == 1
+    (job,) = sc.jobs.values()
+    rec = outcome.records[0]
+    cfg = worker_config(job)
+    assert rec["status"] == "ok" and rec["run_id"] == cfg.run_id and rec["config"] == cfg.as_record()
+    assert rec["config"]["framework"] == "horovod" and rec["world"]["np"] == 2
+    assert Path(outcome.run_dir, results.RESULTS_FILE).read_text().count("\n") == 1
+    name = job["metadata"]["name"]
+    assert ("POST", "/apis/kubeflow.org/v2beta1/namespaces/default/mpijobs") in sc.requests
+    assert ("GET", "/api/v1/namespaces/default/pods",
+            {"labelSelector": f"training.kubeflow.org/job-name={name}"}) in sc.requests
+    log = [r for r in sc.requests if r[1].endswith("/log")]
+    assert log[0][1] == f"/api/v1/namespaces/default/pods/{name}-launcher-x7k2p/log"
+    assert log[0][2]["follow"] == "true" and log[0][2]["container"] == "launcher"
+    assert "training ..." in lines and not any(ln.startswith(k8s.RECORD_PREFIX) for ln in lines)
+    assert any("ended: MPIJobSucceeded" in ln for ln in lines)
+    assert sc.deleted == [name]             # the job is removed once it ended (names repeat)
+
+
+def test_a_pytorchjob_streams_the_masters_log(tmp_path, cluster):
+    """training-operator v1.9.0's pods: the Master (replica-type master) holds rank 0."""
+    def pods(job):
+        name = job["metadata"]["name"]
+        return [pod(f"{name}-{t}-0", {k8s_cluster.JOB_NAME: name, k8s_cluster.REPLICA_TYPE: t}, RUNNING)
+                for t in ("worker", "master")]
+    sc = Scenario(pods=pods, log=lambda job: record_lines(job, tmp_path),
+                  status=captured("pytorchjob-succeeded-status.yaml")["status"])
+    cluster(sc)
+    outcome, lines = bench_run(tmp_path, api="pytorchjob", framework="ddp", nodes=2)
+    (job,) = sc.jobs.values()
+    name = job["metadata"]["name"]
+    assert ("POST", "/apis/kubeflow.org/v1/namespaces/default/pytorchjobs") in sc.requests
+    (log,) = [r for r in sc.requests if r[1].endswith("/log")]
+    assert log[1].endswith(f"/pods/{name}-master-0/log") and log[2]["container"] == "pytorch"
+    assert outcome.failed == 0 and outcome.records[0]["config"]["framework"] == "ddp"
+    assert any("ended: PyTorchJobSucceeded" in ln for ln in lines)
+
+
+def test_each_launch_is_a_job_of_its_own(tmp_path, cluster):
+    """--np 1,2: two jobs of the same name one after the other (the first deleted when it
+    ended), each record with its own process count."""
+    sc = Scenario(pods=mpijob_pods(RUNNING), log=lambda job: record_lines(job, tmp_path),
+                  status=captured("mpijob-succeeded.yaml")["status"])
+    cluster(sc)
+    outcome, lines = bench_run(tmp_path, np=[1, 2])
+    assert outcome.failed == 0 and [r["world"]["np"] for r in outcome.records] == [1, 2]
+    assert [r[0] for r in sc.requests if r[0] in ("POST", "DELETE")] == ["POST", "DELETE"] * 2
+
+
+def test_an_unschedulable_pod_is_one_sentence_and_a_failed_record_naming_it(tmp_path, cluster):
+    sc = Scenario(pods=mpijob_pods(RUNNING, captured("pod-unschedulable-gpu.yaml")["status"]))
+    cluster(sc)
+    outcome, lines = bench_run(tmp_path, pending_s=0.3)
+    (job,) = sc.jobs.values()
+    pod_name = f"{job['metadata']['name']}-worker-0"
+    said = [ln for ln in lines if ln.startswith("!! pod")]
+    assert len(said) == 1 and "2 Insufficient nvidia.com/gpu" in said[0] and "lower --np" in said[0]
+    assert outcome.failed == 1
+    err = outcome.records[0]["error"]
+    assert outcome.records[0]["status"] == "failed" and err["host"] == pod_name
+    assert "Insufficient nvidia.com/gpu" in err["reason"] and pod_name in err["reason"]
+    assert sc.deleted == [job["metadata"]["name"]]
+
+
+def test_an_image_that_cannot_be_pulled_is_one_sentence(tmp_path, cluster):
+    sc = Scenario(pods=mpijob_pods(RUNNING, captured("pod-imagepullbackoff.json")))
+    cluster(sc)
+    outcome, lines = bench_run(tmp_path, pending_s=0.2)
+    (said,) = [ln for ln in lines if ln.startswith("!! pod")]
+    assert "ImagePullBackOff" in said and "push the image" in said
+    assert outcome.records[0]["status"] == "failed" and "ImagePullBackOff" in outcome.records[0]["error"]["reason"]
+
+
+def test_a_job_whose_condition_is_failed_is_a_failed_record(tmp_path, cluster):
+    sc = Scenario(pods=lambda job: [], status={"conditions": [captured("trainjob-failed-condition.json")]},
+                  status_now=True)
+    cluster(sc)
+    outcome, lines = bench_run(tmp_path, api="trainjob", framework="ddp")
+    assert ("POST", "/apis/trainer.kubeflow.org/v1alpha1/namespaces/default/trainjobs") in sc.requests
+    (job,) = sc.jobs.values()
+    assert ("GET", "/api/v1/namespaces/default/pods",
+            {"labelSelector": f"jobset.sigs.k8s.io/jobset-name={job['metadata']['name']}"}) in sc.requests
+    assert outcome.failed == 1 and outcome.records[0]["status"] == "failed"
+    assert "DeadlineExceeded: TrainJob exceeded its active deadline" in outcome.records[0]["error"]["reason"]
+
+
+def test_a_job_past_its_time_limit_is_deleted(tmp_path, cluster):
+    sc = Scenario(pods=mpijob_pods(RUNNING), log=lambda job: ["epoch 1 ..."], hold_log=True)
+    cluster(sc)
+    outcome, lines = bench_run(tmp_path, timeout_s=1)
+    (job,) = sc.jobs.values()
+    (delete,) = [r for r in sc.requests if r[0] == "DELETE"]
+    assert delete[1].endswith(f"/mpijobs/{job['metadata']['name']}")
+    assert delete[3].get("propagationPolicy") == "Foreground"
+    assert outcome.failed == 1
+    assert "did not finish within 1 s" in outcome.records[0]["error"]["reason"]
+
+
+def test_no_kubeconfig_is_one_sentence(tmp_path, monkeypatch):
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    with pytest.raises(RunnerError) as e:
+        k8s_runner.K8sRunner(1, "cpu", IMAGE, str(tmp_path), None)
+    text = str(e.value)
+    assert "~/.kube/config" in text and "invoke k8s" in text and len(text.splitlines()) == 1
+
+
+def test_no_client_is_one_sentence(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "kubernetes", None)
+    with pytest.raises(RunnerError, match=r"pip install -e '\.\[k8s\]'"):
+        k8s_runner.K8sRunner(1, "cpu", IMAGE, str(tmp_path), None)
+
+
+def test_what_cannot_run_on_a_cluster_is_refused_in_one_sentence(tmp_path):
+    s = BenchSettings(np=[2], launcher="k8s", ceiling=True, where="auto")
+    with pytest.raises(BenchError, match="leave out --ceiling"):
+        k8s_runner.for_bench(s, {})
+    with pytest.raises(BenchError, match="leave it out with --launcher k8s"):
+        k8s_runner.for_bench(BenchSettings(np=[2], launcher="k8s", where="local"), {})
+    with pytest.raises(RunnerError, match="give --image"):
+        k8s_runner.K8sRunner(1, "cpu", "", str(tmp_path), None)
+    with pytest.raises(BenchError, match="has no setting 'regsitry'"):
+        k8s_runner.for_bench(BenchSettings(np=[2], launcher="k8s", where="auto"), {"regsitry": "r"})
+
+
+def test_the_operators_labels_pick_rank_0():
+    from types import SimpleNamespace as NS
+
+    def p(labels, index=None):
+        return NS(metadata=NS(labels=labels, annotations={k8s_cluster.COMPLETION_INDEX: index}))
+    assert k8s_cluster.is_rank0("MPIJob", p({k8s_cluster.JOB_ROLE: "launcher"}))
+    assert not k8s_cluster.is_rank0("MPIJob", p({k8s_cluster.JOB_ROLE: "worker"}))
+    assert k8s_cluster.is_rank0("PyTorchJob", p({k8s_cluster.REPLICA_TYPE: "master"}))
+    assert not k8s_cluster.is_rank0("PyTorchJob", p({k8s_cluster.REPLICA_TYPE: "worker"}))
+    node0 = {k8s_cluster.REPLICATED_JOB: "node", k8s_cluster.JOBSET_INDEX: "0"}
+    assert k8s_cluster.is_rank0("TrainJob", p(node0, "0"))
+    assert not k8s_cluster.is_rank0("TrainJob", p(node0, "1"))
+    assert not k8s_cluster.is_rank0("TrainJob", p({**node0, k8s_cluster.REPLICATED_JOB: "dataset-initializer"}, "0"))
+
+
+def test_invoke_bench_launcher_k8s_end_to_end(tmp_path, cluster):
+    """`invoke bench --launcher k8s` through invoke's Program, KUBECONFIG pointing at the
+    fake server: the table printed from the record the job's log carried."""
+    sc = Scenario(pods=mpijob_pods(RUNNING), log=lambda job: record_lines(job, tmp_path),
+                  status=captured("mpijob-succeeded.yaml")["status"])
+    cluster(sc)
+    (line,) = [ln for ln in (REPO / "README.md").read_text().splitlines()
+               if ln.startswith("invoke bench --launcher k8s")]
+    args = shlex.split(line)[1:] + ["--epochs", "1", "--batch-size", "8", "--warmup-steps", "1",
+                                    "--results-dir", str(tmp_path / "results")]
+    cp = subprocess.run([sys.executable, "-m", "invoke", "-r", str(REPO), *args],
+                        capture_output=True, text=True, cwd=tmp_path, timeout=120, env=dict(os.environ))
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert "k8s: created MPIJob default/lab-hvd-k8s" in cp.stdout + cp.stderr
+    rec = json.loads((tmp_path / "results" / "hvd-k8s" / results.RESULTS_FILE).read_text())
+    assert rec["status"] == "ok" and rec["run_id"] == "hvd-k8s" and rec["world"]["np"] == 2
+    assert "| horovod" in cp.stdout or "horovod" in cp.stdout       # the table, from the record
+    assert (tmp_path / "results" / "hvd-k8s" / "k8s" / "mpijob.yaml").exists()
+    cp = subprocess.run([sys.executable, "-m", "invoke", "-r", str(REPO), "bench", "--launcher", "k8s",
+                         "--np", "2", "--ceiling", "--results-dir", str(tmp_path / "r2")],
+                        capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert cp.returncode == 2 and cp.stderr.strip().splitlines() == [cp.stderr.strip()]
+    assert "leave out --ceiling" in cp.stderr
+    cp = subprocess.run([sys.executable, "-m", "invoke", "-r", str(REPO), *args],
+                        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                        env=dict(os.environ, KUBECONFIG=str(tmp_path / "absent")))
+    assert cp.returncode == 2 and cp.stderr.strip().splitlines() == [cp.stderr.strip()]
+    assert "write ~/.kube/config" in cp.stderr and "invoke k8s" in cp.stderr
