@@ -85,14 +85,15 @@ class Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         body["metadata"]["namespace"] = m.group(3)
         name = body["metadata"]["name"]
-        if name in sc.jobs and name not in sc.deleted:
+        # A job deleted with Foreground propagation stays visible until its pods are gone
+        # (Kubernetes' garbage-collection docs): a new job of its name meets it, so any
+        # name this server has seen is taken.
+        if name in sc.jobs:
             return self.reply(409, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
                                     "message": f'{m.group(4)}.{m.group(1)} "{name}" already exists',
                                     "reason": "AlreadyExists", "code": 409})
-        if name in sc.deleted:          # a new object of the same name
-            sc.deleted.remove(name)
-            sc.log_served.clear()
-            sc.gone.clear()
+        sc.log_served.clear()
+        sc.gone.clear()
         sc.jobs[name] = body
         self.reply(201, body)
 
@@ -117,7 +118,8 @@ class Handler(BaseHTTPRequestHandler):
                               if all(p["metadata"]["labels"].get(k) == v for k, v in wanted.items())]
             return self.reply(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items})
         if m := LOG.match(url.path):
-            job = next(iter(sc.jobs.values()))
+            pod = url.path.rstrip("/").split("/")[-2]      # .../pods/<pod>/log
+            job = next(j for name, j in sc.jobs.items() if pod.startswith(name + "-"))
             self.send_response(200)
             self.send_header("Content-Type", "text/plain")
             self.end_headers()          # HTTP/1.0: the body ends when the connection closes

@@ -144,14 +144,16 @@ def test_a_pytorchjob_streams_the_masters_log(tmp_path, cluster):
 
 
 def test_each_launch_is_a_job_of_its_own(tmp_path, cluster):
-    """--np 1,2: two jobs of the same name one after the other (the first deleted when it
-    ended), each record with its own process count."""
+    """--np 1,2: two jobs one after the other, each deleted when it ended and each of its
+    own name (a deleted job stays visible while its pods go: the fake server refuses a
+    name it has seen, 409), each record with its own process count."""
     sc = Scenario(pods=mpijob_pods(RUNNING), log=lambda job: record_lines(job, tmp_path),
                   status=captured("mpijob-succeeded.yaml")["status"])
     cluster(sc)
     outcome, lines = bench_run(tmp_path, np=[1, 2])
     assert outcome.failed == 0 and [r["world"]["np"] for r in outcome.records] == [1, 2]
     assert [r[0] for r in sc.requests if r[0] in ("POST", "DELETE")] == ["POST", "DELETE"] * 2
+    assert len(sc.jobs) == 2 and sorted(sc.deleted) == sorted(sc.jobs)
 
 
 def test_an_unschedulable_pod_is_one_sentence_and_a_failed_record_naming_it(tmp_path, cluster):
@@ -226,7 +228,11 @@ def test_what_cannot_run_on_a_cluster_is_refused_in_one_sentence(tmp_path):
     with pytest.raises(RunnerError, match="give --image"):
         k8s_runner.K8sRunner(1, "cpu", "", str(tmp_path), None)
     with pytest.raises(BenchError, match="has no setting 'regsitry'"):
-        k8s_runner.for_bench(BenchSettings(np=[2], launcher="k8s", where="auto"), {"regsitry": "r"})
+        k8s_runner.for_bench(BenchSettings(np=[2], launcher="k8s", where="auto", timeout_s=60),
+                             {"regsitry": "r"})
+    # No time limit: nothing would end a job whose pods never appear (no stall watch there).
+    with pytest.raises(BenchError, match="needs a time limit for each job: give --timeout-s"):
+        k8s_runner.for_bench(BenchSettings(np=[2], launcher="k8s", where="auto", timeout_s=0), {})
 
 
 def test_the_operators_labels_pick_rank_0():

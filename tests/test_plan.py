@@ -104,3 +104,30 @@ def test_every_bench_setting_is_a_flag_with_help():
     assert params - BENCH_FLAGS <= {"local", "resume"}, params - BENCH_FLAGS
     helps = {k.replace("-", "_") for k in tasks.BENCH_HELP}
     assert params <= helps, params - helps
+
+
+def test_hosts_take_no_setting_of_the_simulated_cluster(tmp_path):
+    for flags in (dict(link="1gbit"), dict(nodes="1,2"), dict(nodes="2")):
+        with pytest.raises(BenchError, match="leave out --nodes, --link and --launcher"):
+            make(tmp_path, np="2", hosts="h1:1,h2:1", **flags)
+
+
+def test_a_resumed_combination_that_is_skipped_records_only_what_was_not_recorded(tmp_path):
+    """np 1 of ddp over nccl was recorded ok (made by the kit's writer); on --resume the
+    combination cannot run here (no GPU) and is skipped: for np 2 only."""
+    from lab.host import sweep
+    rfile = results.run_dir(str(tmp_path), "r") / results.RESULTS_FILE
+    rfile.parent.mkdir(parents=True)
+    s = BenchSettings(np=[1], framework="ddp", backend="nccl", results_dir=str(tmp_path), run_id="r")
+    cfg = dataclasses.replace(base_config(s, "ddp"), expected_np=1)
+    results.append_record(rfile, results.make_record("ok", run_id="r", config=cfg.as_record(), np=1,
+                                                     nodes=1, started_at=results.now_iso(),
+                                                     figures={"throughput_img_s": 100.0}))
+    p = plans.make_plan({"results_dir": str(tmp_path), "np": "1,2", "framework": "ddp",
+                         "backend": "nccl", "compression": "none,fp16", "run_id": "r",
+                         "local": True}, DEFAULTS, resume=True)
+    lines: list[str] = []
+    sweep.run_sweep(p, echo=lines.append)
+    skipped = [(r["config"]["compression"], r["world"]["np"]) for r in results.read_records(rfile)[0]
+               if r["status"] == "skipped"]
+    assert sorted(skipped) == [("fp16", 1), ("fp16", 2), ("none", 2)], lines

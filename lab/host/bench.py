@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import shutil
 import signal
 import time
 from dataclasses import dataclass
@@ -241,6 +242,9 @@ def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, ec
     cfg = dataclasses.replace(cfg, launched_at=round(time.time(), 3))
     inside = dataclasses.replace(cfg, results_dir=runner.results_in,
                                  data_dir=runner.data_in or cfg.data_dir)
+    # A resumed run's launch has the name of the one that failed before: that launch's
+    # rank failures are not this one's.
+    shutil.rmtree(rfile.parent / "failures" / cfg.attempt, ignore_errors=True)
     env, flight = flight_recorder(cfg, s.backend, job_env(s), inside.results_dir, rfile.parent)
     try:
         commands = runner.commands(Launch(cfg.framework, s.backend, cfg.expected_np,

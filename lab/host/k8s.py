@@ -338,6 +338,12 @@ def manifest_for_request(s, opts: K8sOptions, run=None, env: dict | None = None)
             raise BenchError(problem)
     image, local = image_ref(s.device, framework, s.backend, opts.registry, opts.image)
     name = dns_name(f"lab-{run_id}")
+    if run is not None and cfg.attempt:
+        # bench's launches of one run each get a job of their own: a deleted job stays
+        # visible until its pods are gone (Foreground deletion), so a repeated name would
+        # meet the last launch's job (409 AlreadyExists).
+        import hashlib
+        name = f"{name[:43].rstrip('-')}-{hashlib.sha1(cfg.attempt.encode()).hexdigest()[:8]}"
     labels = {MANAGED_BY: "k8s", RUN_ID_LABEL: run_id[:63]}
     meta: dict = {"name": name, "labels": labels}
     if opts.namespace:

@@ -145,12 +145,20 @@ class K8sRunner(Runner):
         if timer:
             timer.daemon = True
             timer.start()
+        ended = False
         try:
-            return self._follow(m, echo, tail, timeout_s)
+            res = self._follow(m, echo, tail, timeout_s)
+            ended = True
+            return res
         finally:
             if timer:
                 timer.cancel()
-            self.stop()
+            try:
+                self.stop()
+            except RunnerError as e:
+                if ended:
+                    raise
+                echo(f"!! {e}")     # Ctrl-C or an error goes on; the job's deletion failed
 
     def _expire(self) -> None:
         """At --timeout-s (a timer's thread): the job deleted, the log stream cut."""
@@ -273,7 +281,7 @@ class K8sRunner(Runner):
     def stop(self) -> None:
         """Delete the job this runner created (its pods go with it: Foreground)."""
         with self._lock:
-            job, self._job = self._job, None
+            job = self._job
         if job is None:
             return
         kind, name = job
@@ -285,7 +293,11 @@ class K8sRunner(Runner):
                 propagation_policy="Foreground", body=client.V1DeleteOptions(propagation_policy="Foreground"))
         except Exception as e:
             if getattr(e, "status", None) != 404:
+                # kept: run() tries again on its way out, and says why
                 raise RunnerError(api_sentence(e, f"deleting {kind} {self.namespace}/{name}")) from None
+        with self._lock:               # deleted (or already gone): nothing left to stop
+            if self._job == job:
+                self._job = None
 
 
 def rank0_command(m: kube.Manifest) -> list[str]:
@@ -310,6 +322,11 @@ def for_bench(s, k8s_config: dict):
                          "machine: leave it out with --launcher k8s")
     if s.link:
         raise BenchError("--link shapes the simulated cluster's links: leave it out with --launcher k8s")
+    if s.timeout_s <= 0:
+        # Nothing else bounds a job whose pods never appear or whose rank 0 hangs in
+        # silence: the heartbeats are written in the pods, out of the stall watch's reach.
+        raise BenchError("--launcher k8s needs a time limit for each job: give --timeout-s "
+                         "(seconds; invoke.yaml's bench default is 3600)")
     use(Settings(opts=kube.options(k8s_config), threads=s.threads))
     # The stall watch reads heartbeats the ranks write in this machine's results folder;
     # in pods they are written in the pod's: the job's activeDeadlineSeconds (--timeout-s)

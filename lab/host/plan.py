@@ -76,6 +76,9 @@ def plan_of(s: BenchSettings, lists: dict | None = None, resume: bool = False) -
     check_settings(s)
     hosts = tuple(host_list(s) or ())
     if hosts:
+        if (lists or {}).get("nodes", [1]) != [1]:
+            raise BenchError("--hosts runs on your servers over SSH: leave out --nodes, --link and "
+                             "--launcher (they are the simulated cluster's)")
         from lab.host.hosts_runner import check_hosts, check_slots
         try:
             check_slots(list(hosts), list(s.np))

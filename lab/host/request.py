@@ -202,9 +202,9 @@ def check_settings(s: BenchSettings) -> None:
         raise BenchError(f"--launcher is one of {', '.join(LAUNCHERS)}, not {s.launcher!r}")
     if s.hosts and s.hostfile:
         raise BenchError("give the hosts once: --hosts or --hostfile")
-    if (s.hosts or s.hostfile) and (s.nodes > 1 or s.launcher != "direct"):
-        raise BenchError("--hosts runs on your servers over SSH: leave out --nodes and --launcher "
-                         "(they are the simulated cluster's)")
+    if (s.hosts or s.hostfile) and (s.nodes > 1 or s.launcher != "direct" or s.link):
+        raise BenchError("--hosts runs on your servers over SSH: leave out --nodes, --link and "
+                         "--launcher (they are the simulated cluster's)")
     if s.partition and s.launcher != "slurm":
         raise BenchError("--partition is Slurm's: add --launcher slurm")
     check_run_id(s.run_id)

@@ -86,7 +86,7 @@ def run_sweep(plan: Plan, echo=print) -> list[Outcome]:
         progress.total -= len(left)
         echo(f"-- skipped {label(s)}: {reason}")
         os.makedirs(rfile.parent, exist_ok=True)
-        for n in s.np:
+        for n in dict.fromkeys(j.np for j in left):      # --resume: not those recorded ok
             framework = s.framework if s.framework != "auto" else (framework_of(s.strategy) or "ddp")
             cfg = dataclasses.replace(base_config(s, framework),
                                       run_id=base.run_id, expected_np=n, link=s.link)
