@@ -90,9 +90,11 @@ def image_ref(device: str, framework: str, backend: str, registry: str, image: s
     if image:
         return image, image
     if not registry:
-        raise BenchError("a cluster pulls the image from a registry: give --registry "
-                         "REGISTRY/PATH (after `docker tag` and `docker push` of the built "
-                         "image) or --image with the whole reference")
+        from lab.host.images import IMAGE_REPO
+        raise BenchError(f"a cluster pulls the image from a registry: give --registry "
+                         f"REGISTRY/PATH (after `docker tag` and `docker push` of the built "
+                         f"image) or --image with the whole reference (on a kind cluster, "
+                         f"`kind load docker-image {IMAGE_REPO}:cpu` then --image {IMAGE_REPO}:cpu)")
     from lab.common.kit import kit_version
     from lab.host.images import BuildSettings, tags
     ops = "MPI" if (framework == "horovod" and backend == "mpi") else ""
