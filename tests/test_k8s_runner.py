@@ -143,6 +143,26 @@ def test_a_pytorchjob_streams_the_masters_log(tmp_path, cluster):
     assert any("ended: PyTorchJobSucceeded" in ln for ln in lines)
 
 
+def test_what_the_k8s_runner_runs_is_its_commands(tmp_path, cluster):
+    """commands(launch) is rank 0's command in the job's manifest; what run() started is
+    that command as the API server stored the job it created."""
+    from lab.common.config import RunConfig
+    from lab.host.runners import Launch
+    sc = Scenario(pods=mpijob_pods(RUNNING), log=lambda job: record_lines(job, tmp_path),
+                  status=captured("mpijob-succeeded.yaml")["status"])
+    cluster(sc)
+    runner = k8s_runner.K8sRunner(1, "cpu", IMAGE, str(tmp_path / "results"), None, k8s_runner.Settings(
+        opts=k8s.K8sOptions(), poll_s=0.05))
+    cfg = RunConfig(framework="horovod", results_dir=runner.results_in, run_id="cmds", expected_np=2,
+                    attempt="000-ddp-horovod-gloo-none-n1-np2-r0")
+    commands = runner.commands(Launch("horovod", "gloo", 2, tuple(cfg.to_args()), (), 60, "cmds",
+                                      cfg.attempt))
+    res = runner.run(commands, {}, 60, lambda line: None)
+    (job,) = sc.jobs.values()
+    assert res.returncode == 0 and list(commands) == [job["metadata"]["name"]]
+    assert runner.started == commands and "lab.worker.train" in " ".join(*commands.values())
+
+
 def test_each_launch_is_a_job_of_its_own(tmp_path, cluster):
     """--np 1,2: two jobs one after the other, each deleted when it ended and each of its
     own name (a deleted job stays visible while its pods go: the fake server refuses a

@@ -134,10 +134,12 @@ class K8sRunner(Runner):
         body = json.loads(json.dumps(m.body))
         body["metadata"].pop("namespace", None)
         try:
-            self.custom.create_namespaced_custom_object(group, version, self.namespace,
-                                                        PLURALS[m.kind], body)
+            created = self.custom.create_namespaced_custom_object(group, version, self.namespace,
+                                                                  PLURALS[m.kind], body)
         except Exception as e:          # kubernetes.client.ApiException, urllib3's errors
             raise RunnerError(api_sentence(e, f"creating {m.kind} {self.namespace}/{m.name}")) from None
+        # What runs: rank 0's command in the job as the API server stored it.
+        self.started = {m.name: rank0_command(dataclasses.replace(m, body=created))}
         with self._lock:
             self._job = (m.kind, m.name)
         echo(f"k8s: created {m.kind} {self.namespace}/{m.name}")
