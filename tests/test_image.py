@@ -103,6 +103,7 @@ def test_what_the_image_runner_runs_is_its_commands(image, tmp_path):
                          data_dir=None)
     cfg = RunConfig(framework="ddp", max_steps=4, warmup_steps=1, results_dir=runner.results_in,
                     run_id="cmds", expected_np=2, attempt="a0")
+    (tmp_path / "cmds").mkdir()             # as bench makes the run's folder, then prepares it
     runner.prepare(str(tmp_path / "cmds"))
     commands = runner.commands(Launch("ddp", "gloo", 2, tuple(cfg.to_args()), (), 300, "cmds", "a0"))
     lines: list[str] = []

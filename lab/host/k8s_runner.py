@@ -282,8 +282,8 @@ class K8sRunner(Runner):
 
     def stop(self) -> None:
         """Delete the job this runner created (its pods go with it: Foreground)."""
-        with self._lock:
-            job = self._job
+        with self._lock:               # taken: the timer's thread and run() never both delete
+            job, self._job = self._job, None
         if job is None:
             return
         kind, name = job
@@ -295,11 +295,10 @@ class K8sRunner(Runner):
                 propagation_policy="Foreground", body=client.V1DeleteOptions(propagation_policy="Foreground"))
         except Exception as e:
             if getattr(e, "status", None) != 404:
-                # kept: run() tries again on its way out, and says why
+                with self._lock:       # given back: run() tries again on its way out, and says why
+                    if self._job is None:
+                        self._job = job
                 raise RunnerError(api_sentence(e, f"deleting {kind} {self.namespace}/{name}")) from None
-        with self._lock:               # deleted (or already gone): nothing left to stop
-            if self._job == job:
-                self._job = None
 
 
 def rank0_command(m: kube.Manifest) -> list[str]:
