@@ -156,7 +156,7 @@ def test_what_the_k8s_runner_runs_is_its_commands(tmp_path, cluster):
     cfg = RunConfig(framework="horovod", results_dir=runner.results_in, run_id="cmds", expected_np=2,
                     attempt="000-ddp-horovod-gloo-none-n1-np2-r0")
     commands = runner.commands(Launch("horovod", "gloo", 2, tuple(cfg.to_args()), (), 60, "cmds",
-                                      cfg.attempt))
+                                      cfg.attempt, config=cfg))
     res = runner.run(commands, {}, 60, lambda line: None)
     (job,) = sc.jobs.values()
     assert res.returncode == 0 and list(commands) == [job["metadata"]["name"]]

@@ -14,9 +14,8 @@ from lab.host.request import BENCH_FLAGS, BenchError, BenchSettings, base_config
 DEFAULTS = {"np": "2", "timeout_s": 3600}
 
 
-def make(tmp_path, **flags):
-    return plans.make_plan({"results_dir": str(tmp_path), **flags}, DEFAULTS,
-                           resume=flags.pop("resume", False) if "resume" in flags else False)
+def make(tmp_path, k8s=None, **flags):
+    return plans.make_plan({"results_dir": str(tmp_path), **flags}, DEFAULTS, k8s=k8s)
 
 
 def test_the_jobs_are_every_combination_and_process_count_repeats_interleaved(tmp_path):
@@ -131,3 +130,10 @@ def test_a_resumed_combination_that_is_skipped_records_only_what_was_not_recorde
     skipped = [(r["config"]["compression"], r["world"]["np"]) for r in results.read_records(rfile)[0]
                if r["status"] == "skipped"]
     assert sorted(skipped) == [("fp16", 1), ("fp16", 2), ("none", 2)], lines
+
+
+def test_the_plan_holds_the_options_of_launcher_k8s(tmp_path):
+    """invoke.yaml's k8s: section reaches the runner through the plan (no global)."""
+    p = make(tmp_path, np="2", launcher="k8s", k8s={"api": "pytorchjob", "registry": "r.example/x"})
+    assert p.k8s.opts.api == "pytorchjob" and p.k8s.opts.registry == "r.example/x"
+    assert p.settings.stall_s == -1 and make(tmp_path, np="2").k8s is None

@@ -38,9 +38,10 @@ class Outcome:
     notes: list[str]
 
 
-def select_runner(s: BenchSettings, hosts=(), echo=print) -> tuple[Runner, str | None]:
+def select_runner(s: BenchSettings, hosts=(), echo=print, k8s=None) -> tuple[Runner, str | None]:
     """Where the ranks of `s` run: the plan's hosts (--hosts, --hostfile), else
-    lab.host.where.choose_runner; a refusal as a BenchError."""
+    lab.host.where.choose_runner (`k8s`: the plan's options of --launcher k8s); a refusal
+    as a BenchError."""
     if hosts:
         from lab.host.hosts_runner import HostsRunner
         runner = HostsRunner(list(hosts), s.results_dir, s.data_dir, echo=echo)
@@ -49,7 +50,7 @@ def select_runner(s: BenchSettings, hosts=(), echo=print) -> tuple[Runner, str |
         return choose_runner(where=s.where, nodes=s.nodes, image=s.image, frozen=s.frozen,
                              device=s.device, framework=s.framework, backend=s.backend,
                              results_dir=s.results_dir, data_dir=s.data_dir,
-                             launcher=s.launcher, partition=s.partition, echo=echo)
+                             launcher=s.launcher, partition=s.partition, k8s=k8s, echo=echo)
     except RunnerError as e:
         raise BenchError(str(e)) from None
 
@@ -111,17 +112,18 @@ def run(s: BenchSettings, echo=print, stack: dict | None = None, runner: Runner 
     (lab.host.plan.plan_of, where every check of the request is made), then its jobs."""
     from lab.host.plan import plan_of
     plan = plan_of(s)
-    return run_jobs(plan.settings, plan.jobs, plan.hosts, echo, stack, runner, progress)
+    return run_jobs(plan, plan.jobs, echo, stack, runner, progress)
 
 
-def run_jobs(s: BenchSettings, jobs, hosts=(), echo=print, stack: dict | None = None,
+def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
              runner: Runner | None = None, progress: Progress | None = None) -> Outcome:
-    """The jobs of one combination of a plan (lab.host.plan.Job: settings `s`, a process
-    count, a repeat) into the plan's results directory, in the plan's order: the runner
-    chosen and the stack probed once, the request checked against that stack."""
+    """Jobs of one combination of a plan (lab.host.plan.Job: the combination's settings,
+    a process count, a repeat) into the plan's results directory, in the plan's order:
+    the runner chosen and the stack probed once, the request checked against that stack."""
+    s = jobs[0].settings
     nps = list(dict.fromkeys(j.np for j in jobs))
     if runner is None:
-        runner, where_note = select_runner(s, hosts, echo)
+        runner, where_note = select_runner(s, plan.hosts, echo, plan.k8s)
         if where_note:
             echo(where_note)
     else:
@@ -249,7 +251,7 @@ def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, ec
     try:
         commands = runner.commands(Launch(cfg.framework, s.backend, cfg.expected_np,
                                           tuple(inside.to_args()), tuple(env.items()),
-                                          s.timeout_s, cfg.run_id, cfg.attempt, cfg.device))
+                                          s.timeout_s, cfg.run_id, cfg.attempt, cfg.device, inside))
     except (RunnerError, HostsError) as e:
         raise BenchError(str(e)) from None
     echo(f"== {cfg.framework} over {s.backend}, {np} process(es): "

@@ -8,7 +8,6 @@ results file. Tested against captured API objects (tests/fixtures/k8s/api/); nev
 on a live cluster here."""
 from __future__ import annotations
 
-import contextvars
 import dataclasses
 import json
 import os
@@ -44,14 +43,6 @@ class Settings:
     poll_s: float = 2.0
 
 
-SETTINGS: contextvars.ContextVar[Settings] = contextvars.ContextVar("lab_k8s_settings")
-
-
-def use(settings: Settings) -> None:
-    """The settings the next K8sRunner takes (tasks.py's bench sets them from invoke.yaml)."""
-    SETTINGS.set(settings)
-
-
 class K8sRunner(Runner):
     """The ranks as the pods of one Kubeflow job per launch, on the kubeconfig's cluster."""
 
@@ -63,7 +54,7 @@ class K8sRunner(Runner):
                  settings: Settings | None = None, backend: str = "gloo"):
         super().__init__(results_dir, data_dir)
         self.results_in, self.data_in = kube.RESULTS_IN_POD, kube.DATA_IN_POD
-        self.settings = settings or SETTINGS.get(Settings())
+        self.settings = settings or Settings()
         self.opts = self.settings.opts
         if image:
             self.opts = dataclasses.replace(self.opts, image=image)
@@ -110,10 +101,13 @@ class K8sRunner(Runner):
     def commands(self, job: Launch) -> dict[str, list[str]]:
         """The job's manifest (written to results/<run-id>/k8s/), named by the job; its
         value is the command rank 0's container runs."""
-        from lab.common.config import parse_args
         from lab.host.request import BenchError, BenchSettings
-        cfg = parse_args(list(job.worker_args))
-        fields = {f.name for f in dataclasses.fields(BenchSettings)} & set(vars(cfg))
+        cfg = job.config
+        if cfg is None:
+            raise RunnerError("a Kubernetes job is made from the launch's configuration (Launch.config)")
+        # The fields the settings share with the configuration, but repeat (a count there,
+        # an index here).
+        fields = ({f.name for f in dataclasses.fields(BenchSettings)} & set(vars(cfg))) - {"repeat"}
         s = BenchSettings(**{**{k: getattr(cfg, k) for k in fields}, "np": [job.np],
                              "framework": job.framework, "backend": job.backend, "nodes": self.nodes,
                              "timeout_s": job.timeout_s, "stall_s": -1})
@@ -311,9 +305,10 @@ def rank0_command(m: kube.Manifest) -> list[str]:
     return spec["trainer"]["command"]
 
 
-def for_bench(s, k8s_config: dict):
-    """`invoke bench --launcher k8s`: what cannot work refused in one sentence, the
-    runner's settings from invoke.yaml's `k8s:` section, and the request as it runs there."""
+def for_bench(s, k8s_config: dict) -> tuple:
+    """`invoke bench --launcher k8s`: what cannot work refused in one sentence; the request
+    as it runs there and the runner's settings from invoke.yaml's `k8s:` section (the plan
+    holds them: lab.host.plan.make_plan)."""
     from lab.host.request import BenchError
     if s.ceiling:
         raise BenchError("--ceiling measures the compute ceiling by running processes where the "
@@ -328,8 +323,8 @@ def for_bench(s, k8s_config: dict):
         # silence: the heartbeats are written in the pods, out of the stall watch's reach.
         raise BenchError("--launcher k8s needs a time limit for each job: give --timeout-s "
                          "(seconds; invoke.yaml's bench default is 3600)")
-    use(Settings(opts=kube.options(k8s_config), threads=s.threads))
+    options = Settings(opts=kube.options(k8s_config), threads=s.threads)
     # The stall watch reads heartbeats the ranks write in this machine's results folder;
     # in pods they are written in the pod's: the job's activeDeadlineSeconds (--timeout-s)
     # and the runner's own deadline bound the run instead.
-    return dataclasses.replace(s, stall_s=-1)
+    return dataclasses.replace(s, stall_s=-1), options

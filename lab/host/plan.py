@@ -45,6 +45,7 @@ class Plan:
     hosts: tuple[Host, ...] = ()            # --hosts / --hostfile, parsed once
     already: tuple[str, ...] = ()           # --resume: combinations left out, as said
     refused: tuple[tuple[int, str], ...] = ()   # a sweep's combinations that cannot run, and why
+    k8s: object = None                      # --launcher k8s: its options (lab.host.k8s_runner.Settings)
 
     @property
     def sweep(self) -> bool:
@@ -63,10 +64,11 @@ def make_plan(flags: dict, defaults: dict, resume: bool = False, k8s: dict | Non
     """The task's flags (None where not given) over invoke.yaml's `bench` section (and,
     with --launcher k8s, its `k8s` section: lab.host.k8s_runner.for_bench)."""
     settings, lists = settings_from_flags(flags, defaults)
-    if settings.launcher == "k8s":
-        from lab.host.k8s_runner import for_bench
-        settings = for_bench(settings, k8s or {})
-    return plan_of(settings, lists, resume)
+    if settings.launcher != "k8s":
+        return plan_of(settings, lists, resume)
+    from lab.host.k8s_runner import for_bench
+    settings, options = for_bench(settings, k8s or {})
+    return dataclasses.replace(plan_of(settings, lists, resume), k8s=options)
 
 
 def plan_of(s: BenchSettings, lists: dict | None = None, resume: bool = False) -> Plan:

@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass
 
 from lab.common import kit, proc
+from lab.common.config import RunConfig
 from lab.host import launch
 
 WHERE = ("local", "image", "auto")
@@ -36,6 +37,7 @@ class Launch:
     run_id: str = ""
     attempt: str = ""
     device: str = "cpu"
+    config: RunConfig | None = None      # the ranks' configuration (worker_args are its argv)
 
     @property
     def key(self) -> str:

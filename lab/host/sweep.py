@@ -19,7 +19,7 @@ def run_request(plan: Plan, echo=print) -> Outcome:
     """The plan's jobs: one combination's through bench, several as a sweep; the records
     of the run read back as one outcome."""
     if not plan.sweep and not plan.already:
-        return run_jobs(plan.settings, plan.jobs, plan.hosts, echo)
+        return run_jobs(plan, plan.jobs, echo)
     outcomes = run_sweep(plan, echo=echo)
     rfile = results.run_dir(plan.settings.results_dir, plan.settings.run_id) / results.RESULTS_FILE
     if not rfile.exists():
@@ -77,7 +77,7 @@ def run_sweep(plan: Plan, echo=print) -> list[Outcome]:
                     if "local" not in stacks:
                         stacks["local"] = probe_stack(local)
                     stack = stacks["local"]
-                outcomes.append(run_jobs(s, jobs, plan.hosts, echo, stack, runner, progress))
+                outcomes.append(run_jobs(plan, jobs, echo, stack, runner, progress))
                 continue
             except BenchError as e:
                 reason = str(e)

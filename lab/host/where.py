@@ -10,19 +10,20 @@ def choose_runner(*, where: str = "auto", nodes: int = 1, image: str = "", froze
                   device: str = "cpu", framework: str = "auto", backend: str = "gloo",
                   results_dir: str = "results", data_dir: str | None = "data",
                   check_gpu_code: bool = True, launcher: str = "direct", partition: str = "",
-                  echo=print) -> tuple[runners.Runner, str | None]:
+                  k8s=None, echo=print) -> tuple[runners.Runner, str | None]:
     """(runner, a line saying where the ranks run or why not where asked). `nodes` > 1:
     the cluster's nodes. `auto`: the lab image when an engine and an image are there,
     else local processes with one line saying why; `image` (or a named image) insists on
     the image; `local` never looks. For GPU runs the image must have code for the
     host's GPUs (refused in one sentence, unless check_gpu_code is False: doctor
     reports it as a finding instead). launcher "slurm": a batch job of the cluster's
-    Slurm, on `nodes` of its nodes; "k8s": a Kubeflow job on the kubeconfig's cluster."""
+    Slurm, on `nodes` of its nodes; "k8s": a Kubeflow job on the kubeconfig's cluster
+    (`k8s`: its options, lab.host.k8s_runner.Settings)."""
     if where not in runners.WHERE:
         raise runners.RunnerError(f"where the job runs must be one of {', '.join(runners.WHERE)}, not {where!r}")
     if launcher == "k8s":
         from lab.host.k8s_runner import K8sRunner
-        runner = K8sRunner(nodes, device, image, results_dir, data_dir, backend=backend)
+        runner = K8sRunner(nodes, device, image, results_dir, data_dir, settings=k8s, backend=backend)
         return runner, runner.describe()
     if launcher == "slurm":
         from lab.host.cluster_runner import SlurmClusterRunner
