@@ -91,3 +91,33 @@ def mnist_like(tmp_path_factory):
 def no_network_mirrors(monkeypatch):
     """Mirrors that refuse at once (a closed loopback port), so no test reaches out."""
     monkeypatch.setenv("LAB_MNIST_MIRRORS", "http://127.0.0.1:9/")
+
+
+class FakeImage:
+    """An image as the Docker SDK returns it: tags, id, labels (lab.host.images writes
+    them: the CUDA architectures and PTX of its build, docker/versions.env)."""
+    def __init__(self, tag, archs, ptx="0"):
+        from lab.host.images import LABEL_PREFIX
+        self.tags, self.id, self.short_id = [tag], "sha256:" + tag, tag
+        self.labels = {LABEL_PREFIX + "cuda_archs": archs, LABEL_PREFIX + "cuda_ptx": ptx}
+
+
+@pytest.fixture
+def engine_with(monkeypatch):
+    """A Docker engine that has the given images (tag -> FakeImage) on a host whose GPUs
+    have the given compute capabilities: engine_with(images, ["8.9"]). What the engine
+    stands for is only its image lookup (images.get); no GPU exists here."""
+    import docker
+    from lab.common import docker_api
+    from lab.host import runners
+
+    def make(images, capabilities):
+        class Images:
+            def get(self, tag):
+                if tag in images:
+                    return images[tag]
+                raise docker.errors.ImageNotFound(tag)
+        cli = type("Cli", (), {"images": Images()})()
+        monkeypatch.setattr(docker_api, "client", lambda *a, **k: cli)
+        monkeypatch.setattr(runners, "host_gpu_capabilities", lambda: capabilities)
+    return make

@@ -383,8 +383,9 @@ def test_what_a_cluster_runner_runs_is_its_commands(up, launcher):
     ProcessConfig), for Slurm the sbatch on node1, whose script is the one written for
     this launch and holds its worker arguments."""
     from lab.common.config import RunConfig
-    from lab.host.cluster_runner import ClusterRunner, SlurmClusterRunner
+    from lab.host.cluster_runner import ClusterRunner
     from lab.host.runners import Launch
+    from lab.host.slurm_runner import SlurmClusterRunner
     runner = ClusterRunner(2) if launcher == "direct" else SlurmClusterRunner(2)
     run_id = f"cmds-{launcher}-{os.getpid()}-{int(time.time())}"
     cfg = RunConfig(framework="ddp", max_steps=4, warmup_steps=1, results_dir=runner.results_in,
@@ -471,8 +472,8 @@ def test_a_silent_slurm_controller_ends_the_poll_in_one_sentence(up):
     scontrol has not answered for CONTROLLER_SILENCE_S (5 s here, 60 s in bench), and
     says so; the controller is then started again and the job cancelled."""
     from lab.common.config import RunConfig
-    from lab.host.cluster_runner import SlurmClusterRunner
     from lab.host.runners import Launch
+    from lab.host.slurm_runner import SlurmClusterRunner
     node1 = cluster.nodes(up)["node1"]
     runner = SlurmClusterRunner(2)
     runner.CONTROLLER_SILENCE_S = 5.0

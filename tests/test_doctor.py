@@ -13,6 +13,7 @@ import pytest
 
 from envcheck import findings, host, probes, report, stack
 from envcheck.probes import FAIL, PASS, SKIP, WARN, Result
+from tests.conftest import FakeImage
 
 FIX = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).resolve().parent.parent
@@ -362,43 +363,23 @@ def test_doctor_on_an_eight_gpu_host(monkeypatch, tmp_path, capsys):
     assert code == 0
 
 
-class _Img:
-    """An image as the Docker SDK returns it: tags, id, labels (lab.host.images writes
-    them: the CUDA 13.0 entry's architectures, docker/versions.env)."""
-    def __init__(self, tag):
-        from lab.common import versions
-        from lab.host.images import LABEL_PREFIX
-        m = versions.read()
-        self.tags, self.id, self.short_id = [tag], "sha256:" + tag, tag[-8:]
-        self.labels = {LABEL_PREFIX + "cuda_archs": m["CUDA_13_0_ARCHS"],
-                       LABEL_PREFIX + "cuda_ptx": m["CUDA_13_0_PTX"]}
-
-
-def _engine_with(monkeypatch, tags):
-    import docker
-    from lab.common import docker_api
-    from lab.host import runners
-    images = {t: _Img(t) for t in tags}
-
-    class Images:
-        def get(self, tag):
-            if tag in images:
-                return images[tag]
-            raise docker.errors.ImageNotFound(tag)
-    cli = type("Cli", (), {"images": Images()})()
-    monkeypatch.setattr(docker_api, "client", lambda *a, **k: cli)
-    monkeypatch.setattr(runners, "host_gpu_capabilities", lambda: ["8.9"])   # an L4
+def _engine_with(engine_with, tags):
+    """The CPU-less host's engine with these GPU images, each holding the CUDA 13.0 entry's
+    code (docker/versions.env), on an L4 (compute capability 8.9)."""
+    from lab.common import versions
+    m = versions.read()
+    engine_with({t: FakeImage(t, m["CUDA_13_0_ARCHS"], m["CUDA_13_0_PTX"]) for t in tags}, ["8.9"])
 
 
 @pytest.mark.parametrize("built,checked", [
     (["dl-lab-kit:gpu-mpi"], ["dl-lab-kit:gpu-mpi"]),
     (["dl-lab-kit:gpu-nccl", "dl-lab-kit:gpu-mpi"], ["dl-lab-kit:gpu-nccl", "dl-lab-kit:gpu-mpi"]),
 ])
-def test_doctor_checks_whichever_gpu_images_are_built(monkeypatch, built, checked):
+def test_doctor_checks_whichever_gpu_images_are_built(monkeypatch, engine_with, built, checked):
     from lab.host import doctor
     gpus = probes.parse_nvidia_smi((FIX / "nvidia-smi-1x-l4.txt").read_text())
     monkeypatch.setattr(host, "collect", lambda: [Result("gpus", PASS, gpus)])
-    _engine_with(monkeypatch, built)
+    _engine_with(engine_with, built)
     seen = []
 
     def in_image(runner, np):

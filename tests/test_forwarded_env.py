@@ -78,7 +78,7 @@ def test_the_compose_clusters_nodes_get_them(host_env):
 
 def test_a_slurm_job_on_the_cluster_exports_them(host_env):
     from lab.host import slurm
-    from lab.host.cluster_runner import SlurmClusterRunner
+    from lab.host.slurm_runner import SlurmClusterRunner
     env = _cluster_runner(SlurmClusterRunner).env({"OMP_NUM_THREADS": "1"})
     script = slurm.job_script(slurm.SlurmJob("ddp", "nccl", 2, 2, ["--epochs", "1"], env=env))
     assert "export NCCL_DEBUG=INFO" in script and "export TORCH_NCCL_ASYNC_ERROR_HANDLING=1" in script

@@ -174,6 +174,7 @@ def test_the_8bit_payload_stays_on_the_gpu_only_where_horovod_takes_gpu_memory(h
 from lab.common import versions  # noqa: E402
 from lab.host import runners, where  # noqa: E402
 from lab.host.images import LABEL_PREFIX  # noqa: E402
+from tests.conftest import FakeImage  # noqa: E402
 
 
 @pytest.mark.parametrize("archs,cc,ptx,runs", [
@@ -197,29 +198,6 @@ def test_the_matrix_names_the_cuda_entry_for_a_volta():
     assert m["CUDA_12_6_PTX"] == "0" and m["CUDA_13_0_PTX"] == "1"
     assert versions.cuda_entry_for(m, "9.0") == m["CUDA_DEFAULT"]
     assert versions.cuda_entry_for(m, "6.1") is None
-
-
-class FakeImage:
-    def __init__(self, tag, archs, ptx="0"):
-        self.tags, self.id, self.short_id = [tag], "sha256:" + tag, tag
-        self.labels = {LABEL_PREFIX + "cuda_archs": archs, LABEL_PREFIX + "cuda_ptx": ptx}
-
-
-@pytest.fixture
-def engine_with(monkeypatch):
-    import docker
-    from lab.common import docker_api
-
-    def make(images, capabilities):
-        class Images:
-            def get(self, tag):
-                if tag in images:
-                    return images[tag]
-                raise docker.errors.ImageNotFound(tag)
-        cli = type("Cli", (), {"images": Images()})()
-        monkeypatch.setattr(docker_api, "client", lambda *a, **k: cli)
-        monkeypatch.setattr(runners, "host_gpu_capabilities", lambda: capabilities)
-    return make
 
 
 def test_a_gpu_run_takes_the_image_with_code_for_its_gpus(engine_with, tmp_path):

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from lab.common.config import parse_args
-from lab.host import k8s
+from lab.host import k8s, k8s_jobs
 from lab.host.request import BenchError, settings_from_flags
 
 REPO = Path(__file__).resolve().parent.parent
@@ -275,13 +275,13 @@ def test_without_a_volume_the_record_is_printed_after_the_run(tmp_path):
     rec = tmp_path / "results.jsonl"
     rec.write_text('{"status": "ok"}\n{"status": "ok", "n": 2}\n')
     for code in (0, 3):
-        cmd = k8s.with_records(["bash", "-c", f"echo training; exit {code}"], str(rec), pvc="")
+        cmd = k8s_jobs.with_records(["bash", "-c", f"echo training; exit {code}"], str(rec), pvc="")
         cp = subprocess.run(cmd, capture_output=True, text=True)
         assert cp.returncode == code
         lines = cp.stdout.splitlines()
         assert lines[0] == "training"
         assert [ln[len(k8s.RECORD_PREFIX):] for ln in lines[1:]] == rec.read_text().splitlines()
-    assert k8s.with_records(["true"], str(rec), pvc="claim") == ["true"]
+    assert k8s_jobs.with_records(["true"], str(rec), pvc="claim") == ["true"]
 
 
 @pytest.mark.parametrize("flags,opts,words", [

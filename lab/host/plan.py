@@ -39,13 +39,17 @@ class Job:
 
 @dataclass(frozen=True)
 class Plan:
-    settings: BenchSettings                 # the request's own (the first combination's)
     combinations: tuple[BenchSettings, ...]
     jobs: tuple[Job, ...]                   # what runs, in order
     hosts: tuple[Host, ...] = ()            # --hosts / --hostfile, parsed once
     already: tuple[str, ...] = ()           # --resume: combinations left out, as said
     refused: tuple[tuple[int, str], ...] = ()   # a sweep's combinations that cannot run, and why
     k8s: object = None                      # --launcher k8s: its options (lab.host.k8s_runner.Settings)
+
+    @property
+    def settings(self) -> BenchSettings:
+        """The request's own settings: its first combination's."""
+        return self.combinations[0]
 
     @property
     def sweep(self) -> bool:
@@ -109,7 +113,7 @@ def plan_of(s: BenchSettings, lists: dict | None = None, resume: bool = False) -
             already.append(f"-- {label(c)}" + (f", repeat {rep + 1}" if s.repeat > 1 else "")
                            + ": already recorded, not run again (--resume)")
         jobs += todo
-    return Plan(combos[0], combos, tuple(jobs), hosts, tuple(already), tuple(sorted(refused.items())))
+    return Plan(combos, tuple(jobs), hosts, tuple(already), tuple(sorted(refused.items())))
 
 
 def combinations(base: BenchSettings, lists: dict) -> list[BenchSettings]:

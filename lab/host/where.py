@@ -26,7 +26,7 @@ def choose_runner(*, where: str = "auto", nodes: int = 1, image: str = "", froze
         runner = K8sRunner(nodes, device, image, results_dir, data_dir, settings=k8s, backend=backend)
         return runner, runner.describe()
     if launcher == "slurm":
-        from lab.host.cluster_runner import SlurmClusterRunner
+        from lab.host.slurm_runner import SlurmClusterRunner
         runner = SlurmClusterRunner(nodes, frozen=frozen, partition=partition, echo=echo)
         return runner, runner.describe()
     if nodes > 1:
