@@ -49,6 +49,32 @@ if hvd.nccl_built():
     assert h == t, f"Horovod was built with NCCL {h}, torch loads {t}"
 print(f"smoke-test: torch {torch.__version__} (CUDA {torch.version.cuda}) loads NCCL {t}")
 PY
+    # Exactly one NCCL in a process, torch's, although the base may hold a system NCCL
+    # (nvidia/cuda's libnccl2) on the library path: read from /proc/self/maps of a
+    # process that imported torch and Horovod, alone and as an MPI rank (as doctor's
+    # probes and the kit's launches start them), and from ldd of what links NCCL.
+    nccl_dir="$(PYTHON=python bash /opt/lab-kit/docker/torch-nccl.sh)/lib"
+    cat > /tmp/one-nccl.py <<'PY'
+import os, sys
+import torch, horovod.torch  # noqa: F401  (what a rank imports)
+mapped = sorted({os.path.realpath(ln.split()[-1]) for ln in open("/proc/self/maps")
+                 if "libnccl" in ln.rsplit("/", 1)[-1]})
+want = os.path.realpath(sys.argv[1])
+assert len(mapped) == 1 and mapped[0].startswith(want + "/"), f"NCCL libraries mapped: {mapped}, want one under {want}"
+print(f"smoke-test: one NCCL in the process ({sys.argv[2]}): {mapped[0]}")
+PY
+    python /tmp/one-nccl.py "$nccl_dir" "python" || fail "a process that imports torch and Horovod does not hold exactly torch's NCCL"
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 1 python /tmp/one-nccl.py "$nccl_dir" "an mpirun rank" \
+        || fail "an MPI rank that imports torch and Horovod does not hold exactly torch's NCCL"
+    rm -f /tmp/one-nccl.py
+    linked=("$(python -c 'import glob, os, horovod.torch as h; print(glob.glob(os.path.join(os.path.dirname(h.__file__), "mpi_lib_v2*.so"))[0])')")
+    [[ "${NCCL_TESTS:-1}" == 1 ]] && linked+=("$(command -v all_reduce_perf)")
+    for bin in "${linked[@]}"; do
+        got="$(ldd "$bin" | sed -n 's/.*libnccl\.so\.2 => \([^ ]*\).*/\1/p')"
+        [[ -z "$got" || "$(readlink -f "$got")" == "$(readlink -f "$nccl_dir")"/* ]] \
+            || fail "$bin resolves libnccl.so.2 to $got, not torch's NCCL in $nccl_dir"
+        echo "smoke-test: $(basename "$bin") links ${got:-no NCCL}"
+    done
     if [[ "${NCCL_TESTS:-1}" == 1 ]]; then
         command -v all_reduce_perf >/dev/null || fail "nccl-tests' all_reduce_perf is not on the PATH"
         ! ldd "$(command -v all_reduce_perf)" | grep -q 'not found' \

@@ -333,6 +333,12 @@ def test_gpu_image_is_the_stack_it_was_asked_for(gpu_image, tmp_path):
     assert labels[LABEL_PREFIX + "flavor"] == "gpu"
     assert labels[LABEL_PREFIX + "horovod_gpu_operations"] == ops
     assert labels[LABEL_PREFIX + "cuda_version"] == "13.0"
+    # Built on a base that is nvidia/cuda as far as the build can tell (NVIDIA's NCCL_VERSION,
+    # a system NCCL, a banner-printing entry point: tests/test_cuda_base.py), and the lab
+    # image runs its commands without that entry point: their output is theirs alone.
+    env = dict(e.split("=", 1) for e in img.attrs["Config"]["Env"])
+    assert env.get("NCCL_VERSION") and env["NCCL_VERSION"] != labels[LABEL_PREFIX + "nccl_version"]
+    assert not img.attrs["Config"]["Entrypoint"]
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "stack.py").write_text(GPU_STACK)
     rc, logs, _ = run_in_image((client, img), "ompi_info --parsable --all | "

@@ -125,7 +125,7 @@ def build_args(s: BuildSettings, matrix: dict[str, str]) -> dict[str, str]:
             "OPENMPI_VERSION": matrix["OPENMPI_VERSION"],
             "OPENMPI_URL": matrix["OPENMPI_URL"],
             "OPENMPI_SHA256": matrix["OPENMPI_SHA256"],
-            "NCCL_VERSION": matrix[v + "NCCL_VERSION"],
+            "EXPECT_NCCL_VERSION": matrix[v + "NCCL_VERSION"],
             "CUDA_ARCHS": archs(s, matrix),
             "NCCL_TESTS": "1" if s.nccl_tests else "0",
             "NCCL_TESTS_VERSION": matrix["NCCL_TESTS_VERSION"],
@@ -150,11 +150,12 @@ def labels(s: BuildSettings, args: dict[str, str], matrix: dict[str, str],
            version: str) -> dict[str, str]:
     """The versions in the image as labels; every results record carries them."""
     out = {LABEL_PREFIX + k.lower(): v for k, v in args.items()
-           if v and k not in ("NCCL_TESTS", "CUDA_ARCHS")}
+           if v and k not in ("NCCL_TESTS", "CUDA_ARCHS", "EXPECT_NCCL_VERSION")}
     out[LABEL_PREFIX + "kit_version"] = version
     if s.flavor == "gpu":
         v = variant(s, matrix)
         out[LABEL_PREFIX + "cuda_version"] = s.cuda or matrix["CUDA_DEFAULT"]
+        out[LABEL_PREFIX + "nccl_version"] = matrix[v + "NCCL_VERSION"]     # torch's NCCL wheel
         out[LABEL_PREFIX + "cudnn_version"] = matrix[v + "CUDNN_VERSION"]
         out[LABEL_PREFIX + "cuda_archs"] = archs(s, matrix)
         out[LABEL_PREFIX + "cuda_ptx"] = matrix.get(v + "PTX", "0")
