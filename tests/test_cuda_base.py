@@ -148,3 +148,26 @@ def test_on_the_stand_in_nvidias_env_wins_over_a_build_argument_of_its_name(stan
         assert f"seen NCCL_VERSION={env['NCCL_VERSION']} EXPECT_NCCL_VERSION=2.29.7" in cp.stdout, cp.stdout
     finally:
         subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)
+
+
+def _configure_args(tmp_path, **env):
+    cuda = tmp_path / "cuda"
+    (cuda / "include").mkdir(parents=True, exist_ok=True)
+    (cuda / "include" / "cuda.h").write_text("")
+    return subprocess.run(["bash", str(REPO_ROOT / "docker" / "install-openmpi.sh")], capture_output=True,
+                          text=True, env={"PATH": BASE_PATH, "CUDA_HOME": str(cuda), "CONFIGURE_ONLY": "1", **env})
+
+
+def test_open_mpi_is_built_without_ucx_unless_a_cuda_ucx_is_given(tmp_path):
+    """A UCX that configure finds on its own (a host's MOFED, HPC-X) would make the UCX PML,
+    which outranks ob1 on InfiniBand; built without CUDA it cannot carry GPU buffers."""
+    cp = _configure_args(tmp_path)
+    assert cp.returncode == 0 and "--without-ucx" in cp.stdout.split() and "--with-cuda=" in cp.stdout
+    ucx = tmp_path / "ucx"
+    (ucx / "lib" / "ucx").mkdir(parents=True)
+    cp = _configure_args(tmp_path, UCX_HOME=str(ucx))
+    assert cp.returncode == 1 and cp.stdout == ""
+    assert "no CUDA transport" in cp.stderr and "unset UCX_HOME" in cp.stderr and "Traceback" not in cp.stderr
+    (ucx / "lib" / "ucx" / "libuct_cuda.so.0").write_text("")
+    cp = _configure_args(tmp_path, UCX_HOME=str(ucx))
+    assert cp.returncode == 0 and f"--with-ucx={ucx}" in cp.stdout.split() and "--without-ucx" not in cp.stdout
