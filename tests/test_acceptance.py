@@ -89,7 +89,7 @@ def test_the_dry_run_of_a_faked_host_prints_every_launch_its_image_and_at_most_4
     total = float(re.search(r"estimated total: ([\d.]+) min", text).group(1))
     assert len(per_step) == len(plan.steps) and total == pytest.approx(sum(per_step), abs=0.1 * len(per_step))
     assert 0 < total <= acceptance_plan.BUDGET_MIN == 45
-    assert "images not built yet" not in text
+    assert "missing, so it would not start" not in text
     full = float(re.search(r"estimated total: ([\d.]+) min", dry_run(tmp_path, full=True)).group(1))
     assert full > total
 
@@ -125,11 +125,25 @@ def test_each_row_runs_in_the_image_of_its_gpu_operations():
 def test_missing_images_are_named_with_the_exact_build_command_and_nothing_runs(gpu_host, tmp_path):
     gpu_host(4, images=[IMAGES["nccl"]])
     text = dry_run(tmp_path)
-    assert "images not built yet:\n  - dl-lab-kit:gpu-mpi: `invoke build --flavor gpu --gpu-ops MPI`" in text
-    with pytest.raises(acceptance.AcceptanceError, match=r"dl-lab-kit:gpu-mpi: `invoke build "
-                       r"--flavor gpu --gpu-ops MPI`") as e:
+    assert ("missing, so it would not start:\n  - dl-lab-kit:gpu-mpi is not built (`invoke build "
+            "--flavor gpu --gpu-ops MPI`)") in text
+    with pytest.raises(acceptance.AcceptanceError, match=r"ran nothing: dl-lab-kit:gpu-mpi is not built "
+                       r"\(`invoke build --flavor gpu --gpu-ops MPI`\)$") as e:
         acceptance.run(str(tmp_path), echo=lambda line: None)
     assert "gpu-nccl" not in str(e.value) and list(tmp_path.iterdir()) == []
+
+
+def test_no_engine_to_ask_stops_a_gpu_host_before_anything_runs(gpu_host, monkeypatch, tmp_path):
+    from lab.common import docker_api
+    gpu_host(2)
+
+    def unreachable(*a, **k):
+        raise docker_api.DockerUnavailable("no Docker engine is reachable (ConnectionError)")
+    monkeypatch.setattr(docker_api, "client", unreachable)
+    assert "  - no Docker engine is reachable (ConnectionError): start one" in dry_run(tmp_path)
+    with pytest.raises(acceptance.AcceptanceError, match="no Docker engine is reachable"):
+        acceptance.run(str(tmp_path), echo=lambda line: None)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_build_command_named_makes_the_tag_named(gpu_host, tmp_path):
@@ -137,7 +151,7 @@ def test_the_build_command_named_makes_the_tag_named(gpu_host, tmp_path):
     build task's settings from that command give the very tag acceptance looks for."""
     from lab.host.images import BuildSettings, tags
     gpu_host(1, images=[], capability="7.0")
-    named = re.findall(r"  - (\S+): `invoke build ([^`]+)`", dry_run(tmp_path))
+    named = re.findall(r"  - (\S+) is not built \(`invoke build ([^`]+)`\)", dry_run(tmp_path))
     assert [t for t, _ in named] == ["dl-lab-kit:gpu-nccl-cu126", "dl-lab-kit:gpu-mpi-cu126"]
     for tag, command in named:
         opts = dict(zip(command.split()[::2], command.split()[1::2]))

@@ -84,7 +84,7 @@ def count_gpus(environ=None) -> GpuCount:
 
 def check_images() -> tuple[dict[str, str], list[str]]:
     """(ops -> the built GPU image bench would take for it, a sentence per image not
-    there). Asked of the Docker engine as bench asks (lab.host.runners: the candidate
+    there, or for the engine that cannot be asked). Asked of the Docker engine as bench asks (lab.host.runners: the candidate
     tags by GPU operations, the one with code for these GPUs and a CUDA this driver runs)."""
     from lab.common import docker_api, versions
     from lab.host import runners
@@ -106,7 +106,7 @@ def check_images() -> tuple[dict[str, str], list[str]]:
             continue
         if img is None:
             images[ops] = tags(BuildSettings(flavor="gpu", gpu_ops=ops.upper(), cuda=cuda), "", matrix)[0]
-            missing.append(f"{images[ops]}: `{acceptance_plan.build_command(ops, cuda)}`")
+            missing.append(f"{images[ops]} is not built (`{acceptance_plan.build_command(ops, cuda)}`)")
         else:
             images[ops] = next((t for t in candidates if t in img.tags), img.tags[0])
     return images, missing
@@ -213,8 +213,8 @@ def run(out_root: str = "results", full: bool = False, dry_run: bool = False, ec
     if dry_run:
         return None
     if missing_images:
-        raise AcceptanceError("acceptance needs images this engine has not got: "
-                              + "; ".join(missing_images) + " (build them, then run it again)")
+        raise AcceptanceError("acceptance needs what this machine has not got, and ran nothing: "
+                              + "; ".join(missing_images))
     os.makedirs(os.path.join(out, "logs"))
     t0 = time.monotonic()
     for step in plan.steps:

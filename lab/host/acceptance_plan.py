@@ -233,6 +233,6 @@ def render(p: Plan, missing_images: list[str] = ()) -> str:
     lines += ["", f"estimated total: {p.estimate_s / 60:.1f} min ({len(p.steps)} steps; the cost "
               f"model is lab/host/acceptance_plan.py's)"]
     if missing_images:
-        lines += ["", "images not built yet:", *(f"  - {m}" for m in missing_images)]
+        lines += ["", "missing, so it would not start:", *(f"  - {m}" for m in missing_images)]
     lines += ["", "not measured:", *(f"  - {m}" for m in p.missing)]
     return "\n".join(lines)
