@@ -262,7 +262,7 @@ def nccl_tests(counts: list[int], max_size: str, image: str, echo=print) -> int:
             argv = ["all_reduce_perf", "-b", "8", "-e", max_size, "-f", "2", "-g", str(g)]
             echo("$ " + " ".join(argv))
             try:
-                rc, text = runner.output(argv, timeout_s=1800)
+                rc, text = runner.output(argv, timeout_s=900)   # within the step's own limit
             except (RunnerError, proc.NotFound) as e:
                 echo(f"nccl-tests: {e}")
                 return 2
