@@ -340,10 +340,18 @@ def report(c, path, format="md"):
     print(f"wrote {', '.join(map(str, written))}")
 
 
-@task(help={"results-dir": "where the acceptance folder and its archive go"})
-def acceptance(c, results_dir="results"):
-    """Collect this machine's evidence in one archive: doctor, nccl-tests over 1..N GPUs,
-    bench (MNIST, ResNet-50; Horovod NCCL/MPI and DDP; np 1..N; --repeat 3), the
-    data-parallel strategies and the report. Without a GPU, the CPU equivalent."""
-    from lab.host.acceptance import run
-    print(f"wrote {run(results_dir)}")
+@task(help={"results-dir": "where the acceptance folder and its archive go",
+            "dry-run": "print the plan (each command, its image, the estimated minutes) and the "
+                       "images not built yet, and run nothing",
+            "full": "the larger plan: every process count 1..N, three repeats, longer runs"})
+def acceptance(c, results_dir=None, dry_run=False, full=False):
+    """Collect this machine's evidence in one archive: doctor, nccl-tests, bench and the report."""
+    from lab.host.acceptance import AcceptanceError, run
+    defaults = c.config.get("acceptance", {})
+    try:
+        archive = run(results_dir or defaults.get("results_dir"), full=full or defaults.get("full", False),
+                      dry_run=dry_run)
+    except AcceptanceError as e:
+        raise Exit(f"error: {e}", code=2)
+    if archive:
+        print(f"wrote {archive}")

@@ -1,131 +1,146 @@
 """`invoke acceptance`: the evidence a GPU machine gives in one command, left in one
-archive a user can attach to a bug report or a lab report. In order: doctor (JSON),
-nccl-tests' all_reduce_perf over 1..N GPUs, bench for MNIST and ResNet-50 over Horovod
-(NCCL and MPI GPU operations) and DDP at np 1..N with --repeat 3, the data-parallel
-strategies, then `invoke report`. Each step is the kit's own command line, run as a
-process with its output in logs/ (so what is archived is what a user would have
-typed); a step that fails is recorded and the next one runs. On a machine without a
-GPU the CPU equivalent runs, and SUMMARY.md says so before anything else.
+archive a user can attach to a bug report or a lab report. The plan (what runs, in which
+image, for how long) is lab.host.acceptance_plan's; this module counts the GPUs, checks
+the images, runs the steps and writes the archive.
 
-The plan is pure (`plan`), the running is `run`; `python -m lab.host.acceptance
-nccl-tests N` is the nccl-tests step (all_reduce_perf where the ranks run: the GPU
-image, or this machine when it has the binary)."""
+The GPU count is NVML's (nvidia-smi's table when NVML cannot be read), capped by
+CUDA_VISIBLE_DEVICES, and is taken before anything runs: doctor failing or timing out
+never turns a GPU machine into CPU mode. Each step is the kit's own command line, run
+as a process whose lines are echoed as they come and kept in logs/<step>.log; a step
+that fails is recorded and the next one runs. `python -m lab.host.acceptance
+nccl-tests --counts 1,2,4 --max-size 4G --image TAG` is the nccl-tests step."""
 from __future__ import annotations
 
 import json
 import os
 import sys
 import tarfile
+import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from lab.common import kit, proc
+from lab.host import acceptance_plan
+from lab.host.acceptance_plan import Plan, Step
 
-REPEAT = 3
+
+class AcceptanceError(Exception):
+    """Something missing before anything runs: one sentence that says what to do."""
 
 
 @dataclass
-class Step:
-    name: str                   # its log is logs/<name>.log
-    what: str                   # one line for SUMMARY.md
-    argv: list[str]
-    timeout_s: float = 3600
-    stdout_to: str = ""         # also keep its standard output in this file (doctor's JSON)
-    outcome: str = ""           # filled by run(): ok, failed (exit N), timed out, skipped
-    seconds: float = 0.0
-    notes: list[str] = field(default_factory=list)
+class GpuCount:
+    host: int                   # what NVML (or nvidia-smi) sees
+    visible: int                # what CUDA will show: host capped by CUDA_VISIBLE_DEVICES
+    driver: str
+    source: str                 # NVML, nvidia-smi, or none
+    limit: str | None           # CUDA_VISIBLE_DEVICES as found (None: unset)
+
+    def mode(self) -> str:
+        if self.visible:
+            capped = (f"; CUDA_VISIBLE_DEVICES={self.limit} leaves {self.visible} of {self.host}"
+                      if self.visible != self.host else "")
+            return f"GPU mode, {self.visible} GPU(s) ({self.source}, driver {self.driver}{capped})"
+        if self.host:
+            return (f"CPU mode (CUDA_VISIBLE_DEVICES={self.limit!r} hides the {self.host} GPU(s) "
+                    f"{self.source} sees: the CPU equivalent instead)")
+        return "CPU mode (no GPU on this machine: the CPU equivalent instead)"
 
 
-def _invoke(*args: str, python: str = sys.executable) -> list[str]:
-    return [python, "-m", "invoke", *args]
-
-
-def plan(gpus: int, out: str, cpus: int = 2, python: str = sys.executable) -> tuple[list[Step], list[str]]:
-    """(the steps after doctor, what is not measured). gpus: how many the host has (0:
-    the CPU equivalent, np 1..min(2, cpus))."""
-    results = os.path.join(out, "results")
-    steps, missing = [], []
-
-    def bench(name, what, *flags, timeout_s=3600):
-        steps.append(Step(name, what, _invoke("bench", "--results-dir", results, "--run-id", name,
-                                              "--repeat", str(REPEAT), *flags, python=python),
-                          timeout_s=timeout_s))
-    if gpus:
-        nps = ",".join(str(n) for n in range(1, gpus + 1))
-        # The README benchmark's MNIST sizes; ResNet-50 at a GPU's batch.
-        sizes = {"mnist": ("--epochs", "1", "--max-steps", "300", "--warmup-steps", "20"),
-                 "resnet50": ("--epochs", "1", "--batch-size", "64", "--max-steps", "100",
-                              "--warmup-steps", "10")}
-        steps.append(Step("nccl-tests", f"nccl-tests all_reduce_perf over 1..{gpus} GPU(s)",
-                          [python, "-m", "lab.host.acceptance", "nccl-tests", str(gpus)]))
-        for model in ("mnist", "resnet50"):
-            for fw, be, what in (("horovod", "nccl", "Horovod, NCCL GPU operations"),
-                                 ("horovod", "mpi", "Horovod, MPI GPU operations (CUDA-aware MPI)"),
-                                 ("ddp", "nccl", "DDP over NCCL")):
-                bench(f"{model}-{fw}-{be}", f"{model}: {what}, np {nps}", "--model", model,
-                      "--device", "cuda", "--framework", fw, "--backend", be, "--np", nps,
-                      "--data", "synthetic", *sizes[model])
-        bench("strategies", f"resnet50: ddp, zero1, fsdp, deepspeed on {gpus} GPU(s)",
-              "--model", "resnet50", "--device", "cuda", "--framework", "ddp", "--backend", "nccl",
-              "--np", str(gpus), "--strategy", "ddp,zero1,fsdp,deepspeed", "--data", "synthetic",
-              *sizes["resnet50"])
-        bench("dataparallel", f"resnet50: DataParallel, one process over {gpus} GPU(s)",
-              "--model", "resnet50", "--device", "cuda", "--np", "1", "--strategy", "dataparallel",
-              "--data", "synthetic", *sizes["resnet50"])
-        missing.append("runs across servers (one machine; --hosts or the cluster give those rows)")
-    else:
-        n = max(1, min(2, cpus))
-        nps = ",".join(str(i) for i in range(1, n + 1))
-        missing += ["anything on a GPU: there is none here, so the CPU equivalent ran",
-                    "nccl-tests (needs GPUs)", "NCCL, and Horovod's NCCL and MPI GPU operations",
-                    "DataParallel and GPU memory per device"]
-        # Small enough that the whole CPU plan fits in minutes on 2 cores.
-        short = ("--data", "synthetic", "--epochs", "1", "--max-steps", "60", "--warmup-steps", "10",
-                 "--threads", "1")
-        for fw, be in (("horovod", "gloo"), ("horovod", "mpi"), ("ddp", "gloo")):
-            bench(f"mnist-{fw}-{be}", f"mnist: {fw} over {be} on CPUs, np {nps}", "--model", "mnist",
-                  "--device", "cpu", "--framework", fw, "--backend", be, "--np", nps, *short)
-        tiny = ("--data", "synthetic", "--epochs", "1", "--max-steps", "2", "--warmup-steps", "1",
-                "--batch-size", "8", "--threads", "1")
-        for fw, be in (("ddp", "gloo"), ("horovod", "mpi")):
-            bench(f"resnet50-{fw}-{be}", f"resnet50: {fw} over {be} on CPUs, np {nps}",
-                  "--model", "resnet50", "--device", "cpu", "--framework", fw, "--backend", be,
-                  "--np", nps, *tiny)
-        bench("strategies", f"mnist: ddp, zero1, fsdp on CPUs, np {n}", "--model", "mnist",
-              "--device", "cpu", "--framework", "ddp", "--backend", "gloo", "--np", str(n),
-              "--strategy", "ddp,zero1,fsdp", *short)
-    steps.append(Step("report", "invoke report over every run above",
-                      _invoke("report", results, python=python), timeout_s=600))
-    return steps, missing
-
-
-def gpu_count(doctor_json: str) -> tuple[int, str]:
-    """(GPUs on the host, driver) from doctor's JSON; (0, "") when it has none or the
-    JSON is missing."""
-    lines = [ln for ln in doctor_json.splitlines() if ln.startswith("{") and '"checks"' in ln]
+def host_gpus(timeout: float = 15) -> tuple[int, str, str]:
+    """(GPUs, driver, source) from NVML (pynvml's nvmlDeviceGetCount); nvidia-smi's
+    table (envcheck's parser) when NVML cannot be read; (0, "", "none") without either."""
     try:
-        doc = json.loads(lines[-1])           # the JSON line, whatever else was printed
-    except (IndexError, ValueError):
-        return 0, ""
-    for c in doc.get("checks", []):
-        if c.get("where") == "host" and c.get("name") == "gpus" and c.get("status") == "PASS":
-            v = c.get("value") or {}
-            return int(v.get("count") or 0), str(v.get("driver") or "")
-    return 0, ""
-
-
-def _run_step(step: Step, out: str, echo) -> None:
-    log = os.path.join(out, "logs", f"{step.name}.log")
-    echo(f"acceptance: {step.what} ...")
-    t0 = time.monotonic()
+        import pynvml
+    except ImportError:
+        pynvml = None
+    if pynvml is not None:
+        try:
+            pynvml.nvmlInit()
+        except Exception:
+            pass                       # no driver or no libnvidia-ml: nvidia-smi below
+        else:
+            try:
+                n, driver = pynvml.nvmlDeviceGetCount(), pynvml.nvmlSystemGetDriverVersion()
+                return int(n), driver.decode() if isinstance(driver, bytes) else str(driver), "NVML"
+            except Exception:
+                pass
+            finally:
+                pynvml.nvmlShutdown()
+    from envcheck.probes import ProbeError, parse_nvidia_smi, run_command
     try:
-        res = proc.run(step.argv, timeout=step.timeout_s, merge=False, cwd=str(kit.REPO_ROOT))
-    except proc.NotFound as e:
-        step.outcome, step.seconds = f"could not start: {e}", 0.0
-        return
-    step.seconds = time.monotonic() - t0
-    with open(log, "w") as f:
-        f.write("$ " + " ".join(step.argv) + "\n" + res.stdout + ("\n" + res.stderr if res.stderr else ""))
+        value = parse_nvidia_smi(run_command(["nvidia-smi"], timeout=timeout))
+    except (ProbeError, ValueError):
+        return 0, "", "none"
+    return value["count"], value["driver"], "nvidia-smi"
+
+
+def count_gpus(environ=None) -> GpuCount:
+    environ = os.environ if environ is None else environ
+    n, driver, source = host_gpus()
+    limit = environ.get("CUDA_VISIBLE_DEVICES")
+    return GpuCount(n, acceptance_plan.visible_count(n, limit), driver, source, limit)
+
+
+def check_images() -> tuple[dict[str, str], list[str]]:
+    """(ops -> the built GPU image bench would take for it, a sentence per image not
+    there, or for the engine that cannot be asked). Asked of the Docker engine as bench asks (lab.host.runners: the candidate
+    tags by GPU operations, the one with code for these GPUs and a CUDA this driver runs)."""
+    from lab.common import docker_api, versions
+    from lab.host import runners
+    from lab.host.images import BuildSettings, tags
+    images, missing = acceptance_plan.default_images(), []
+    try:
+        cli = docker_api.client()
+    except docker_api.DockerUnavailable as e:
+        return images, [f"{e}: {docker_api.START_HINT}; the GPU steps run in the lab images"]
+    matrix = versions.read()
+    entries = {versions.cuda_entry_for(matrix, c) for c in runners.host_gpu_capabilities()}
+    cuda = next((c for c in entries if c and c != matrix["CUDA_DEFAULT"]), "")
+    for ops in ("nccl", "mpi"):
+        candidates = runners.candidate_images("cuda", "horovod", ops, runners.matrix_cudas())
+        try:
+            img = runners.gpu_image(cli, candidates)
+        except runners.RunnerError as e:
+            missing.append(str(e))
+            continue
+        if img is None:
+            images[ops] = tags(BuildSettings(flavor="gpu", gpu_ops=ops.upper(), cuda=cuda), "", matrix)[0]
+            missing.append(f"{images[ops]} is not built (`{acceptance_plan.build_command(ops, cuda)}`)")
+        else:
+            images[ops] = next((t for t in candidates if t in img.tags), img.tags[0])
+    return images, missing
+
+
+def make_plan(out: str, full: bool = False, environ=None) -> tuple[Plan, list[str], GpuCount]:
+    """(the plan for this machine, the images it needs and has not got, the GPU count)."""
+    count = count_gpus(environ)
+    images, missing = check_images() if count.visible else (None, [])
+    return (acceptance_plan.plan(count.visible, out, full=full, images=images,
+                                 cpus=os.cpu_count() or 1, mode=count.mode()), missing, count)
+
+
+def run_step(step: Step, out: str, echo) -> None:
+    """Run one step, its lines echoed as they come and written to logs/<name>.log."""
+    lock = threading.Lock()
+    with open(os.path.join(out, "logs", f"{step.name}.log"), "w") as log:
+        log.write("$ " + " ".join(step.argv) + "\n")
+
+        def line(text: str) -> None:
+            with lock:
+                log.write(text + "\n")
+                log.flush()
+            echo(f"  {step.name}| {text}")
+        echo(f"acceptance: {step.what} ...")
+        t0 = time.monotonic()
+        try:
+            # Unbuffered: a Python child writing to a pipe would hold its lines until exit.
+            res = proc.run(step.argv, timeout=step.timeout_s, merge=False, echo=line,
+                           cwd=str(kit.REPO_ROOT), env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        except proc.NotFound as e:
+            step.outcome = f"could not start: {e}"
+            return
+        step.seconds = time.monotonic() - t0
     if step.stdout_to:
         with open(os.path.join(out, step.stdout_to), "w") as f:
             f.write(res.stdout)
@@ -134,47 +149,89 @@ def _run_step(step: Step, out: str, echo) -> None:
     echo(f"acceptance: {step.name}: {step.outcome} in {step.seconds:.0f} s")
 
 
-def summary(mode: str, machine: str, steps: list[Step], missing: list[str], seconds: float) -> str:
+def nccl_figures(text: str) -> list[dict]:
+    """Each all_reduce_perf run of the nccl-tests step's output (after its `$ ...` line):
+    its -g count, rows (size, count, type, redop, root, time, algbw, busbw, #wrong, out-of-
+    place and in-place; nccl-tests doc/PERFORMANCE.md), # Avg bus bandwidth, and the
+    busbw at the largest size and the #wrong total that SUMMARY.md gives."""
+    from envcheck.probes import NCCL_TESTS_ROW, parse_nccl_tests
+    runs = []
+    for part in text.split("$ all_reduce_perf")[1:]:
+        argv = part.splitlines()[0].split()
+        try:
+            parsed = parse_nccl_tests(part)
+        except ValueError:
+            continue
+        roots = [int(m.group(5)) for m in map(NCCL_TESTS_ROW.match, part.splitlines()) if m]
+        for row, root in zip(parsed["rows"], roots):
+            row["root"] = root
+        big = max(parsed["rows"], key=lambda r: r["size_bytes"])
+        runs.append({"gpus": int(argv[argv.index("-g") + 1]) if "-g" in argv else None,
+                     "argv": ["all_reduce_perf", *argv], **parsed,
+                     "largest": {"size_bytes": big["size_bytes"], "busbw_gbs": big["busbw_gbs"],
+                                 "inplace_busbw_gbs": big["inplace_busbw_gbs"]},
+                     "wrong_total": sum((r["wrong"] or 0) + (r["inplace_wrong"] or 0)
+                                        for r in parsed["rows"])})
+    return runs
+
+
+def nccl_lines(runs: list[dict]) -> list[str]:
+    return [f"all_reduce_perf -g {r['gpus']}: busbw {r['largest']['busbw_gbs']:g} GB/s out-of-place, "
+            f"{r['largest']['inplace_busbw_gbs']:g} in-place at {r['largest']['size_bytes']} B; "
+            f"#wrong {r['wrong_total']} in all; # Avg bus bandwidth {r['avg_busbw_gbs']}"
+            for r in runs]
+
+
+def summary(mode: str, machine: str, steps: list[Step], missing: list[str], seconds: float,
+            estimate_s: float = 0.0) -> str:
     """SUMMARY.md: what was measured and what was not, first; then each step."""
     lines = [f"# dl-lab-kit acceptance: {mode}", "", f"Machine: {machine}", "",
              "## Measured", ""]
-    lines += [f"- {s.what}: {s.outcome} ({s.seconds:.0f} s; logs/{s.name}.log)"
-              for s in steps if s.outcome == "ok"]
+    for s in steps:
+        if s.outcome == "ok":
+            where = f", in {s.image}" if s.image else ""
+            lines += [f"- {s.what}: ok ({s.seconds:.0f} s{where}; logs/{s.name}.log)"]
+            lines += [f"  - {n}" for n in s.notes]
     lines += ["", "## Not measured", ""]
     lines += [f"- {s.what}: {s.outcome}" + (f" (logs/{s.name}.log)" if s.seconds else "")
               for s in steps if s.outcome != "ok"]
     lines += [f"- {m}" for m in missing]
-    lines += ["", f"{len(steps)} steps in {seconds / 60:.1f} min. The records are in results/, "
-              f"the lab report in results/report.md, doctor's checks in doctor.json.", ""]
+    took = f"{len(steps)} steps in {seconds / 60:.1f} min"
+    lines += ["", took + (f" (estimated {estimate_s / 60:.1f} min)" if estimate_s else "") +
+              ". The records are in results/, the lab report in results/report.md, doctor's "
+              "checks in doctor.json.", ""]
     return "\n".join(lines)
 
 
-def run(out_root: str = "results", echo=print) -> str:
-    """Run the whole plan into out_root/acceptance-<time>/ and return the archive's path."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = os.path.abspath(os.path.join(out_root, f"acceptance-{stamp}"))
+def run(out_root: str = "results", full: bool = False, dry_run: bool = False, echo=print,
+        environ=None) -> str | None:
+    """Print the plan; unless dry_run, run it into out_root/acceptance-<time>/ and return
+    the archive's path. AcceptanceError before anything runs when an image is missing."""
+    out = os.path.abspath(os.path.join(out_root, f"acceptance-{time.strftime('%Y%m%d-%H%M%S')}"))
+    plan, missing_images, count = make_plan(out, full, environ)
+    echo(acceptance_plan.render(plan, missing_images))
+    if dry_run:
+        return None
+    if missing_images:
+        raise AcceptanceError("acceptance needs what this machine has not got, and ran nothing: "
+                              + "; ".join(missing_images))
     os.makedirs(os.path.join(out, "logs"))
     t0 = time.monotonic()
-    doctor = Step("doctor", "invoke doctor (host, stack where the ranks run, findings)",
-                  _invoke("doctor", "--json"), timeout_s=1200, stdout_to="doctor.json")
-    _run_step(doctor, out, echo)
-    if doctor.outcome == "exit 1":
-        doctor.outcome = "ok"           # it ran; its FAILs are in doctor.json
-        doctor.what += " (some checks FAIL: see doctor.json)"
-    try:
-        with open(os.path.join(out, "doctor.json")) as f:
-            gpus, driver = gpu_count(f.read())
-    except OSError:
-        gpus, driver = 0, ""
-    steps, missing = plan(gpus, out, cpus=os.cpu_count() or 1)
-    mode = (f"GPU mode, {gpus} GPU(s), driver {driver}" if gpus else
-            "CPU mode (no GPU on this machine: the CPU equivalent ran)")
-    echo(f"acceptance: {mode}; {len(steps) + 1} steps into {out}")
-    for step in steps:
-        _run_step(step, out, echo)
+    for step in plan.steps:
+        run_step(step, out, echo)
+        if step.name == "doctor" and step.outcome == "exit 1":
+            step.outcome = "ok"             # it ran; its FAILs are in doctor.json
+            step.what += " (some checks FAIL: see doctor.json)"
+        if step.name == "nccl-tests" and step.seconds:
+            with open(os.path.join(out, "logs", "nccl-tests.log")) as f:
+                runs = nccl_figures(f.read())
+            with open(os.path.join(out, "nccl-tests.json"), "w") as f:
+                json.dump(runs, f, indent=1)
+            step.notes += nccl_lines(runs) or ["no all_reduce_perf table in its output"]
     import platform
     machine = f"{platform.node()}, {os.cpu_count()} CPU(s), {platform.platform()}"
-    text = summary(mode, machine, [doctor, *steps], missing, time.monotonic() - t0)
+    text = summary(plan.mode, machine, plan.steps, plan.missing, time.monotonic() - t0,
+                   plan.estimate_s)
     with open(os.path.join(out, "SUMMARY.md"), "w") as f:
         f.write(text)
     archive = out + ".tar.gz"
@@ -184,8 +241,8 @@ def run(out_root: str = "results", echo=print) -> str:
     return archive
 
 
-def nccl_tests(gpus: int, echo=print) -> int:
-    """all_reduce_perf -g 1..N where bench's GPU ranks would run (nccl-tests
+def nccl_tests(counts: list[int], max_size: str, image: str, echo=print) -> int:
+    """all_reduce_perf -b 8 -e MAX -f 2 -g G for each count, in the GPU image (nccl-tests
     README: -g GPUs per process, -b/-e/-f the sizes); its rows as printed."""
     import tempfile
 
@@ -193,7 +250,7 @@ def nccl_tests(gpus: int, echo=print) -> int:
     from lab.host.where import choose_runner
     with tempfile.TemporaryDirectory(prefix="lab-acceptance-") as scratch:
         try:
-            runner, note = choose_runner(device="cuda", framework="ddp", backend="nccl",
+            runner, note = choose_runner(device="cuda", framework="ddp", backend="nccl", image=image,
                                          results_dir=scratch, data_dir=None, echo=echo)
         except RunnerError as e:
             echo(f"nccl-tests: {e}")
@@ -201,11 +258,11 @@ def nccl_tests(gpus: int, echo=print) -> int:
         if note:
             echo(note)
         worst = 0
-        for g in range(1, gpus + 1):
-            argv = ["all_reduce_perf", "-b", "8", "-e", "256M", "-f", "2", "-g", str(g)]
+        for g in counts:
+            argv = ["all_reduce_perf", "-b", "8", "-e", max_size, "-f", "2", "-g", str(g)]
             echo("$ " + " ".join(argv))
             try:
-                rc, text = runner.output(argv, timeout_s=600)
+                rc, text = runner.output(argv, timeout_s=900)   # within the step's own limit
             except (RunnerError, proc.NotFound) as e:
                 echo(f"nccl-tests: {e}")
                 return 2
@@ -214,7 +271,17 @@ def nccl_tests(gpus: int, echo=print) -> int:
         return worst
 
 
+def main(argv: list[str]) -> int:
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m lab.host.acceptance")
+    sub = p.add_subparsers(dest="what", required=True)
+    n = sub.add_parser("nccl-tests", help="all_reduce_perf at each -g count, in the GPU image")
+    n.add_argument("--counts", required=True, help="the -g counts, a comma list: 1,2,4")
+    n.add_argument("--max-size", default="256M", help="all_reduce_perf's -e: 256M or 4G")
+    n.add_argument("--image", required=True, help="the lab image to run it in")
+    a = p.parse_args(argv)
+    return nccl_tests([int(c) for c in a.counts.split(",")], a.max_size, a.image)
+
+
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["nccl-tests"] and len(sys.argv) == 3 and sys.argv[2].isdigit():
-        sys.exit(nccl_tests(int(sys.argv[2])))
-    sys.exit("usage: python -m lab.host.acceptance nccl-tests N")
+    sys.exit(main(sys.argv[1:]))
