@@ -82,3 +82,42 @@ def test_the_strategy_table_shows_reserved_beside_the_peak_on_gpus():
     cpu_row, gpu_row = strategies.strategy_rows([STRATEGY_RECORDS[0]]), strategies.strategy_rows([gpu])
     assert cpu_row[0][5] == "300 / 310"
     assert gpu_row[0][5] == "300 (400 reserved) / 310 (420 reserved)"
+
+
+# ---------------------------------------------------------------- the ceiling's timing rule
+
+class FakeClock:
+    """Each step lasts the next of `durations` seconds (the clock moves only in steps)."""
+    def __init__(self, durations):
+        self.durations, self.now, self.calls = list(durations), 0.0, 0
+
+    def __call__(self):
+        return self.now
+
+    def step(self):
+        self.now += self.durations[self.calls % len(self.durations)]
+        self.calls += 1
+
+
+def test_the_ceiling_times_at_least_n_steps_and_at_least_t_seconds():
+    from lab.worker.ceiling import summarize, time_steps
+    gpu = FakeClock([0.05])                     # ResNet-50 on a GPU: 3 steps would be 0.15 s
+    times = time_steps(gpu.step, min_steps=3, min_seconds=10.0, clock=gpu)
+    assert len(times) == gpu.calls and sum(times) >= 10.0 and sum(times[:-1]) < 10.0
+    cpu = FakeClock([4.0])                      # on a CPU the step count decides
+    assert len(time_steps(cpu.step, min_steps=3, min_seconds=10.0, clock=cpu)) == 3
+    capped = FakeClock([1e-6])
+    assert len(time_steps(capped.step, min_steps=3, min_seconds=10.0, max_steps=50, clock=capped)) == 50
+    # the median ignores a stolen step; the spread shows it
+    s = summarize([0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 2.0], batch_size=64)
+    assert s["step_time_median_s"] == 0.1 and s["images_per_s"] == pytest.approx(640.0)
+    assert s["spread"] > 1.0 and summarize([0.1] * 5, 64)["spread"] == 0.0
+
+
+def test_the_hosts_ceiling_command_states_the_rule():
+    from lab.host.ceiling import command
+    from lab.host.request import BenchSettings
+    from lab.worker.ceiling import MIN_SECONDS
+    argv = command(BenchSettings(np=[1], model="resnet50"), 1, "python")
+    assert argv[argv.index("--min-seconds") + 1] == str(MIN_SECONDS)
+    assert argv[argv.index("--steps") + 1] == "3"          # the model's minimum (lab.models)

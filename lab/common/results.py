@@ -89,7 +89,10 @@ SCHEMA = {
     "figures.micro_batches": ("int, optional", "pipeline strategies: micro-batches per step"),
     "figures.zero_stage": ("int, optional", "deepspeed: the ZeRO stage"),
     "figures.ceiling": ("object, optional", "bench --ceiling: the compute ceiling measured around this "
-                        "run: images_per_s (the mean of before and after), before, after, processes, "
+                        "run: images_per_s (the mean of before and after; each from the median step, timed for at "
+                        "least the model's minimum of steps and at least lab.worker.ceiling.MIN_SECONDS), "
+                        "before, after, spread (before and after: each process's (p90 - p10) / median "
+                        "step), processes, "
                         "hosts (where it was measured: every node or server of the run), input "
                         "([channels, height, width] the run trains on) and classes"),
     "figures.optimizer_state_split": ("list[object], optional", "deepspeed, per rank: the optimizer "
