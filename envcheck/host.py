@@ -344,21 +344,55 @@ def probe_lab_images() -> Result:
     return Result("lab_images", PASS, found)
 
 
+def image_cuda(tag: str, labels: dict) -> str | None:
+    """The CUDA a lab image was built for: its cuda_version label (lab.host.images.labels),
+    else the tag's -cuXY suffix (images.tags names every CUDA but the default: -cu126)."""
+    if labels.get("cuda_version"):
+        return labels["cuda_version"]
+    m = re.search(r"-cu(\d+)(\d)$", tag)
+    return f"{m.group(1)}.{m.group(2)}" if m else None
+
+
 @probe("driver_for_image_cuda")
 def probe_driver_for_image(gpus: Result, images: Result) -> Result:
+    """Whether this driver runs a lab GPU image: it passes when any built one runs (bench
+    takes the one it runs: lab.host.runners.gpu_image); with none built, whether it runs
+    what `invoke build` makes (the matrix's default CUDA), and if not, which --cuda to
+    build, for this driver and these GPUs (lab.common.versions.cuda_entry_for_driver)."""
     if gpus.status != PASS or not gpus.value.get("count"):
         return Result("driver_for_image_cuda", SKIP, None, "no GPU on this host")
-    cudas = sorted({v.get("cuda_version") for v in (images.value or {}).values() if v.get("cuda_version")})
-    if not cudas:
-        return Result("driver_for_image_cuda", SKIP, None, "no GPU image is built")
+    from lab.common import versions
     driver = gpus.value["driver"]
-    worst, lines = PASS, []
-    for cuda in cudas:
-        status, line = driver_supports(driver, cuda)
-        lines.append(line)
-        worst = max(worst, status, key=[PASS, WARN, FAIL].index)
-    return Result("driver_for_image_cuda", worst, {"driver": driver, "image_cuda": cudas},
-                  "" if worst == PASS else "; ".join(lines))
+    caps = [d["compute_capability"] for d in gpus.value.get("devices", []) if d.get("compute_capability")]
+    matrix = versions.read()
+    built = {tag: (cuda, labels.get("cuda_archs", "")) for tag, labels in (images.value or {}).items()
+             if (cuda := image_cuda(tag, labels))}
+    if not built:
+        default = matrix.get("CUDA_DEFAULT", "")
+        status, line = driver_supports(driver, default, matrix, matrix.get(
+            "CUDA_" + default.replace(".", "_") + "_ARCHS", ""), caps)
+        value = {"driver": driver, "image_cuda": [], "default_cuda": default}
+        if status == PASS:
+            return Result("driver_for_image_cuda", SKIP, value,
+                          f"no GPU image is built; this driver runs CUDA {default}, what `invoke build` makes")
+        entry = versions.cuda_entry_for_driver(matrix, driver, caps)
+        fix = (f"build with `invoke build --cuda {entry}`" if entry and entry != default
+               else "update the driver")
+        return Result("driver_for_image_cuda", WARN, value,
+                      f"no GPU image is built, and `invoke build` makes CUDA {default}: {line}; {fix}")
+    verdicts = {tag: driver_supports(driver, cuda, matrix, archs, caps)
+                for tag, (cuda, archs) in sorted(built.items())}
+    order = [PASS, WARN, FAIL]
+    best = min((s for s, _ in verdicts.values()), key=order.index)
+    value = {"driver": driver, "image_cuda": sorted({c for c, _ in built.values()}),
+             "runs": sorted(t for t, (s, _) in verdicts.items() if s == best and best != FAIL)}
+    if best == FAIL:
+        return Result("driver_for_image_cuda", FAIL, value,
+                      "; ".join(f"{t}: {line}" for t, (_, line) in verdicts.items()))
+    others = [f"{t}: {line}" for t, (s, line) in verdicts.items() if s != best]
+    lines = [f"{', '.join(value['runs'])}: {verdicts[value['runs'][0]][1]}"] if best == WARN else []
+    note = "; ".join(lines + ([f"this driver runs {', '.join(value['runs'])}"] if others else []) + others)
+    return Result("driver_for_image_cuda", best, value, note)
 
 
 def collect() -> list[Result]:

@@ -206,19 +206,19 @@ def parse_check_build(text: str) -> dict:
     return out
 
 
-def _vtuple(v: str) -> tuple:
-    return tuple(int(x) for x in re.findall(r"\d+", v))
-
-
-def driver_supports(driver: str, cuda: str, matrix: dict | None = None) -> tuple[str, str]:
+def driver_supports(driver: str, cuda: str, matrix: dict | None = None, archs: str = "",
+                    capabilities=()) -> tuple[str, str]:
     """(PASS|WARN|FAIL, sentence): whether a driver runs a CUDA toolkit's binaries. The
     driver of the toolkit's GA release and the minor-version compatibility floor of each
-    CUDA entry are the version matrix's (CUDA_X_Y_GA_DRIVER, CUDA_X_Y_COMPAT_DRIVER).
-    Between the two the lab image still starts: it sets NVIDIA_DISABLE_REQUIRE, without
-    which the container toolkit would refuse it ("unsatisfied condition: cuda>=12.6")
-    unless the driver is one of the branches nvidia/cuda's NVIDIA_REQUIRE_CUDA lists."""
+    CUDA entry are the version matrix's (CUDA_X_Y_GA_DRIVER, CUDA_X_Y_COMPAT_DRIVER;
+    lab.common.versions.driver_level). Between the two the lab image still starts: it
+    sets NVIDIA_DISABLE_REQUIRE, without which the container toolkit would refuse it
+    ("unsatisfied condition: cuda>=12.6") unless the driver is one of the branches
+    nvidia/cuda's NVIDIA_REQUIRE_CUDA lists. There only cubins run (no PTX JIT): given
+    the image's `archs` and the GPUs' `capabilities`, cubins for every GPU make it a
+    PASS. A FAIL names the CUDA entry to build for this driver and these GPUs."""
+    from lab.common import versions
     if matrix is None:
-        from lab.common import versions
         try:
             matrix = versions.read()
         except OSError:
@@ -226,17 +226,63 @@ def driver_supports(driver: str, cuda: str, matrix: dict | None = None) -> tuple
     prefix = "CUDA_" + cuda.replace(".", "_") + "_"
     full = matrix.get(prefix + "GA_DRIVER")
     floor = matrix.get(prefix + "COMPAT_DRIVER")
-    if full is None and floor is None:
+    level = versions.driver_level(matrix, driver, cuda)
+    if level == "unknown":
         return WARN, f"no driver table entry for CUDA {cuda}"
-    if full and _vtuple(driver) >= _vtuple(full):
+    if level == "ga":
         return PASS, f"driver {driver} >= {full}, the driver of CUDA {cuda}'s GA release"
-    if floor and _vtuple(driver) >= _vtuple(floor):
+    if level == "compat":
+        if archs and capabilities and all(versions.archs_cover(archs, c) for c in capabilities):
+            return PASS, (f"driver {driver} runs CUDA {cuda} through minor-version compatibility "
+                          f"(>= {floor}); the image has cubins for compute capability "
+                          f"{', '.join(sorted(set(capabilities)))}, so no PTX JIT is needed")
         return WARN, (f"driver {driver} is older than CUDA {cuda}'s GA driver {full} and runs "
                       f"the image only through minor-version compatibility (no PTX JIT, so a GPU "
                       f"newer than the image's architectures fails): update the driver to {full} "
                       f"or newer")
-    return FAIL, (f"driver {driver} is too old for CUDA {cuda} (needs {full or floor}): update "
-                  f"the driver, or build the image for an older CUDA (--cuda)")
+    entry = versions.cuda_entry_for_driver(matrix, driver, capabilities) if matrix else None
+    fix = (f"build the image for CUDA {entry} (invoke build --cuda {entry}), which this driver "
+           f"runs" if entry else "update the driver, or build the image for an older CUDA (--cuda)")
+    return FAIL, f"driver {driver} is too old for CUDA {cuda} (needs {full or floor}): {fix}"
+
+
+# CUDA error 802, cudaErrorSystemNotReady ("system not yet initialized"; the driver
+# API's CUDA_ERROR_SYSTEM_NOT_READY): the CUDA runtime API reference says the system is
+# not ready to start any CUDA work and to ensure the system services are running. On
+# NVSwitch boards (HGX/DGX A100, H100, H200, B200) that is NVIDIA's fabric manager, which
+# sets up the NVSwitch fabric before any GPU is handed to CUDA. torch reports it as
+# "Error 802: system not yet initialized" (c10/cuda/CUDAFunctions.cpp, a warning from
+# torch.cuda.is_available(), a RuntimeError from device_count()/init); older torch as
+# "cuda runtime error (802)".
+CUDA_802 = re.compile(r"Error 802\b|error[ =(]*802\b|\(802\)|system not yet initialized|"
+                      r"cudaErrorSystemNotReady|CUDA_ERROR_SYSTEM_NOT_READY")
+FABRIC_MANAGER_FIX = ("CUDA error 802 (system not yet initialized): on an HGX/DGX board with "
+                      "NVSwitch, NVIDIA's fabric manager must run before CUDA can use the GPUs: "
+                      "install nvidia-fabricmanager of exactly the driver's version (the "
+                      "nvidia-fabricmanager-<branch> package of the same release) and start it "
+                      "(`sudo systemctl enable --now nvidia-fabricmanager`; `systemctl status "
+                      "nvidia-fabricmanager` says why it stopped)")
+
+
+def cuda_init_problem(text: str) -> str | None:
+    """What to do about a CUDA initialisation failure torch printed, when it is one this
+    kit knows (error 802: the fabric manager); None otherwise."""
+    return FABRIC_MANAGER_FIX if CUDA_802.search(text or "") else None
+
+
+def cuda_available() -> tuple[bool, str]:
+    """(torch.cuda.is_available(), what CUDA's initialisation said on the way): torch
+    turns a failed cudaGetDeviceCount into a warning and False, so the warning is kept."""
+    import warnings
+
+    import torch
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            avail = torch.cuda.is_available()
+        except RuntimeError as e:          # some builds raise instead
+            return False, str(e)
+    return avail, " ".join(str(w.message) for w in caught)
 
 
 # ---------------------------------------------------------------- probes
@@ -306,8 +352,10 @@ def probe_package_versions(names=("torch", "torchvision", "horovod", "numpy")) -
 def probe_torch_cuda() -> dict:
     """CUDA, cuDNN and NCCL as the installed torch sees them."""
     import torch
-    out = {"cuda_build": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
-           "cudnn": None, "nccl": None}
+    avail, said = cuda_available()
+    out = {"cuda_build": torch.version.cuda, "cuda_available": avail, "cudnn": None, "nccl": None}
+    if not avail and cuda_init_problem(said):
+        out["cuda_init_error"] = said.strip().splitlines()[0][:300]
     if torch.backends.cudnn.is_available():
         out["cudnn"] = torch.backends.cudnn.version()
     if torch.cuda.is_available():

@@ -33,6 +33,15 @@ NCCL_DEFAULT_GDR_LEVEL = "PXB"
 NCCL_RDMA_VARS = ("NCCL_NET_GDR_LEVEL", "NCCL_IB_HCA", "NCCL_IB_DISABLE", "NCCL_NET_GDR_READ")
 
 
+# NCCL_NET_GDR_LEVEL=LOC (or 0, the old scale's LOC) turns GPUDirect RDMA off: a GPU's
+# path to a NIC is never PATH_LOC (0, the node itself: src/graph/topo.h), so
+# ncclTopoCheckGdr's "distance > netGdrLevel" holds for every GPU (src/graph/paths.cc;
+# ncclGetLevel maps "0" to PATH_LOC through levelsOldToNew).
+GDR_OFF = ("GPUDirect RDMA is off by NCCL_NET_GDR_LEVEL={raw}: NCCL stages every GPU's network "
+           "traffic through host memory; unset it (NCCL's default is PXB) to let GPUs and "
+           "NICs under one PCIe switch use it")
+
+
 def _rank(level: str) -> int:
     level = "PHB" if level == "NODE" else level
     return LEVELS.index(level) if level in LEVELS else len(LEVELS)
@@ -193,6 +202,7 @@ def probe_gpu_nic_affinity(gpus: Result, devices: Result, topo: str | None = Non
     except ValueError as e:
         raise ProbeError(f"nvidia-smi topo -m: {e}") from None
     limit, _ = _gdr_level(environ)
+    off = GDR_OFF.format(raw=environ.get("NCCL_NET_GDR_LEVEL", "").strip()) if limit == "LOC" else ""
     nearest = {}
     for gpu, row in matrix.items():
         levels = {nic: lvl for nic, lvl in row.items() if nic in nics}
@@ -203,6 +213,8 @@ def probe_gpu_nic_affinity(gpus: Result, devices: Result, topo: str | None = Non
     value = {"nearest": nearest, "gdr_level": limit}
     if not nearest:
         return Result("gpu_nic_affinity", SKIP, value, "nvidia-smi topo -m lists none of the RDMA devices")
+    if off:
+        return Result("gpu_nic_affinity", WARN, value, off)
     if far:
         return Result("gpu_nic_affinity", WARN, value, "; ".join(
             f"{g}'s nearest NIC {v['nic']} is {v['level']}" for g, v in far.items())
@@ -221,9 +233,12 @@ def probe_nccl_rdma_settings(devices: Result, environ=None) -> Result:
     value = {k: environ[k] for k in NCCL_RDMA_VARS if k in environ}
     if not nics:
         return Result("nccl_rdma_settings", SKIP, value or None, "no RDMA device")
-    _, problem = _gdr_level(environ)
+    level, problem = _gdr_level(environ)
     if problem:
         return Result("nccl_rdma_settings", FAIL, value, problem)
+    if level == "LOC":
+        return Result("nccl_rdma_settings", WARN, value,
+                      GDR_OFF.format(raw=environ["NCCL_NET_GDR_LEVEL"].strip()))
     if environ.get("NCCL_IB_DISABLE", "0").strip() not in ("", "0"):
         return Result("nccl_rdma_settings", WARN, value,
                       "NCCL_IB_DISABLE is set: NCCL uses TCP sockets although RDMA devices are "

@@ -19,6 +19,8 @@ from envcheck.probes import (
     WARN,
     ProbeError,
     Result,
+    cuda_available,
+    cuda_init_problem,
     parse_check_build,
     parse_nccl_tests,
     parse_ompi_info_cuda,
@@ -31,11 +33,18 @@ from lab.common import kit
 DEFAULT_NP = 2   # ranks of the MPI hello and the all-reduce probes (doctor's --np)
 
 @probe("torch")
-def probe_torch() -> dict:
+def probe_torch() -> Result:
+    """torch, its CUDA, and the GPUs it sees. A CUDA build whose initialisation fails
+    with an error this kit knows (802: the fabric manager) is a FAIL naming the fix."""
     import torch
-    avail = torch.cuda.is_available()
-    return {"version": torch.__version__, "cuda_build": torch.version.cuda,
-            "cuda_available": avail, "device_count": torch.cuda.device_count() if avail else 0}
+    avail, said = cuda_available()
+    value = {"version": torch.__version__, "cuda_build": torch.version.cuda,
+             "cuda_available": avail, "device_count": torch.cuda.device_count() if avail else 0}
+    problem = cuda_init_problem(said) if torch.version.cuda and not avail else None
+    if problem:
+        value["cuda_init_error"] = said.strip().splitlines()[0][:300]
+        return Result("torch", FAIL, value, problem)
+    return Result("torch", PASS, value)
 
 
 @probe("cudnn")
@@ -104,7 +113,10 @@ def probe_mpi_cuda_build(mpi: Result, timeout: float = 30) -> Result:
 
 
 def _mpirun(np: int) -> list[str]:
-    cmd = ["mpirun", "-np", str(np), "--oversubscribe"]
+    """mpirun as the kit's MPI runs start it: the same transports (lab.common.ompi: what
+    horovodrun --mpi passes), so the hello and the GPU all-reduce test that path."""
+    from lab.common import ompi
+    cmd = ["mpirun", "-np", str(np), "--oversubscribe", *ompi.mca_args()]
     if os.geteuid() == 0:
         cmd.append("--allow-run-as-root")
     return cmd

@@ -12,10 +12,20 @@ HOST = {"NCCL_DEBUG": "INFO", "NCCL_P2P_DISABLE": "1", "NCCL_IB_HCA": "mlx5_0",
         "NCCL_SOCKET_IFNAME": "ens5", "UCX_TLS": "rc,sm,cuda_copy", "UCX_NET_DEVICES": "mlx5_0:1",
         "OMPI_MCA_btl_tcp_if_include": "ens5", "OMPI_MCA_pml": "ucx",
         "CUDA_LAUNCH_BLOCKING": "1", "CUDA_VISIBLE_DEVICES": "1,3", "CUDA_HOME": "/usr/local/cuda-12.6",
-        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "HOME": "/root", "NCCLX": "not one of them"}
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "HOME": "/root", "NCCLX": "not one of them",
+        # Horovod's tuning reaches the ranks; what horovodrun sets per run and rank does not
+        "HOROVOD_FUSION_THRESHOLD": "33554432", "HOROVOD_CYCLE_TIME": "2.5",
+        "HOROVOD_HIERARCHICAL_ALLREDUCE": "1", "HOROVOD_RANK": "3", "HOROVOD_SIZE": "8",
+        "HOROVOD_CONTROLLER": "gloo", "HOROVOD_GLOO_RENDEZVOUS_ADDR": "10.0.0.9",
+        "HOROVOD_GLOO_RENDEZVOUS_PORT": "4242", "HOROVOD_GLOO_IFACE": "ens5"}
 EVERYWHERE = {"NCCL_DEBUG": "INFO", "NCCL_P2P_DISABLE": "1", "NCCL_IB_HCA": "mlx5_0",
               "UCX_TLS": "rc,sm,cuda_copy", "OMPI_MCA_pml": "ucx", "CUDA_LAUNCH_BLOCKING": "1",
-              "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+              "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "HOROVOD_FUSION_THRESHOLD": "33554432",
+              "HOROVOD_CYCLE_TIME": "2.5", "HOROVOD_HIERARCHICAL_ALLREDUCE": "1"}
+# Set by horovodrun itself (Horovod 0.28.1 horovod/runner/gloo_run.py,
+# create_slot_env_vars and create_run_env_vars): never taken from the host.
+LAUNCHER = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_CONTROLLER", "HOROVOD_GLOO_RENDEZVOUS_ADDR",
+            "HOROVOD_GLOO_RENDEZVOUS_PORT", "HOROVOD_GLOO_IFACE")
 INTERFACES = {"NCCL_SOCKET_IFNAME": "ens5", "UCX_NET_DEVICES": "mlx5_0:1",
               "OMPI_MCA_btl_tcp_if_include": "ens5"}
 
@@ -28,7 +38,7 @@ def test_the_allow_list():
 @pytest.fixture
 def host_env(monkeypatch):
     for k in list(os.environ):
-        if k.startswith(("NCCL_", "UCX_", "OMPI_MCA_", "CUDA_", "TORCH_NCCL_")):
+        if k.startswith(("NCCL_", "UCX_", "OMPI_MCA_", "CUDA_", "TORCH_NCCL_", "HOROVOD_")):
             monkeypatch.delenv(k)
     for k, v in HOST.items():
         monkeypatch.setenv(k, v)
@@ -59,7 +69,8 @@ def test_a_container_of_the_image_gets_them(host_env, tmp_path):
     spec = job_spec("dl-lab-kit:gpu-nccl", ["true"], results_dir=str(tmp_path), data_dir=None,
                     frozen=True, gpus=True, host_uid=1000, host_gid=1000,
                     environment={"OMP_NUM_THREADS": "1"})
-    _has(spec.environment, EVERYWHERE, absent=[*INTERFACES, "CUDA_VISIBLE_DEVICES", "CUDA_HOME"])
+    _has(spec.environment, EVERYWHERE, absent=[*INTERFACES, *LAUNCHER, "CUDA_VISIBLE_DEVICES",
+                                                "CUDA_HOME"])
     assert spec.gpu_ids == ["1", "3"]          # the devices themselves, renumbered inside
 
 
@@ -73,7 +84,7 @@ def _cluster_runner(cls):
 def test_the_compose_clusters_nodes_get_them(host_env):
     from lab.host.cluster_runner import ClusterRunner
     env = _cluster_runner(ClusterRunner).env({"OMP_NUM_THREADS": "1"})
-    _has(env, EVERYWHERE, absent=[*INTERFACES, "CUDA_VISIBLE_DEVICES"])
+    _has(env, EVERYWHERE, absent=[*INTERFACES, *LAUNCHER, "CUDA_VISIBLE_DEVICES"])
 
 
 def test_a_slurm_job_on_the_cluster_exports_them(host_env):
@@ -90,5 +101,5 @@ def test_your_hosts_get_them_over_ssh(host_env, tmp_path):
     from lab.host.launch import Host
     r = HostsRunner([Host("gpu1", 1), Host("gpu2", 1)], str(tmp_path), None)
     env = r._env({"OMP_NUM_THREADS": "1"})
-    _has(env, {**EVERYWHERE, **INTERFACES}, absent=["CUDA_VISIBLE_DEVICES"])
+    _has(env, {**EVERYWHERE, **INTERFACES}, absent=["CUDA_VISIBLE_DEVICES", *LAUNCHER])
     assert "NCCL_DEBUG=INFO" in " ".join(remote("gpu2", ["python", "-V"], env))

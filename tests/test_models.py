@@ -70,7 +70,8 @@ def test_the_ceiling_measures_the_runs_own_input():
     """ResNet-50 on the digits: the ceiling times 1x28x28 images of 10 classes (the run's
     input), not ImageNet's 3x224x224 of 1000."""
     cp = subprocess.run([sys.executable, "-m", "lab.worker.ceiling", "--model", "resnet50", "--data",
-                         "digits", "--batch-size", "2", "--steps", "1", "--warmup", "0"], cwd=REPO,
+                         "digits", "--batch-size", "2", "--steps", "1", "--warmup", "0",
+                         "--min-seconds", "0"], cwd=REPO,
                         capture_output=True, text=True, timeout=300)
     assert cp.returncode == 0, cp.stderr[-2000:]
     out = json.loads(cp.stdout)

@@ -95,6 +95,9 @@ def test_gpu_to_nic_affinity_against_nccls_gdr_level():
     assert r.status == WARN and "GPU2's nearest NIC mlx5_0 is PHB" in r.fix and "PXB" in r.fix
     r = rdma.probe_gpu_nic_affinity(gpus, devices, topo=TOPO, environ={"NCCL_NET_GDR_LEVEL": "3"})
     assert r.status == PASS and r.value["gdr_level"] == "PHB"      # old numbering: 3 is PHB
+    for off in ("LOC", "0"):                                         # off for every GPU, said so
+        r = rdma.probe_gpu_nic_affinity(gpus, devices, topo=TOPO, environ={"NCCL_NET_GDR_LEVEL": off})
+        assert r.status == WARN and r.fix.startswith(f"GPUDirect RDMA is off by NCCL_NET_GDR_LEVEL={off}")
     with pytest.raises(ValueError):
         rdma.parse_topo_matrix("Failed to run topology matrix")
 
@@ -104,6 +107,11 @@ def test_gpu_to_nic_affinity_against_nccls_gdr_level():
     ({"NCCL_IB_HCA": "mlx4"}, FAIL, "names none of the RDMA devices"),
     ({"NCCL_IB_DISABLE": "1"}, WARN, "TCP sockets"),
     ({"NCCL_NET_GDR_LEVEL": "NEAR"}, FAIL, "NCCL ignores it"),
+    # LOC (and 0, the old scale's LOC: NCCL src/graph/paths.cc, ncclGetLevel's
+    # levelsOldToNew) is below every GPU-NIC path, so ncclTopoCheckGdr never enables it
+    ({"NCCL_NET_GDR_LEVEL": "LOC"}, WARN, "GPUDirect RDMA is off by NCCL_NET_GDR_LEVEL=LOC"),
+    ({"NCCL_NET_GDR_LEVEL": "0"}, WARN, "GPUDirect RDMA is off by NCCL_NET_GDR_LEVEL=0"),
+    ({"NCCL_NET_GDR_LEVEL": "PIX"}, PASS, None),
 ])
 def test_the_nccl_variables_that_steer_rdma(env, status, words):
     devices = Result("rdma_devices", PASS, {"ports": [{"device": "mlx5_0"}, {"device": "mlx5_1"}]})

@@ -48,6 +48,11 @@ SCHEMA = {
                         "ended, state (Slurm's final JobState) and exit_code (exit:signal)"),
     "world.controller": ("str", "what carried the collectives: gloo, mpi or nccl (Horovod: its "
                          "controller; DDP: the process group's back end; none: local)"),
+    "world.horovod": ("object, optional", "Horovod runs: fusion_threshold_bytes and cycle_time_ms "
+                      "as rank 0's Horovod used them (Horovod 0.28.1's defaults, 128 MiB and 1 ms, "
+                      "or HOROVOD_FUSION_THRESHOLD in bytes and HOROVOD_CYCLE_TIME in ms), set_by "
+                      "(the variables that set them) and autotune (HOROVOD_AUTOTUNE: the values "
+                      "not set are then tuned from this starting point)"),
     "figures.throughput_img_s": ("float", "global images per second over the timed steps, "
                                  "bounded by the slowest rank"),
     "figures.gradient_values": ("int, optional", "the ddp strategy: number of gradient values synchronised per step (the model's parameters)"),
@@ -66,6 +71,11 @@ SCHEMA = {
     "figures.final_loss": ("float", "mean training loss of the last epoch over all ranks"),
     "figures.peak_memory_bytes": ("list[int]", "peak memory per rank: CUDA memory allocated "
                                   "on a GPU, maximum resident set size on the CPU"),
+    "figures.peak_reserved_bytes": ("list[int or null]", "per rank, on a GPU: the most CUDA memory "
+                                    "torch's caching allocator held (torch.cuda.max_memory_reserved: "
+                                    "allocated plus cached blocks); null on the CPU"),
+    "figures.reserved_bytes": ("list[int or null]", "per rank, on a GPU: what the allocator held "
+                               "at the end (torch.cuda.memory_reserved); null on the CPU"),
     "figures.held_bytes": ("list[object]", "per rank: the bytes it keeps in parameters, gradients "
                            "and optimizer_state, and their total, summed over distinct tensor "
                            "storages (a sharded tensor counts its local shard) between two steps"),
@@ -79,7 +89,10 @@ SCHEMA = {
     "figures.micro_batches": ("int, optional", "pipeline strategies: micro-batches per step"),
     "figures.zero_stage": ("int, optional", "deepspeed: the ZeRO stage"),
     "figures.ceiling": ("object, optional", "bench --ceiling: the compute ceiling measured around this "
-                        "run: images_per_s (the mean of before and after), before, after, processes, "
+                        "run: images_per_s (the mean of before and after; each from the median step, timed for at "
+                        "least the model's minimum of steps and at least lab.worker.ceiling.MIN_SECONDS), "
+                        "before, after, spread (before and after: each process's (p90 - p10) / median "
+                        "step), processes, "
                         "hosts (where it was measured: every node or server of the run), input "
                         "([channels, height, width] the run trains on) and classes"),
     "figures.optimizer_state_split": ("list[object], optional", "deepspeed, per rank: the optimizer "

@@ -126,3 +126,55 @@ def cuda_entry_for(matrix: dict[str, str], capability: str) -> str | None:
         if archs and archs_cover(archs, capability, matrix.get(prefix + "PTX") == "1"):
             return cuda
     return None
+
+
+def version_tuple(v: str) -> tuple:
+    """"535.183.01" -> (535, 183, 1): driver versions compared number by number."""
+    import re
+    return tuple(int(x) for x in re.findall(r"\d+", v))
+
+
+def cuda_entries(matrix: dict[str, str]) -> list[str]:
+    """The matrix's CUDA entries that have compute capabilities, its default first."""
+    entries = [matrix["CUDA_DEFAULT"]] if "CUDA_DEFAULT" in matrix else []
+    for key in matrix:
+        if key.startswith("CUDA_") and key.endswith("_ARCHS"):
+            cuda = key[5:-6].replace("_", ".")
+            if cuda not in entries:
+                entries.append(cuda)
+    return entries
+
+
+def driver_level(matrix: dict[str, str], driver: str, cuda: str) -> str | None:
+    """How a driver runs a CUDA entry's binaries: "ga" (the driver of the toolkit's GA
+    release or newer: everything, PTX JIT included), "compat" (minor-version
+    compatibility, CUDA Compatibility guide: cubins only, no PTX JIT), None (too old),
+    "unknown" (the matrix has no driver for the entry)."""
+    prefix = "CUDA_" + cuda.replace(".", "_") + "_"
+    full, floor = matrix.get(prefix + "GA_DRIVER"), matrix.get(prefix + "COMPAT_DRIVER")
+    if full is None and floor is None:
+        return "unknown"
+    if full and version_tuple(driver) >= version_tuple(full):
+        return "ga"
+    if floor and version_tuple(driver) >= version_tuple(floor):
+        return "compat"
+    return None
+
+
+def cuda_entry_for_driver(matrix: dict[str, str], driver: str, capabilities=()) -> str | None:
+    """The CUDA entry to build (`invoke build --cuda X`) for this driver and these GPUs:
+    the first (the default first) that the driver runs at its GA level with code for
+    every GPU (PTX counts), else the first it runs through minor-version compatibility
+    with cubins for every GPU (no PTX JIT there); None when no entry fits. A T4 (7.5) on
+    an R535 driver: 13.0 needs 580, 12.6 runs from 525.60.13 and has sm_75, so 12.6."""
+    entries = cuda_entries(matrix)
+    for wanted, use_ptx in (("ga", True), ("compat", False)):
+        for cuda in entries:
+            prefix = "CUDA_" + cuda.replace(".", "_") + "_"
+            if driver_level(matrix, driver, cuda) != wanted:
+                continue
+            archs = matrix.get(prefix + "ARCHS", "")
+            ptx = use_ptx and matrix.get(prefix + "PTX") == "1"
+            if all(archs_cover(archs, c, ptx) for c in capabilities):
+                return cuda
+    return None

@@ -11,13 +11,15 @@ from concurrent.futures import ThreadPoolExecutor
 from lab import models
 from lab.host.request import BenchError, BenchSettings
 from lab.host.runners import Runner, RunnerError
+from lab.worker.ceiling import MIN_SECONDS  # the timing rule (standard library at import)
 
 
 def command(s: BenchSettings, processes: int, python: str) -> list[str]:
     steps, warmup = models.get(s.model).ceiling_steps
     return [python, "-m", "lab.worker.ceiling", "--processes", str(processes), "--model", s.model,
             "--data", s.data, "--batch-size", str(s.batch_size), "--threads", str(s.threads),
-            "--device", s.device, "--steps", str(steps), "--warmup", str(warmup)]
+            "--device", s.device, "--steps", str(steps), "--warmup", str(warmup),
+            "--min-seconds", str(MIN_SECONDS)]
 
 
 def _parse(rc, out, where=""):
@@ -45,6 +47,7 @@ def measure(s: BenchSettings, processes: int, runner: Runner) -> dict:
     first = next(iter(per_host.values()))
     return {"processes": processes, "images_per_s": sum(m["images_per_s"] for m in per_host.values()),
             "per_process": [v for m in per_host.values() for v in m["per_process"]],
+            "spread": [v for m in per_host.values() for v in m.get("spread", [])],
             "per_host": {h: m["images_per_s"] for h, m in per_host.items() if h},
             "input": first.get("input"), "classes": first.get("classes")}
 
@@ -55,4 +58,5 @@ def around(s: BenchSettings, processes: int, before: dict, runner: Runner) -> di
     after = measure(s, processes, runner)
     b, a = before["images_per_s"], after["images_per_s"]
     return {"processes": processes, "images_per_s": (a + b) / 2, "before": b, "after": a,
+            "spread": {"before": before.get("spread"), "after": after.get("spread")},
             "hosts": list(after["per_host"]), "input": after["input"], "classes": after["classes"]}

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import shlex
 
+from lab.common import ompi
+
 KINDS = {"mpijob": ("kubeflow.org/v2beta1", "MPIJob"),
          "trainjob": ("trainer.kubeflow.org/v1alpha1", "TrainJob"),
          "pytorchjob": ("kubeflow.org/v1", "PyTorchJob")}
@@ -104,9 +106,10 @@ def mpijob(meta: dict, image: str, s, np: int, per: int, gpus: int, worker_args:
         # command line's plm_rsh_args wins over the OMPI_MCA_plm_rsh_args the operator
         # sets (Open MPI reads the command line before the environment), so it keeps
         # the operator's ConnectionAttempts=10 and adds the port.
+        # The same transports as horovodrun --mpi's (lab.common.ompi.TRANSPORTS).
         mpirun = ["mpirun", "--prefix", OPENMPI_PREFIX[s.device], "-np", str(np),
-                  "-bind-to", "none", "-map-by", "slot", "-mca", "pml", "ob1", "-mca", "btl",
-                  "^openib", "-mca", "plm_rsh_args", ssh]
+                  "-bind-to", "none", "-map-by", "slot", *ompi.mca_args(), "-mca",
+                  "plm_rsh_args", ssh]
         cmd = [*mpirun, "-x", "PATH", *[w for k in env for w in ("-x", k)], *worker]
     vols, mounts = volumes(pvc)
     launcher = {"name": "launcher", "image": image,

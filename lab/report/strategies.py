@@ -35,7 +35,9 @@ def strategy_rows(records: list[dict]) -> list[list]:
     throughput, memory per device, accuracy, and the batch each row used; memory per
     device is what each rank held in parameters, gradients and optimizer state (measured
     from its tensors) and its peak (RSS on CPUs, torch's max allocated on GPUs), rank by
-    rank, of the repeats' first run (they hold the same)."""
+    rank, of the repeats' first run (they hold the same). On GPUs the peak cell adds what
+    torch's caching allocator reserved at its peak (figures.peak_reserved_bytes), which
+    is what the device had to have free."""
     rows = []
     for row in summary.rows(records):
         if "failed" in row:
@@ -44,13 +46,15 @@ def strategy_rows(records: list[dict]) -> list[list]:
         f = r["figures"]
         held = f.get("held_bytes")
         peak = f.get("peak_memory_bytes") or []
+        reserved = f.get("peak_reserved_bytes") or [None] * len(peak)
         rows.append([
             strategy_label(r, records),
             f"{row['framework']} / {row['back end']}",
             f"{row['servers']} x {row['devices per server']}",
             summary.with_spread(row, "throughput (img/s)"),
             " / ".join(_mb(h["total"]) for h in held) if held else "n/a",
-            " / ".join(_mb(p) for p in peak) if peak else "n/a",
+            " / ".join(_mb(p) + (f" ({_mb(r)} reserved)" if r is not None else "")
+                       for p, r in zip(peak, reserved)) if peak else "n/a",
             "n/a" if row.get("accuracy") is None else f"{row['accuracy']:.2%}",
             f.get("batch_semantics") or f"{r['config'].get('batch_size')} per process",
             row.get("runs", 1)])

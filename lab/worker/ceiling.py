@@ -9,9 +9,44 @@ import json
 import sys
 import time
 
+# How long the ceiling is timed, the one place the rule is written: after the warm-up,
+# steps are timed until at least the model's minimum of steps (lab.models: its spec's
+# ceiling_steps) AND at least MIN_SECONDS of timed steps are done, and never more than
+# MAX_STEPS. A count alone is either unstable or endless: a ResNet-50 step lasts
+# seconds on a CPU and milliseconds on a GPU. The result is the median step (robust to
+# a step the machine stole) with the spread of the steps around it.
+MIN_SECONDS = 10.0
+MAX_STEPS = 100_000
+
+
+def time_steps(step, min_steps: int, min_seconds: float = MIN_SECONDS,
+               max_steps: int = MAX_STEPS, clock=time.perf_counter) -> list[float]:
+    """Run step() and time each call until the rule above is met; the times, in order."""
+    times: list[float] = []
+    total = 0.0
+    while len(times) < max_steps and (len(times) < min_steps or total < min_seconds):
+        t0 = clock()
+        step()
+        times.append(clock() - t0)
+        total += times[-1]
+    return times
+
+
+def summarize(times: list[float], batch_size: int) -> dict:
+    """The median step, its images per second, and the spread: the 10th and 90th
+    percentiles of the steps and their distance relative to the median."""
+    from lab.common.metrics import percentile
+    median = percentile(times, 50)
+    p10, p90 = percentile(times, 10), percentile(times, 90)
+    return {"steps": len(times), "timed_s": sum(times), "step_time_median_s": median,
+            "step_time_p10_s": p10, "step_time_p90_s": p90,
+            "spread": (p90 - p10) / median if median else None,
+            "images_per_s": batch_size / median}
+
 
 def measure(model_name: str = "mnist", batch_size: int = 64, threads: int = 1, steps: int = 200,
-            warmup: int = 10, device: str = "cpu", seed: int = 0, data_name: str = "synthetic") -> dict:
+            warmup: int = 10, device: str = "cpu", seed: int = 0, data_name: str = "synthetic",
+            min_seconds: float = MIN_SECONDS) -> dict:
     """The model's training steps on random batches of the input the run trains on: the
     data set's shape and classes (MNIST and the digits: 1x28x28, 10), or on synthetic
     data the model's own (lab.models: the spec's input)."""
@@ -34,21 +69,25 @@ def measure(model_name: str = "mnist", batch_size: int = 64, threads: int = 1, s
         opt = torch.optim.Adam(model.parameters(), lr=0.01)
     else:
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
-    times = []
-    for i in range(warmup + steps):
+    i = 0
+
+    def step():
+        nonlocal i
         j = i % n_batches
-        t0 = time.perf_counter()
+        i += 1
         opt.zero_grad(set_to_none=True)
         loss_fn(model(x[j * batch_size:(j + 1) * batch_size]),
                 y[j * batch_size:(j + 1) * batch_size]).backward()
         opt.step()
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
+    for _ in range(warmup):
+        step()
+    times = time_steps(step, steps, min_seconds)
     return {"model": model_name, "input": [channels, size, size], "classes": classes,
-            "batch_size": batch_size, "threads": threads, "device": device, "steps": steps, "step_time_mean_s": sum(times) / len(times),
-            "images_per_s": batch_size * len(times) / sum(times)}
+            "batch_size": batch_size, "threads": threads, "device": device,
+            "min_steps": steps, "min_seconds": min_seconds,
+            "step_time_mean_s": sum(times) / len(times), **summarize(times, batch_size)}
 
 
 def child_env(index: int, threads: int, device: str, base: dict) -> dict:
@@ -66,7 +105,7 @@ def child_env(index: int, threads: int, device: str, base: dict) -> dict:
 def measure_concurrent(processes: int, model_name: str = "mnist", batch_size: int = 64,
                        threads: int = 1, steps: int = 200, warmup: int = 10,
                        device: str = "cpu", timeout_s: float = 3600,
-                       data_name: str = "synthetic") -> dict:
+                       data_name: str = "synthetic", min_seconds: float = MIN_SECONDS) -> dict:
     """The same measurement in `processes` independent processes at once: what the machine
     gives N ranks that never communicate (shared cores, memory bandwidth, caches). When
     one fails or the time runs out, the others are stopped."""
@@ -76,7 +115,7 @@ def measure_concurrent(processes: int, model_name: str = "mnist", batch_size: in
     # Each process is this module measuring in itself, so torch is set up afresh in each.
     cmd = [sys.executable, "-m", "lab.worker.ceiling", "--model", model_name, "--batch-size",
            str(batch_size), "--threads", str(threads), "--steps", str(steps), "--warmup",
-           str(warmup), "--device", device, "--data", data_name]
+           str(warmup), "--device", device, "--data", data_name, "--min-seconds", str(min_seconds)]
     procs = [proc.start(cmd, env=child_env(i, threads, device, os.environ), merge=False)
              for i in range(processes)]
     deadline = time.monotonic() + timeout_s
@@ -92,7 +131,9 @@ def measure_concurrent(processes: int, model_name: str = "mnist", batch_size: in
         for p in procs:
             p.stop(grace=1.0)
     return {"processes": processes, "images_per_s": sum(o["images_per_s"] for o in outs),
-            "per_process": [o["images_per_s"] for o in outs], "input": outs[0]["input"],
+            "per_process": [o["images_per_s"] for o in outs],
+            "spread": [o["spread"] for o in outs], "steps": [o["steps"] for o in outs],
+            "input": outs[0]["input"],
             "classes": outs[0]["classes"]}
 
 
@@ -105,7 +146,9 @@ def main(argv=None) -> int:
                    help="the run's data set: its input shape and classes are measured")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--steps", type=int, default=200, help="the fewest steps timed")
+    p.add_argument("--min-seconds", type=float, default=MIN_SECONDS,
+                   help="the fewest seconds of steps timed (the rule: lab.worker.ceiling)")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--device", default="cpu")
     p.add_argument("--processes", type=int, default=0,
@@ -114,10 +157,10 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.processes:
         out = measure_concurrent(a.processes, a.model, a.batch_size, a.threads, a.steps,
-                                 a.warmup, a.device, data_name=a.data)
+                                 a.warmup, a.device, data_name=a.data, min_seconds=a.min_seconds)
     else:
         out = measure(a.model, a.batch_size, a.threads, a.steps, a.warmup, a.device,
-                      data_name=a.data)
+                      data_name=a.data, min_seconds=a.min_seconds)
     json.dump(out, sys.stdout)
     sys.stdout.write("\n")
     return 0

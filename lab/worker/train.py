@@ -104,6 +104,18 @@ def _peak_memory(device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 
 
+def _reserved_memory(device) -> dict | None:
+    """On a GPU, what torch's caching allocator holds from CUDA, peak and at the end
+    (torch.cuda.max_memory_reserved, memory_reserved: allocated tensors plus the cached
+    blocks kept for reuse, so what nvidia-smi shows for the process, less CUDA's own
+    context); None on the CPU, where no allocator reserves."""
+    import torch
+    if device.type != "cuda":
+        return None
+    return {"peak": int(torch.cuda.max_memory_reserved(device)),
+            "end": int(torch.cuda.memory_reserved(device))}
+
+
 def train(cfg, d, log=print, hb=None) -> dict | None:
     """Train and measure; return the record on rank 0 (None elsewhere). `hb`: the
     rank's heartbeat (lab.worker.heartbeat)."""
@@ -111,7 +123,7 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
     import torch
 
     from lab.common import metrics
-    from lab.worker import data, dist, manifest, models, strategies
+    from lab.worker import data, dist, horovod_tuning, manifest, models, strategies
 
     started = results.now_iso()
     torch.set_num_threads(cfg.threads)
@@ -210,6 +222,7 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
     summary = d.allgather_object({"host": dist.hostname(), "timed_s": sum(step_times),
                                   "timed_steps": len(step_times),
                                   "peak_memory": _peak_memory(device),
+                                  "reserved": _reserved_memory(device),
                                   "held": strategy.holdings(),
                                   "digest": strategy.parameter_digest(),
                                   "startup": startup_phases(MARKS, cfg.launched_at)})
@@ -228,7 +241,9 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
         "ok", run_id=cfg.run_id, config=cfg.as_record(), np=strategy.workers(), nodes=len(set(hosts)),
         started_at=started,
         world={"hosts": hosts, "devices_per_node": strategy.devices_per_node(),
-               "controller": d.controller, **scheduler_job()},
+               "controller": d.controller, **scheduler_job(),
+               # Horovod's fusion threshold and cycle time, as rank 0's Horovod read them
+               **({"horovod": horovod_tuning.effective()} if cfg.framework == "horovod" else {})},
         figures={
             "throughput_img_s": metrics.global_throughput(
                 b, strategy.data_world, [p["timed_s"] for p in summary],
@@ -240,6 +255,8 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
             "test_accuracy": epochs[-1]["test_accuracy"],
             "final_loss": epochs[-1]["train_loss"],
             "peak_memory_bytes": [p["peak_memory"] for p in summary],
+            "peak_reserved_bytes": [(p["reserved"] or {}).get("peak") for p in summary],
+            "reserved_bytes": [(p["reserved"] or {}).get("end") for p in summary],
             "held_bytes": [p["held"] for p in summary],
             # Replicated strategies: the ranks' parameters after training, digested; equal
             # digests show the replicas agree (None where a rank holds one stage).

@@ -1,0 +1,140 @@
+"""What doctor says on GPU hosts that cannot exist here: a T4 on an R535 driver, a host
+with a CUDA 12.6 image beside a CUDA 13.0 one, an HGX board whose fabric manager is not
+running, and whether its mpirun probes take the transports the runs take. Drivers come
+from captured nvidia-smi lines and torch's error text from captured output
+(tests/fixtures/README.md); the matrix's drivers from docker/versions.env."""
+import re
+import shlex
+import warnings
+from pathlib import Path
+
+import pytest
+
+from envcheck import host, probes, stack
+from envcheck.probes import FAIL, PASS, SKIP, WARN, Result
+from lab.common import ompi, versions
+
+FIX = Path(__file__).parent / "fixtures"
+DRIVERS = {d[:3]: d for d in (probes.parse_nvidia_smi(line)["driver"] for line in
+                              (FIX / "nvidia-smi-driver-lines.txt").read_text().splitlines()[1:])}
+MATRIX = versions.read()
+# A T4 is compute capability 7.5 (NVIDIA's CUDA GPUs table; deviceQuery on one prints
+# "CUDA Capability 7.5", e.g. sylvia-ymlin/cuda-kernels-from-scratch README.md).
+T4 = {"index": 0, "name": "Tesla T4", "compute_capability": "7.5", "memory_bytes": 15360 * 2**20}
+
+
+def _gpus(driver, *devices):
+    return Result("gpus", PASS, {"driver": driver, "count": len(devices), "devices": list(devices),
+                                 "source": "NVML"})
+
+
+def _labels(cuda):
+    key = "CUDA_" + cuda.replace(".", "_") + "_"
+    return {"id": "sha256:x", "cuda_version": cuda, "cuda_archs": MATRIX[key + "ARCHS"],
+            "cuda_ptx": MATRIX[key + "PTX"]}
+
+
+def test_the_matrix_names_cuda_12_6_for_a_t4_on_r535():
+    r535 = DRIVERS["535"]
+    # 13.0 needs its GA driver (CUDA_13_0_COMPAT_DRIVER is the same); 12.6 runs from its floor
+    assert versions.version_tuple(r535) < versions.version_tuple(MATRIX["CUDA_13_0_COMPAT_DRIVER"])
+    assert versions.version_tuple(r535) >= versions.version_tuple(MATRIX["CUDA_12_6_COMPAT_DRIVER"])
+    assert versions.cuda_entry_for_driver(MATRIX, r535, ["7.5"]) == "12.6"
+    assert versions.cuda_entry_for_driver(MATRIX, DRIVERS["580"], ["7.5"]) == MATRIX["CUDA_DEFAULT"]
+    assert versions.cuda_entry_for_driver(MATRIX, DRIVERS["580"], ["7.0"]) == "12.6"  # a V100
+    assert versions.cuda_entry_for_driver(MATRIX, "470.82.01", ["7.5"]) is None
+
+
+def test_doctor_tells_a_t4_on_r535_to_build_cuda_12_6_by_name():
+    gpus = _gpus(DRIVERS["535"], T4)
+    r = host.probe_driver_for_image(gpus, Result("lab_images", WARN, None))       # nothing built
+    assert r.status == WARN and "invoke build --cuda 12.6" in r.fix and DRIVERS["535"] in r.fix
+    built = Result("lab_images", PASS, {"dl-lab-kit:gpu-nccl": _labels("13.0")})
+    r = host.probe_driver_for_image(gpus, built)
+    assert r.status == FAIL and "invoke build --cuda 12.6" in r.fix
+    # the same host on an R580 driver runs what `invoke build` makes
+    r = host.probe_driver_for_image(_gpus(DRIVERS["580"], T4), Result("lab_images", WARN, None))
+    assert r.status == SKIP and "runs CUDA 13.0" in r.fix
+
+
+def test_the_driver_check_passes_when_any_built_image_runs():
+    """A CUDA 12.6 image beside a CUDA 13.0 one on R535: the 12.6 one runs (minor-version
+    compatibility, and it has cubins for sm_75, so no PTX JIT is needed)."""
+    gpus = _gpus(DRIVERS["535"], T4)
+    built = Result("lab_images", PASS, {"dl-lab-kit:gpu-nccl": _labels("13.0"),
+                                        "dl-lab-kit:gpu-nccl-cu126": _labels("12.6")})
+    r = host.probe_driver_for_image(gpus, built)
+    assert r.status == PASS and r.value["runs"] == ["dl-lab-kit:gpu-nccl-cu126"]
+    assert "dl-lab-kit:gpu-nccl: driver" in r.fix and "too old for CUDA 13.0" in r.fix
+    # without the cuda_version label, the tag's -cu126 says it
+    no_label = {k: v for k, v in _labels("12.6").items() if k != "cuda_version"}
+    assert host.image_cuda("dl-lab-kit:gpu-nccl-cu126", no_label) == "12.6"
+    built = Result("lab_images", PASS, {"dl-lab-kit:gpu-nccl": _labels("13.0"),
+                                        "dl-lab-kit:gpu-mpi-cu126": no_label})
+    assert host.probe_driver_for_image(gpus, built).status == PASS
+
+
+def test_minor_version_compatibility_passes_only_with_cubins_for_the_gpus():
+    r535 = DRIVERS["535"]
+    assert probes.driver_supports(r535, "12.6", MATRIX, "70,75,80,86,90", ["7.5"])[0] == PASS
+    # an H100 (9.0) is covered; a GPU newer than the list would need PTX JIT: WARN
+    assert probes.driver_supports(r535, "12.6", MATRIX, "70,75,80,86,90", ["12.0"])[0] == WARN
+    assert probes.driver_supports(r535, "12.6", MATRIX)[0] == WARN     # GPUs not known
+
+
+# ---------------------------------------------------------------- CUDA error 802
+
+ERROR_802 = [line for line in (FIX / "cuda-error-802.txt").read_text().splitlines()
+             if not line.startswith("#")]
+
+
+@pytest.mark.parametrize("text", ERROR_802)
+def test_error_802_names_the_fabric_manager(text):
+    fix = probes.cuda_init_problem(text)
+    assert fix and "nvidia-fabricmanager" in fix and "driver's version" in fix
+    # another CUDA initialisation error is not mistaken for it (804, forward compatibility)
+    assert probes.cuda_init_problem(text.replace("802: system not yet initialized",
+                                                 "804: forward compatibility was attempted "
+                                                 "on non supported HW")) is None
+
+
+def test_the_torch_probe_fails_with_the_fabric_manager_when_cuda_says_802(monkeypatch):
+    """torch.cuda.is_available() warns and returns False on a failed cudaGetDeviceCount
+    (the captured warning's own trace: torch/cuda/__init__.py, c10/cuda/CUDAFunctions.cpp)."""
+    import torch
+    warning = ERROR_802[0].split("UserWarning: ", 1)[1]
+
+    def is_available():
+        warnings.warn(warning, UserWarning)
+        return False
+    monkeypatch.setattr(torch.cuda, "is_available", is_available)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    r = stack.probe_torch()
+    assert r.status == FAIL and "nvidia-fabricmanager" in r.fix
+    assert "Error 802" in r.value["cuda_init_error"]
+    assert probes.probe_torch_cuda().value["cuda_init_error"] == r.value["cuda_init_error"]
+    # no GPU and nothing said: the CPU case stays a PASS
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert stack.probe_torch().status == PASS
+
+
+# ---------------------------------------------------------------- MPI transports
+
+def test_doctors_mpirun_takes_the_transports_of_the_kits_mpi_launches():
+    """Horovod 0.28.1's horovodrun --mpi passes -mca pml ob1 -mca btl ^openib to Open MPI
+    (horovod/runner/mpi_run.py, _OMPI_FLAGS); the k8s MPIJob's mpirun and doctor's own
+    mpirun probes pass what lab.common.ompi holds."""
+    assert ompi.TRANSPORTS == (("pml", "ob1"), ("btl", "^openib"))
+    probe = ompi.mca_pairs(stack._mpirun(2))
+    from tests.test_k8s import container, manifest
+    body = manifest(np="2", nodes="2", framework="horovod", backend="mpi").body
+    launcher = container(body["spec"]["mpiReplicaSpecs"]["Launcher"]["template"])
+    words = [w for part in launcher["command"] for w in shlex.split(part)]
+    k8s = [p for p in ompi.mca_pairs(words) if p[0] in ("pml", "btl")]
+    assert probe == k8s == list(ompi.TRANSPORTS)
+
+
+def test_horovods_own_flags_are_the_same_where_horovod_is_installed():
+    mpi_run = pytest.importorskip("horovod.runner.mpi_run")
+    flags = [tuple(re.fullmatch(r"-mca (\S+) (\S+)", f).groups()) for f in mpi_run._OMPI_FLAGS]
+    assert flags == list(ompi.TRANSPORTS)
