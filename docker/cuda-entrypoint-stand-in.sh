@@ -11,7 +11,12 @@ rule="$(printf '%*s' $((${#name} + 6)) '' | tr ' ' '=')"
 printf '\n%s\n== %s ==\n%s\n\n' "$rule" "$name" "$rule"
 printf '%s Version %s\n\n' "$name" "${CUDA_VERSION:-}"
 echo "Container image Copyright (c) NVIDIA CORPORATION & AFFILIATES. All rights reserved. (stand-in)"
-if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1' || ! ls /dev/nvidiactl /dev/dxg /dev/nvgpu >/dev/null 2>&1; then
+# The driver: libcuda.so.1 in the loader's cache or on LD_LIBRARY_PATH (not a compat copy),
+# and any one of the driver's device files (Linux, WSL2, Tegra).
+libcuda="$(ldconfig -p 2>/dev/null | grep 'libcuda\.so\.1')"
+IFS=: read -ra dirs <<<"${LD_LIBRARY_PATH:-}"
+for d in "${dirs[@]}"; do [[ -e "$d/libcuda.so.1" && "$d" != *compat* ]] && libcuda+="$d"; done
+if [[ -z "$libcuda" || -z "$(ls /dev/nvidiactl /dev/dxg /dev/nvgpu 2>/dev/null)" ]]; then
     echo
     echo "WARNING: The NVIDIA Driver was not detected.  GPU functionality will not be available."
     export NVIDIA_CPU_ONLY=1

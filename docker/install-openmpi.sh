@@ -40,8 +40,12 @@ fi
 # with CUDA is given; ob1 (smcuda, tcp) otherwise.
 ucx=(--without-ucx)
 if [[ -n "${UCX_HOME:-}" ]]; then
+    # UCX's CUDA transport module: lib/ucx in its own prefix, lib64/ucx or the
+    # multiarch folder in a distribution's or MOFED's layout.
     compgen -G "$UCX_HOME/lib/ucx/libuct_cuda.so*" >/dev/null \
-        || die "the UCX at $UCX_HOME has no CUDA transport ($UCX_HOME/lib/ucx/libuct_cuda.so): give a UCX built --with-cuda, or unset UCX_HOME to build without UCX"
+        || compgen -G "$UCX_HOME/lib64/ucx/libuct_cuda.so*" >/dev/null \
+        || compgen -G "$UCX_HOME/lib/*-linux-gnu/ucx/libuct_cuda.so*" >/dev/null \
+        || die "the UCX at $UCX_HOME has no CUDA transport (libuct_cuda.so in lib/ucx, lib64/ucx or lib/<arch>/ucx): give a UCX built --with-cuda, or unset UCX_HOME to build without UCX"
     ucx=(--with-ucx="$UCX_HOME")
 fi
 configure_args=(--prefix="$PREFIX" --with-cuda="$CUDA_HOME" "${ucx[@]}"

@@ -24,6 +24,10 @@ if [[ "$flavor" == gpu ]]; then
     mapfile -t nccl < <(dpkg-query -W -f '${Package}\n' 'libnccl*' 2>/dev/null || true)
     if ((${#nccl[@]})); then
         apt-mark unhold "${nccl[@]}" >/dev/null
+        # Only NCCL goes: a package that depends on it (none in nvidia/cuda's devel
+        # images today) stops the build instead of being removed with it.
+        others="$(apt-get -s purge "${nccl[@]}" | sed -n 's/^Purg \([^ ]*\).*/\1/p' | grep -v '^libnccl' || true)"
+        [[ -z "$others" ]] || { echo "install-system: purging the base's NCCL would also remove: $others" >&2; exit 1; }
         apt-get purge -y -qq "${nccl[@]}" >/dev/null
     fi
 fi

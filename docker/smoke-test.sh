@@ -71,6 +71,7 @@ PY
     [[ "${NCCL_TESTS:-1}" == 1 ]] && linked+=("$(command -v all_reduce_perf)")
     for bin in "${linked[@]}"; do
         got="$(ldd "$bin" | sed -n 's/.*libnccl\.so\.2 => \([^ ]*\).*/\1/p')"
+        [[ "$got" != not ]] || fail "$bin does not find libnccl.so.2 (ldd: not found)"
         [[ -z "$got" || "$(readlink -f "$got")" == "$(readlink -f "$nccl_dir")"/* ]] \
             || fail "$bin resolves libnccl.so.2 to $got, not torch's NCCL in $nccl_dir"
         echo "smoke-test: $(basename "$bin") links ${got:-no NCCL}"
