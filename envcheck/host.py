@@ -68,7 +68,8 @@ def probe_gpus(timeout: float = 15) -> Result:
                 devs.append({"index": i, "name": s(pynvml.nvmlDeviceGetName(h)),
                              "memory_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
                              "compute_capability": f"{major}.{minor}",
-                             "brand": _brand(pynvml, h), "uuid": _uuid(pynvml, h, s)})
+                             "brand": _brand(pynvml, h), "uuid": _uuid(pynvml, h, s),
+                             "c2c": _c2c(pynvml, h)})
             return Result("gpus", PASS, {"driver": s(pynvml.nvmlSystemGetDriverVersion()),
                                          "count": len(devs), "devices": devs, "source": "NVML"})
         finally:
@@ -100,6 +101,15 @@ def _brand(pynvml, h) -> str:
         if getattr(pynvml, const, None) == value:
             return word
     return "unknown"
+
+
+def _c2c(pynvml, h) -> bool | None:
+    """Whether the GPU's C2C link to the CPU is on (Grace: GH200, GB200), through
+    nvmlDeviceGetC2cModeInfoV (nvidia-ml-py: isC2cEnabled); None where NVML cannot say."""
+    try:
+        return bool(pynvml.nvmlDeviceGetC2cModeInfoV(h).isC2cEnabled)
+    except Exception:
+        return None
 
 
 def _uuid(pynvml, h, s) -> str | None:
