@@ -299,7 +299,12 @@ def cuda_init_problem(text: str) -> str | None:
 
 def cuda_available() -> tuple[bool, str]:
     """(torch.cuda.is_available(), what CUDA's initialisation said on the way): torch
-    turns a failed cudaGetDeviceCount into a warning and False, so the warning is kept."""
+    turns a failed cudaGetDeviceCount into a warning and False, so the warning is kept.
+    That warning is printed once per process (c10/cuda/CUDAFunctions.cpp warns from a
+    once-only device count), so when an earlier torch.cuda call took it, a CUDA build
+    that sees no GPU asks torch.cuda.init(): its RuntimeError carries the same error and
+    is raised again on every call (torch/cuda/__init__.py, _lazy_init: torch._C._cuda_init()
+    throws and _initialized stays False; torch 2.13.0). Never raises."""
     import warnings
 
     import torch
@@ -309,7 +314,13 @@ def cuda_available() -> tuple[bool, str]:
             avail = torch.cuda.is_available()
         except RuntimeError as e:          # some builds raise instead
             return False, str(e)
-    return avail, " ".join(str(w.message) for w in caught)
+    said = " ".join(str(w.message) for w in caught)
+    if not avail and not said and getattr(torch.version, "cuda", None):
+        try:
+            torch.cuda.init()
+        except Exception as e:             # RuntimeError, or AssertionError of a broken build
+            said = str(e)
+    return avail, said
 
 
 # ---------------------------------------------------------------- probes

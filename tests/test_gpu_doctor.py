@@ -224,6 +224,34 @@ def test_the_torch_probe_fails_with_the_fabric_manager_when_cuda_says_802(monkey
     assert stack.probe_torch().status == PASS
 
 
+def test_error_802_is_found_when_an_earlier_call_took_torchs_warning(monkeypatch):
+    """torch warns about a failed cudaGetDeviceCount once per process; is_available() then
+    returns False in silence, and torch.cuda.init() raises the error again, every time
+    (the captured RuntimeError of an H200 without its fabric manager)."""
+    import torch
+    error = ERROR_802[1].split("RuntimeError: ", 1)[1]
+    calls = []
+
+    def init():
+        calls.append(1)
+        raise RuntimeError(error)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)    # the warning already taken
+    monkeypatch.setattr(torch.cuda, "init", init)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    avail, said = probes.cuda_available()
+    assert avail is False and probes.cuda_init_problem(said) and calls == [1]
+    r = stack.probe_torch()
+    assert r.status == FAIL and "nvidia-fabricmanager" in r.fix
+    # a CPU build of torch is not asked
+    monkeypatch.setattr(torch.version, "cuda", None)
+    assert probes.cuda_available() == (False, "") and calls == [1, 1]     # not asked again
+    # another initialisation error is no 802
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "init", lambda: (_ for _ in ()).throw(
+        RuntimeError("Found no NVIDIA driver on your system.")))
+    assert probes.cuda_init_problem(probes.cuda_available()[1]) is None
+
+
 # ---------------------------------------------------------------- MPI transports
 
 def test_doctors_mpirun_takes_the_transports_of_the_kits_mpi_launches():
