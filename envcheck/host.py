@@ -67,7 +67,9 @@ def probe_gpus(timeout: float = 15) -> Result:
                 major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
                 devs.append({"index": i, "name": s(pynvml.nvmlDeviceGetName(h)),
                              "memory_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
-                             "compute_capability": f"{major}.{minor}"})
+                             "compute_capability": f"{major}.{minor}",
+                             "brand": _brand(pynvml, h), "uuid": _uuid(pynvml, h, s),
+                             "c2c": _c2c(pynvml, h)})
             return Result("gpus", PASS, {"driver": s(pynvml.nvmlSystemGetDriverVersion()),
                                          "count": len(devs), "devices": devs, "source": "NVML"})
         finally:
@@ -84,6 +86,37 @@ def probe_gpus(timeout: float = 15) -> Result:
         raise ProbeError(f"nvidia-smi printed something this kit cannot read: {e}") from None
     value["source"] = "nvidia-smi"
     return Result("gpus", PASS, value)
+
+
+def _brand(pynvml, h) -> str:
+    """The GPU's brand (nvmlDeviceGetBrand) as NVIDIA_REQUIRE_CUDA's brand= words name it
+    (lab.common.versions.NVML_BRANDS); "unknown" where NVML or the bindings cannot say,
+    and lab.common.versions.gpu_brand then reads the name."""
+    from lab.common.versions import NVML_BRANDS
+    try:
+        value = int(pynvml.nvmlDeviceGetBrand(h))
+    except Exception:              # NVMLError, or bindings without the call
+        return "unknown"
+    for const, word in NVML_BRANDS.items():
+        if getattr(pynvml, const, None) == value:
+            return word
+    return "unknown"
+
+
+def _c2c(pynvml, h) -> bool | None:
+    """Whether the GPU's C2C link to the CPU is on (Grace: GH200, GB200), through
+    nvmlDeviceGetC2cModeInfoV (nvidia-ml-py: isC2cEnabled); None where NVML cannot say."""
+    try:
+        return bool(pynvml.nvmlDeviceGetC2cModeInfoV(h).isC2cEnabled)
+    except Exception:
+        return None
+
+
+def _uuid(pynvml, h, s) -> str | None:
+    try:
+        return s(pynvml.nvmlDeviceGetUUID(h))
+    except Exception:
+        return None
 
 
 def _topology_level(pynvml, a, b) -> str:
@@ -363,14 +396,15 @@ def probe_driver_for_image(gpus: Result, images: Result) -> Result:
         return Result("driver_for_image_cuda", SKIP, None, "no GPU on this host")
     from lab.common import versions
     driver = gpus.value["driver"]
-    caps = [d["compute_capability"] for d in gpus.value.get("devices", []) if d.get("compute_capability")]
+    devices = gpus.value.get("devices", [])
+    caps = [d["compute_capability"] for d in devices if d.get("compute_capability")]
     matrix = versions.read()
     built = {tag: (cuda, labels.get("cuda_archs", "")) for tag, labels in (images.value or {}).items()
              if (cuda := image_cuda(tag, labels))}
     if not built:
         default = matrix.get("CUDA_DEFAULT", "")
         status, line = driver_supports(driver, default, matrix, matrix.get(
-            "CUDA_" + default.replace(".", "_") + "_ARCHS", ""), caps)
+            "CUDA_" + default.replace(".", "_") + "_ARCHS", ""), caps, devices)
         value = {"driver": driver, "image_cuda": [], "default_cuda": default}
         if status == PASS:
             return Result("driver_for_image_cuda", SKIP, value,
@@ -380,7 +414,7 @@ def probe_driver_for_image(gpus: Result, images: Result) -> Result:
                else "update the driver")
         return Result("driver_for_image_cuda", WARN, value,
                       f"no GPU image is built, and `invoke build` makes CUDA {default}: {line}; {fix}")
-    verdicts = {tag: driver_supports(driver, cuda, matrix, archs, caps)
+    verdicts = {tag: driver_supports(driver, cuda, matrix, archs, caps, devices)
                 for tag, (cuda, archs) in sorted(built.items())}
     order = [PASS, WARN, FAIL]
     best = min((s for s, _ in verdicts.values()), key=order.index)

@@ -207,7 +207,7 @@ def parse_check_build(text: str) -> dict:
 
 
 def driver_supports(driver: str, cuda: str, matrix: dict | None = None, archs: str = "",
-                    capabilities=()) -> tuple[str, str]:
+                    capabilities=(), gpus=()) -> tuple[str, str]:
     """(PASS|WARN|FAIL, sentence): whether a driver runs a CUDA toolkit's binaries. The
     driver of the toolkit's GA release and the minor-version compatibility floor of each
     CUDA entry are the version matrix's (CUDA_X_Y_GA_DRIVER, CUDA_X_Y_COMPAT_DRIVER;
@@ -216,7 +216,12 @@ def driver_supports(driver: str, cuda: str, matrix: dict | None = None, archs: s
     ("unsatisfied condition: cuda>=12.6") unless the driver is one of the branches
     nvidia/cuda's NVIDIA_REQUIRE_CUDA lists. There only cubins run (no PTX JIT): given
     the image's `archs` and the GPUs' `capabilities`, cubins for every GPU make it a
-    PASS. A FAIL names the CUDA entry to build for this driver and these GPUs."""
+    PASS. Below the floor, a driver branch that nvidia/cuda's NVIDIA_REQUIRE_CUDA lists
+    for the release runs it through CUDA forward compatibility (the image's cuda-compat;
+    lab.common.versions.forward_compat) on data-center GPUs: a WARN that names the native
+    option too. `gpus`: the GPUs (the NVML probe's devices: brand, else name); none known
+    is a WARN as well, since the image may run. A FAIL (neither native nor forward
+    compatibility) names the CUDA entry to build for this driver and these GPUs."""
     from lab.common import versions
     if matrix is None:
         try:
@@ -243,6 +248,28 @@ def driver_supports(driver: str, cuda: str, matrix: dict | None = None, archs: s
     entry = versions.cuda_entry_for_driver(matrix, driver, capabilities) if matrix else None
     fix = (f"build the image for CUDA {entry} (invoke build --cuda {entry}), which this driver "
            f"runs" if entry else "update the driver, or build the image for an older CUDA (--cuda)")
+    brands = versions.forward_compat_brands(cuda, driver)
+    if brands:
+        native = (f"or build --cuda {entry} to run natively (invoke build --cuda {entry})" if entry
+                  else f"or update the driver to {full or floor} or newer to run natively")
+        kinds = sorted({versions.gpu_brand(d) for d in gpus})
+        branch = versions.version_tuple(driver)[0]
+        if not kinds:
+            return WARN, (f"driver {driver} (R{branch}) is older than CUDA {cuda} needs natively "
+                          f"({full or floor}); it runs the image through CUDA forward compatibility "
+                          f"(the image's cuda-compat) on a data-center GPU only: {native}")
+        if all(k in versions.DATA_CENTER_BRANDS and k in brands for k in kinds):
+            return WARN, (f"driver {driver} (R{branch}) runs CUDA {cuda} through CUDA forward "
+                          f"compatibility (the image's cuda-compat) on a data-center GPU; {native}")
+        if all(k in brands for k in kinds):
+            return WARN, (f"driver {driver} (R{branch}) runs CUDA {cuda} through CUDA forward "
+                          f"compatibility (the image's cuda-compat) only if these GPUs (brand "
+                          f"{', '.join(kinds)}) are among the RTX server cards NVIDIA supports it "
+                          f"on (else CUDA error 804); {native}")
+        others = [k for k in kinds if k not in brands]
+        return FAIL, (f"driver {driver} is too old for CUDA {cuda} (needs {full or floor}), and "
+                      f"CUDA forward compatibility is for data-center GPUs, not brand "
+                      f"{', '.join(others)}: {fix}")
     return FAIL, f"driver {driver} is too old for CUDA {cuda} (needs {full or floor}): {fix}"
 
 
@@ -272,7 +299,12 @@ def cuda_init_problem(text: str) -> str | None:
 
 def cuda_available() -> tuple[bool, str]:
     """(torch.cuda.is_available(), what CUDA's initialisation said on the way): torch
-    turns a failed cudaGetDeviceCount into a warning and False, so the warning is kept."""
+    turns a failed cudaGetDeviceCount into a warning and False, so the warning is kept.
+    That warning is printed once per process (c10/cuda/CUDAFunctions.cpp warns from a
+    once-only device count), so when an earlier torch.cuda call took it, a CUDA build
+    that sees no GPU asks torch.cuda.init(): its RuntimeError carries the same error and
+    is raised again on every call (torch/cuda/__init__.py, _lazy_init: torch._C._cuda_init()
+    throws and _initialized stays False; torch 2.13.0). Never raises."""
     import warnings
 
     import torch
@@ -282,7 +314,13 @@ def cuda_available() -> tuple[bool, str]:
             avail = torch.cuda.is_available()
         except RuntimeError as e:          # some builds raise instead
             return False, str(e)
-    return avail, " ".join(str(w.message) for w in caught)
+    said = " ".join(str(w.message) for w in caught)
+    if not avail and not said and getattr(torch.version, "cuda", None):
+        try:
+            torch.cuda.init()
+        except Exception as e:             # RuntimeError, or AssertionError of a broken build
+            said = str(e)
+    return avail, said
 
 
 # ---------------------------------------------------------------- probes

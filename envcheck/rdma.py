@@ -23,28 +23,49 @@ PEERMEM_FILES = ("/sys/kernel/mm/memory_peers/nv_mem/version",
                  "/sys/kernel/mm/memory_peers/nv_mem_nc/version",
                  "/sys/module/nvidia_peermem/version",
                  "/sys/module/nv_peer_mem/version")
-# Path types as nvidia-smi topo -m prints them, nearest first. NCCL compares a GPU-NIC
-# path with NCCL_NET_GDR_LEVEL, default PATH_PXB (src/graph/paths.cc, ncclTopoCheckGdr:
-# "distance > netGdrLevel" disables GPUDirect RDMA). NCCL has no NODE: it models a NUMA
-# node as one CPU (src/graph/topo.cc), so a path between two host bridges of one NUMA
-# node is PHB there.
-LEVELS = ("PIX", "PXB", "PHB", "SYS")
-NCCL_DEFAULT_GDR_LEVEL = "PXB"
-NCCL_RDMA_VARS = ("NCCL_NET_GDR_LEVEL", "NCCL_IB_HCA", "NCCL_IB_DISABLE", "NCCL_NET_GDR_READ")
+# NCCL's path types, nearest first, as its topology code numbers them (NCCL v2.29.7:
+# src/graph/topo.h PATH_LOC 0 ... PATH_SYS 9; src/graph/topo.cc topoPathTypeStr, the
+# names NCCL_NET_GDR_LEVEL takes). P2C (6) is a GPU reaching a NIC through its C2C link to
+# the CPU and the CPU's PCIe (Grace: GH200, GB200; src/graph/paths.cc, mergePathType).
+# ncclTopoCheckGdr disables GPUDirect RDMA when "distance > netGdrLevel".
+NCCL_PATHS = ("LOC", "NVL", "NVB", "C2C", "PIX", "PXB", "P2C", "PXN", "PHB", "SYS")
+# nvidia-smi topo -m's levels as NCCL paths: NCCL has no NODE, it models a NUMA node as
+# one CPU (src/graph/topo.cc), so a path between two host bridges of one NUMA node is PHB.
+SMI_TO_NCCL = {"PIX": "PIX", "PXB": "PXB", "NODE": "PHB", "PHB": "PHB", "SYS": "SYS"}
+# NCCL's default level (src/graph/paths.cc, ncclTopoCheckGdr, v2.29.2 and later: "int
+# netGdrLevel = ncclParamNetGdrC2c() ? PATH_P2C : PATH_PXB", NCCL_PARAM(NetGdrC2c,
+# "NET_GDR_C2C", 1)): P2C, PXB with NCCL_NET_GDR_C2C=0. Off C2C systems no GPU-NIC path
+# is P2C, so P2C and PXB let the same NICs through there. (2.27 and 2.28 kept PXB and
+# counted a P2C path as C2C instead: the same NICs.) The kit's NCCL is 2.29 (versions.env).
+NCCL_DEFAULT_GDR_LEVEL = "P2C"
+NCCL_RDMA_VARS = ("NCCL_NET_GDR_LEVEL", "NCCL_NET_GDR_C2C", "NCCL_IB_HCA", "NCCL_IB_DISABLE",
+                  "NCCL_NET_GDR_READ")
+# ncclGetLevel's old numbers: levelsOldToNew = {LOC, PIX, PXB, PHB, SYS, SYS}; a number
+# past 5 is capped at 5 (maxOldLevel).
+OLD_LEVELS = ("LOC", "PIX", "PXB", "PHB", "SYS", "SYS")
 
 
-# NCCL_NET_GDR_LEVEL=LOC (or 0, the old scale's LOC) turns GPUDirect RDMA off: a GPU's
-# path to a NIC is never PATH_LOC (0, the node itself: src/graph/topo.h), so
-# ncclTopoCheckGdr's "distance > netGdrLevel" holds for every GPU (src/graph/paths.cc;
-# ncclGetLevel maps "0" to PATH_LOC through levelsOldToNew).
+def default_gdr_level(environ) -> str:
+    """NCCL's level when NCCL_NET_GDR_LEVEL is unset or ignored: P2C, or PXB when
+    NCCL_NET_GDR_C2C is 0 (an integer, as NCCL_PARAM reads it: strtoll)."""
+    m = re.match(r"\s*[-+]?\d+", environ.get("NCCL_NET_GDR_C2C", ""))
+    return "PXB" if m and int(m.group()) == 0 else NCCL_DEFAULT_GDR_LEVEL
+
+
+# A level below PIX (LOC, NVL, NVB, C2C; 0 on the old scale) turns GPUDirect RDMA off:
+# a GPU's path to a NIC always crosses PCIe (PIX or farther; a PXN path is judged by the
+# intermediate GPU's own PCIe path), so ncclTopoCheckGdr's "distance > netGdrLevel" holds
+# for every GPU (src/graph/paths.cc).
 GDR_OFF = ("GPUDirect RDMA is off by NCCL_NET_GDR_LEVEL={raw}: NCCL stages every GPU's network "
-           "traffic through host memory; unset it (NCCL's default is PXB) to let GPUs and "
-           "NICs under one PCIe switch use it")
+           "traffic through host memory; unset it (NCCL's default is P2C: NICs under the GPU's "
+           "PCIe switches, and on C2C systems such as Grace those behind the GPU's own CPU) to "
+           "use it")
 
 
 def _rank(level: str) -> int:
-    level = "PHB" if level == "NODE" else level
-    return LEVELS.index(level) if level in LEVELS else len(LEVELS)
+    """The NCCL path number of a level (an NCCL name or nvidia-smi's), past SYS if unknown."""
+    level = SMI_TO_NCCL.get(level, level)
+    return NCCL_PATHS.index(level) if level in NCCL_PATHS else len(NCCL_PATHS)
 
 
 # ---------------------------------------------------------------- parsers
@@ -172,17 +193,29 @@ def probe_peermem(gpus: Result, devices: Result, files=PEERMEM_FILES) -> Result:
 
 
 def _gdr_level(environ) -> tuple[str, str | None]:
-    """(level, problem): NCCL_NET_GDR_LEVEL as a path type; numbers are NCCL's old
-    scale (0 LOC, 1 PIX, 2 PXB, 3 PHB, 4 and 5 SYS: src/graph/paths.cc, ncclGetLevel)."""
-    raw = environ.get("NCCL_NET_GDR_LEVEL", "").strip()
+    """(level, problem): NCCL_NET_GDR_LEVEL as NCCL v2.29.7 reads it (src/graph/paths.cc,
+    ncclGetLevel): one of topoPathTypeStr's names up to SYS compared with strcmp (case
+    matters), else, when it starts with a digit, strtol on the old scale (0 LOC, 1 PIX,
+    2 PXB, 3 PHB, 4 and more SYS); anything else is ignored and NCCL's default holds."""
+    raw = environ.get("NCCL_NET_GDR_LEVEL", "")
+    default = default_gdr_level(environ)
     if not raw:
-        return NCCL_DEFAULT_GDR_LEVEL, None
-    names = {"0": "LOC", "1": "PIX", "2": "PXB", "3": "PHB", "4": "SYS", "5": "SYS"}
-    level = names.get(raw, raw.upper())
-    if level not in LEVELS + ("LOC", "NVL"):
-        return NCCL_DEFAULT_GDR_LEVEL, (f"NCCL_NET_GDR_LEVEL={raw} is none of LOC, PIX, PXB, "
-                                        f"PHB, SYS: NCCL ignores it")
-    return level, None
+        return default, None
+    if raw in NCCL_PATHS:
+        return raw, None
+    if raw[0].isdigit():
+        return OLD_LEVELS[min(int(re.match(r"\d+", raw).group()), len(OLD_LEVELS) - 1)], None
+    hint = (f" (NCCL compares names exactly: write {raw.upper()})"
+            if raw.upper() in NCCL_PATHS else "")
+    return default, (f"NCCL_NET_GDR_LEVEL={raw} is none of {', '.join(NCCL_PATHS)} nor a number: "
+                     f"NCCL ignores it and uses its default, {default}{hint}")
+
+
+def _c2c(gpus: Result, gpu: str) -> bool:
+    """Whether NVML says GPU<n> of the topology matrix has C2C on (the NVML probe's "c2c")."""
+    devices = (gpus.value or {}).get("devices") or []
+    i = int(gpu[3:]) if gpu[3:].isdigit() else -1
+    return any(d.get("index") == i and d.get("c2c") for d in devices)
 
 
 @probe("gpu_nic_affinity")
@@ -201,15 +234,22 @@ def probe_gpu_nic_affinity(gpus: Result, devices: Result, topo: str | None = Non
         matrix = parse_topo_matrix(text)
     except ValueError as e:
         raise ProbeError(f"nvidia-smi topo -m: {e}") from None
-    limit, _ = _gdr_level(environ)
-    off = GDR_OFF.format(raw=environ.get("NCCL_NET_GDR_LEVEL", "").strip()) if limit == "LOC" else ""
+    limit, problem = _gdr_level(environ)
+    raw = environ.get("NCCL_NET_GDR_LEVEL", "")
+    off = GDR_OFF.format(raw=raw) if _rank(limit) < _rank("PIX") else ""
     nearest = {}
     for gpu, row in matrix.items():
         levels = {nic: lvl for nic, lvl in row.items() if nic in nics}
         if levels:
             nic = min(levels, key=lambda n: _rank(levels[n]))
             nearest[gpu] = {"nic": nic, "level": levels[nic]}
-    far = {g: v for g, v in nearest.items() if _rank(v["level"]) > _rank(limit)}
+            # A C2C GPU (Grace) reaches a NIC of its own CPU (PHB, or NODE: one NUMA node)
+            # through P2C: NCCL's mergePathType(PHB, C2C) (src/graph/paths.cc), set for the
+            # GPU's nearest NIC only.
+            if _c2c(gpus, gpu) and SMI_TO_NCCL.get(levels[nic]) == "PHB":
+                nearest[gpu]["nccl_path"] = "P2C"
+    far = {g: v for g, v in nearest.items()
+           if _rank(v.get("nccl_path") or v["level"]) > _rank(limit)}
     value = {"nearest": nearest, "gdr_level": limit}
     if not nearest:
         return Result("gpu_nic_affinity", SKIP, value, "nvidia-smi topo -m lists none of the RDMA devices")
@@ -218,8 +258,10 @@ def probe_gpu_nic_affinity(gpus: Result, devices: Result, topo: str | None = Non
     if far:
         return Result("gpu_nic_affinity", WARN, value, "; ".join(
             f"{g}'s nearest NIC {v['nic']} is {v['level']}" for g, v in far.items())
-            + f": beyond NCCL_NET_GDR_LEVEL={limit}, NCCL stages those GPUs' traffic through host "
-              f"memory (put GPU and NIC under one PCIe switch, or raise NCCL_NET_GDR_LEVEL, often slower)")
+            + (f": beyond NCCL_NET_GDR_LEVEL={raw} ({limit})" if raw and not problem
+               else f": beyond NCCL's default level {limit} (off C2C systems: PXB)")
+            + ", NCCL stages those GPUs' traffic through host memory (put GPU and NIC under one "
+              "PCIe switch, or raise NCCL_NET_GDR_LEVEL, often slower)")
     return Result("gpu_nic_affinity", PASS, value)
 
 
@@ -236,9 +278,9 @@ def probe_nccl_rdma_settings(devices: Result, environ=None) -> Result:
     level, problem = _gdr_level(environ)
     if problem:
         return Result("nccl_rdma_settings", FAIL, value, problem)
-    if level == "LOC":
+    if _rank(level) < _rank("PIX"):
         return Result("nccl_rdma_settings", WARN, value,
-                      GDR_OFF.format(raw=environ["NCCL_NET_GDR_LEVEL"].strip()))
+                      GDR_OFF.format(raw=environ["NCCL_NET_GDR_LEVEL"]))
     if environ.get("NCCL_IB_DISABLE", "0").strip() not in ("", "0"):
         return Result("nccl_rdma_settings", WARN, value,
                       "NCCL_IB_DISABLE is set: NCCL uses TCP sockets although RDMA devices are "
@@ -251,7 +293,8 @@ def probe_nccl_rdma_settings(devices: Result, environ=None) -> Result:
             return Result("nccl_rdma_settings", FAIL, value,
                           f"NCCL_IB_HCA={spec} names none of the RDMA devices here "
                           f"({', '.join(nics)}): set it to one of them or unset it")
-    return Result("nccl_rdma_settings", PASS, value or {"defaults": "every device; GDR up to PXB"})
+    return Result("nccl_rdma_settings", PASS, value or {
+        "defaults": f"every device; GDR up to {level} (NCCL's default: P2C, PXB with NCCL_NET_GDR_C2C=0)"})
 
 
 @probe("verbs_libraries")

@@ -329,3 +329,30 @@ def test_every_bench_step_is_a_request_bench_accepts():
             settings, lists = settings_from_flags(flags, {"timeout_s": 3600, "where": "auto"})
             assert settings.repeat == (acceptance_plan.REPEAT[full] if gpus else
                                        acceptance_plan.CPU_REPEAT), step.name
+
+
+# Two GPU UUIDs as nvidia-smi -q printed them (tests/fixtures/nvidia-smi-q-brands.txt).
+UUIDS = [line.split(":", 1)[1].strip() for line in
+         (FIX / "nvidia-smi-q-brands.txt").read_text().splitlines() if line.strip().startswith("GPU UUID")]
+
+
+@pytest.mark.parametrize("value, seen", [
+    (",".join(UUIDS), 2), (UUIDS[1], 1),
+    ("GPU-1db6b1cf,GPU-1b724e78", 2),         # abbreviated: the first characters, one GPU each
+    ("GPU-1,0", 0),                           # a prefix of both UUIDs names neither: none visible
+    ("GPU-1db6b1cf,GPU-00000000,1", 1),       # matches nothing: it and what follows are hidden
+    (UUIDS[0].upper(), 0),                    # not as nvidia-smi prints it (upper-case hex)
+    ("MIG-GPU-1db6b1cf/1/0", 1),              # the older MIG form, by its GPU's UUID
+    (f"0,{UUIDS[0]},{UUIDS[0][:12]}", 2),     # the same UUID twice ends the list
+])
+def test_uuid_entries_are_checked_against_nvmls_uuids(monkeypatch, value, seen):
+    fake_nvml(monkeypatch, 2)
+    import pynvml
+    pynvml.nvmlDeviceGetHandleByIndex = lambda i: i
+    pynvml.nvmlDeviceGetUUID = lambda h: UUIDS[h]
+    assert UUIDS[0].startswith("GPU-1db6b1cf") and UUIDS[1].startswith("GPU-1b724e78")
+    assert acceptance.host_gpu_uuids() == UUIDS
+    count = acceptance.count_gpus({"CUDA_VISIBLE_DEVICES": value})
+    assert (count.host, count.visible) == (2, seen)
+    # without NVML's UUIDs (nvidia-smi only), a UUID entry is taken as written
+    assert acceptance_plan.visible_count(2, "GPU-00000000") == 1

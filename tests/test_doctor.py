@@ -88,8 +88,11 @@ def test_horovod_check_build():
 
 
 @pytest.mark.parametrize("driver,cuda,status", [
-    ("580.95.05", "13.0", PASS), ("580.65.06", "13.0", PASS), ("575.57.08", "13.0", FAIL),
-    ("555.42.02", "12.6", WARN), ("560.35.05", "12.6", PASS), ("470.82.01", "12.6", FAIL),
+    ("580.95.05", "13.0", PASS), ("580.65.06", "13.0", PASS),
+    ("575.57.08", "13.0", WARN),       # R575: CUDA forward compatibility, GPUs not known
+    ("560.35.05", "13.0", FAIL),       # R560: not a forward-compatible branch of 13.0
+    ("555.42.02", "12.6", WARN), ("560.35.05", "12.6", PASS), ("520.61.05", "12.6", FAIL),
+    ("470.82.01", "12.6", WARN),       # R470: listed by nvidia/cuda 12.6 for forward compatibility
 ])
 def test_driver_against_the_images_cuda(driver, cuda, status):
     assert probes.driver_supports(driver, cuda)[0] == status

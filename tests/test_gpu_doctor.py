@@ -46,12 +46,16 @@ def test_the_matrix_names_cuda_12_6_for_a_t4_on_r535():
 
 
 def test_doctor_tells_a_t4_on_r535_to_build_cuda_12_6_by_name():
+    """A T4 is a data-center GPU: on R535, a branch nvidia/cuda 13.0's NVIDIA_REQUIRE_CUDA
+    lists, the 13.0 image runs through forward compatibility (a WARN), and 12.6 is named
+    as the native option."""
     gpus = _gpus(DRIVERS["535"], T4)
     r = host.probe_driver_for_image(gpus, Result("lab_images", WARN, None))       # nothing built
     assert r.status == WARN and "invoke build --cuda 12.6" in r.fix and DRIVERS["535"] in r.fix
     built = Result("lab_images", PASS, {"dl-lab-kit:gpu-nccl": _labels("13.0")})
     r = host.probe_driver_for_image(gpus, built)
-    assert r.status == FAIL and "invoke build --cuda 12.6" in r.fix
+    assert r.status == WARN and "invoke build --cuda 12.6" in r.fix
+    assert "CUDA forward compatibility (the image's cuda-compat) on a data-center GPU" in r.fix
     # the same host on an R580 driver runs what `invoke build` makes
     r = host.probe_driver_for_image(_gpus(DRIVERS["580"], T4), Result("lab_images", WARN, None))
     assert r.status == SKIP and "runs CUDA 13.0" in r.fix
@@ -65,7 +69,7 @@ def test_the_driver_check_passes_when_any_built_image_runs():
                                         "dl-lab-kit:gpu-nccl-cu126": _labels("12.6")})
     r = host.probe_driver_for_image(gpus, built)
     assert r.status == PASS and r.value["runs"] == ["dl-lab-kit:gpu-nccl-cu126"]
-    assert "dl-lab-kit:gpu-nccl: driver" in r.fix and "too old for CUDA 13.0" in r.fix
+    assert "dl-lab-kit:gpu-nccl: driver" in r.fix and "forward compatibility" in r.fix
     # without the cuda_version label, the tag's -cu126 says it
     no_label = {k: v for k, v in _labels("12.6").items() if k != "cuda_version"}
     assert host.image_cuda("dl-lab-kit:gpu-nccl-cu126", no_label) == "12.6"
@@ -80,6 +84,108 @@ def test_minor_version_compatibility_passes_only_with_cubins_for_the_gpus():
     # an H100 (9.0) is covered; a GPU newer than the list would need PTX JIT: WARN
     assert probes.driver_supports(r535, "12.6", MATRIX, "70,75,80,86,90", ["12.0"])[0] == WARN
     assert probes.driver_supports(r535, "12.6", MATRIX)[0] == WARN     # GPUs not known
+
+
+# ---------------------------------------------------------------- forward compatibility
+
+BRANDS = [line.split(":", 1)[1].strip() for line in
+          (FIX / "nvidia-smi-q-brands.txt").read_text().splitlines()[1:]]
+L40S = dict(zip(("name", "brand_text", "uuid"), BRANDS[0:3]))       # NVIDIA L40S, NVIDIA
+RTX4070 = dict(zip(("name", "brand_text", "uuid"), BRANDS[3:6]))    # GeForce RTX 4070, GeForce
+
+
+def test_forward_compatible_branches_come_from_nvidia_cudas_require_cuda():
+    fc = versions.forward_compat("13.0")
+    assert sorted(fc) == [535, 550, 565, 570, 575]
+    assert fc[535] >= {"tesla", "nvidia", "quadro", "nvidiartx"} and "geforce" not in fc[535]
+    assert sorted(versions.forward_compat("12.6")) == [470, 535, 550]
+    assert versions.forward_compat_brands("13.0", DRIVERS["560"]) == set()    # R560: not listed
+    assert "tesla" in versions.forward_compat_brands("13.0", DRIVERS["535"])
+
+
+def _fake_pynvml(monkeypatch, driver, devices):
+    """pynvml as nvidia-ml-py names its calls and constants (NVML_BRAND_NVIDIA = 14,
+    NVML_BRAND_GEFORCE = 5, NVML_BRAND_TESLA = 2: nvidia-ml-py's pynvml.py), for GPUs given
+    as (name, brand constant or None, capability, uuid)."""
+    import sys
+    import types
+    m = types.ModuleType("pynvml")
+
+    class NVMLError(Exception):
+        pass
+    m.NVMLError = NVMLError
+    m.NVML_BRAND_UNKNOWN, m.NVML_BRAND_TESLA, m.NVML_BRAND_GEFORCE, m.NVML_BRAND_NVIDIA = 0, 2, 5, 14
+    m.nvmlInit = m.nvmlShutdown = lambda: None
+    m.nvmlSystemGetDriverVersion = lambda: driver
+    m.nvmlDeviceGetCount = lambda: len(devices)
+    m.nvmlDeviceGetHandleByIndex = lambda i: i
+    m.nvmlDeviceGetName = lambda h: devices[h][0]
+    m.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(total=2**34)
+    m.nvmlDeviceGetCudaComputeCapability = lambda h: tuple(map(int, devices[h][2].split(".")))
+    m.nvmlDeviceGetUUID = lambda h: devices[h][3]
+
+    def brand(h):
+        if devices[h][1] is None:
+            raise NVMLError("Not Supported")
+        return devices[h][1]
+    m.nvmlDeviceGetBrand = brand
+    monkeypatch.setitem(sys.modules, "pynvml", m)
+
+
+def test_nvmls_brand_decides_forward_compatibility(monkeypatch):
+    """An L40S (brand NVIDIA) on R535 runs the 13.0 image through forward compatibility
+    (WARN); a GeForce RTX 4070 (brand GeForce) on the same branch cannot: FAIL, naming 12.6."""
+    built = Result("lab_images", PASS, {"dl-lab-kit:gpu-nccl": _labels("13.0")})
+    assert L40S["brand_text"] == "NVIDIA" and RTX4070["brand_text"] == "GeForce"
+    _fake_pynvml(monkeypatch, DRIVERS["535"], [(L40S["name"], 14, "8.9", L40S["uuid"])])
+    gpus = host.probe_gpus()
+    assert gpus.value["devices"][0]["brand"] == "nvidia"
+    assert gpus.value["devices"][0]["uuid"] == L40S["uuid"]
+    r = host.probe_driver_for_image(gpus, built)
+    assert r.status == WARN and "on a data-center GPU; or build --cuda 12.6" in r.fix
+    _fake_pynvml(monkeypatch, DRIVERS["535"], [(RTX4070["name"], 5, "8.9", RTX4070["uuid"])])
+    r = host.probe_driver_for_image(host.probe_gpus(), built)
+    assert r.status == FAIL and "not brand geforce" in r.fix and "invoke build --cuda 12.6" in r.fix
+    # no brand from NVML: the name says it (Tesla T4: data center)
+    _fake_pynvml(monkeypatch, DRIVERS["535"], [(T4["name"], None, "7.5", "GPU-x")])
+    gpus = host.probe_gpus()
+    assert gpus.value["devices"][0]["brand"] == "unknown"
+    assert host.probe_driver_for_image(gpus, built).status == WARN
+    # a branch that is not listed (R560) stays a FAIL, whatever the GPU
+    _fake_pynvml(monkeypatch, DRIVERS["560"], [(L40S["name"], 14, "8.9", L40S["uuid"])])
+    assert host.probe_driver_for_image(host.probe_gpus(), built).status == FAIL
+
+
+def test_bench_takes_the_13_0_image_through_forward_compatibility(engine_with, monkeypatch, tmp_path):
+    """On R535 with a data-center GPU: a built 12.6 image first (native), else 13.0 with
+    a one-line note, not a refusal."""
+    from lab.common.versions import read
+    from lab.host import runners, where
+    from lab.host.images import LABEL_PREFIX
+    from tests.conftest import FakeImage
+
+    def image(tag, cuda):
+        key = "CUDA_" + cuda.replace(".", "_")
+        img = FakeImage(tag, read()[key + "_ARCHS"], read()[key + "_PTX"])
+        img.labels[LABEL_PREFIX + "cuda_version"] = cuda
+        return img
+    new, old = image("dl-lab-kit:gpu-nccl", "13.0"), image("dl-lab-kit:gpu-nccl-cu126", "12.6")
+    monkeypatch.setattr(runners, "host_gpu_driver", lambda: DRIVERS["535"])
+    monkeypatch.setattr(runners, "host_gpu_devices", lambda: [dict(L40S, compute_capability="8.9",
+                                                                   brand="nvidia")])
+    kw = dict(device="cuda", framework="ddp", backend="nccl", results_dir=str(tmp_path))
+    engine_with({new.tags[0]: new, old.tags[0]: old}, ["8.9"])
+    runner, note = where.choose_runner(**kw)
+    assert runner.image is old and "note:" not in note
+    engine_with({new.tags[0]: new}, ["8.9"])
+    runner, note = where.choose_runner(**kw)
+    assert runner.image is new and "note: driver 535.161.07 (R535) runs CUDA 13.0 through CUDA " \
+        "forward compatibility" in note
+    # a GeForce on the same driver: refused, as before
+    monkeypatch.setattr(runners, "host_gpu_devices", lambda: [dict(RTX4070, compute_capability="8.9",
+                                                                   brand="geforce")])
+    with pytest.raises(runners.RunnerError, match="not brand geforce"):
+        where.choose_runner(**kw)
 
 
 # ---------------------------------------------------------------- CUDA error 802
@@ -116,6 +222,34 @@ def test_the_torch_probe_fails_with_the_fabric_manager_when_cuda_says_802(monkey
     # no GPU and nothing said: the CPU case stays a PASS
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert stack.probe_torch().status == PASS
+
+
+def test_error_802_is_found_when_an_earlier_call_took_torchs_warning(monkeypatch):
+    """torch warns about a failed cudaGetDeviceCount once per process; is_available() then
+    returns False in silence, and torch.cuda.init() raises the error again, every time
+    (the captured RuntimeError of an H200 without its fabric manager)."""
+    import torch
+    error = ERROR_802[1].split("RuntimeError: ", 1)[1]
+    calls = []
+
+    def init():
+        calls.append(1)
+        raise RuntimeError(error)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)    # the warning already taken
+    monkeypatch.setattr(torch.cuda, "init", init)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    avail, said = probes.cuda_available()
+    assert avail is False and probes.cuda_init_problem(said) and calls == [1]
+    r = stack.probe_torch()
+    assert r.status == FAIL and "nvidia-fabricmanager" in r.fix
+    # a CPU build of torch is not asked
+    monkeypatch.setattr(torch.version, "cuda", None)
+    assert probes.cuda_available() == (False, "") and calls == [1, 1]     # not asked again
+    # another initialisation error is no 802
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "init", lambda: (_ for _ in ()).throw(
+        RuntimeError("Found no NVIDIA driver on your system.")))
+    assert probes.cuda_init_problem(probes.cuda_available()[1]) is None
 
 
 # ---------------------------------------------------------------- MPI transports

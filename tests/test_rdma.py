@@ -102,6 +102,42 @@ def test_gpu_to_nic_affinity_against_nccls_gdr_level():
         rdma.parse_topo_matrix("Failed to run topology matrix")
 
 
+@pytest.mark.parametrize("raw,level", [
+    # NCCL v2.29.7 src/graph/paths.cc ncclGetLevel: exact names of topoPathTypeStr up to SYS,
+    # else a leading digit on the old scale {LOC, PIX, PXB, PHB, SYS, SYS}, capped at 5
+    ("PIX", "PIX"), ("P2C", "P2C"), ("PXN", "PXN"), ("NVB", "NVB"), ("C2C", "C2C"),
+    ("1", "PIX"), ("2", "PXB"), ("3", "PHB"), ("4", "SYS"), ("5", "SYS"), ("9", "SYS"),
+    ("42", "SYS"), ("0", "LOC"),
+    ("phb", "P2C"), ("NODE", "P2C"), ("NET", "P2C"), ("", "P2C"),     # ignored: the default
+])
+def test_gdr_level_as_nccl_reads_it(raw, level):
+    assert rdma._gdr_level({"NCCL_NET_GDR_LEVEL": raw})[0] == level
+    # NCCL_NET_GDR_C2C=0 turns the default back to PXB (paths.cc, ncclTopoCheckGdr)
+    if level == "P2C" and raw != "P2C":
+        assert rdma._gdr_level({"NCCL_NET_GDR_LEVEL": raw, "NCCL_NET_GDR_C2C": "0"})[0] == "PXB"
+
+
+def test_nccl_ignores_a_lower_case_level_and_doctor_says_so():
+    level, problem = rdma._gdr_level({"NCCL_NET_GDR_LEVEL": "phb"})
+    assert level == "P2C" and "NCCL ignores it and uses its default, P2C" in problem
+    assert "write PHB" in problem
+
+
+def test_a_grace_gpus_nic_behind_its_own_cpu_is_within_nccls_default():
+    """On a C2C system NCCL's default P2C lets a NIC of the GPU's own CPU (nvidia-smi: PHB,
+    or NODE) use GPUDirect RDMA; the captured 3-GPU topology with GPUs marked C2C by NVML."""
+    devices = Result("rdma_devices", PASS, {"ports": [{"device": "mlx5_0"}, {"device": "mlx5_1"}]})
+    gpus = Result("gpus", PASS, {"count": 3, "devices": [{"index": i, "c2c": True} for i in range(3)]})
+    r = rdma.probe_gpu_nic_affinity(gpus, devices, topo=TOPO, environ={})
+    assert r.status == PASS and r.value["nearest"]["GPU2"]["nccl_path"] == "P2C"
+    # NCCL_NET_GDR_C2C=0: PXB again, and those NICs are too far
+    r = rdma.probe_gpu_nic_affinity(gpus, devices, topo=TOPO, environ={"NCCL_NET_GDR_C2C": "0"})
+    assert r.status == WARN and "default level PXB" in r.fix
+    for below_pix in ("NVL", "NVB", "C2C"):                      # below PIX: off, like LOC
+        r = rdma.probe_gpu_nic_affinity(gpus, devices, topo=TOPO, environ={"NCCL_NET_GDR_LEVEL": below_pix})
+        assert r.status == WARN and r.fix.startswith("GPUDirect RDMA is off")
+
+
 @pytest.mark.parametrize("env,status,words", [
     ({}, PASS, None), ({"NCCL_IB_HCA": "mlx5_1"}, PASS, None), ({"NCCL_IB_HCA": "=mlx5_1:1"}, PASS, None),
     ({"NCCL_IB_HCA": "mlx4"}, FAIL, "names none of the RDMA devices"),
@@ -112,6 +148,8 @@ def test_gpu_to_nic_affinity_against_nccls_gdr_level():
     ({"NCCL_NET_GDR_LEVEL": "LOC"}, WARN, "GPUDirect RDMA is off by NCCL_NET_GDR_LEVEL=LOC"),
     ({"NCCL_NET_GDR_LEVEL": "0"}, WARN, "GPUDirect RDMA is off by NCCL_NET_GDR_LEVEL=0"),
     ({"NCCL_NET_GDR_LEVEL": "PIX"}, PASS, None),
+    ({"NCCL_NET_GDR_LEVEL": "NVB"}, WARN, "GPUDirect RDMA is off by NCCL_NET_GDR_LEVEL=NVB"),
+    ({"NCCL_NET_GDR_LEVEL": "pix"}, FAIL, "uses its default, P2C"),
 ])
 def test_the_nccl_variables_that_steer_rdma(env, status, words):
     devices = Result("rdma_devices", PASS, {"ports": [{"device": "mlx5_0"}, {"device": "mlx5_1"}]})

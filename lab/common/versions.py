@@ -178,3 +178,82 @@ def cuda_entry_for_driver(matrix: dict[str, str], driver: str, capabilities=()) 
             if all(archs_cover(archs, c, ptx) for c in capabilities):
                 return cuda
     return None
+
+
+# CUDA forward compatibility. nvidia/cuda's base images install the release's
+# cuda-compat-X-Y package (a newer libcuda under /usr/local/cuda-X.Y/compat) and list in
+# NVIDIA_REQUIRE_CUDA the older driver branches, per GPU brand, on which the image is meant
+# to run through it ("cuda>=13.0 brand=tesla,driver>=535,driver<536 ..."). That list is
+# read from docker/nvidia-cuda-base.conf, the copy of NVIDIA's Dockerfiles the kit
+# already keeps (one fact in one place; the matrix does not repeat it). The NVIDIA
+# Container Toolkit puts the compat libcuda in front when its driver is newer than the
+# host's (nvidia-container-toolkit cmd/nvidia-cdi-hook/cudacompat/cudacompat.go,
+# useCompatLibraries; cuda-compat-mode "ldconfig" by default, api/config/v1/runtime.go,
+# passed to nvidia-container-cli by cmd/nvidia-container-runtime-hook/hook_config.go);
+# NVIDIA_DISABLE_REQUIRE, which the lab image sets, only skips the requirement check
+# (internal/config/image/cuda_image.go) and leaves that alone. NVIDIA's CUDA
+# Compatibility guide ("Forward Compatibility") limits it to data-center GPUs, select
+# NGC-Ready RTX server SKUs and Jetson; elsewhere CUDA fails with error 804
+# (cudaErrorCompatNotSupportedOnDevice).
+CUDA_BASE_CONF = REPO_ROOT / "docker" / "nvidia-cuda-base.conf"
+
+
+def forward_compat(cuda: str, path: str | Path = CUDA_BASE_CONF) -> dict[int, set[str]]:
+    """{driver branch: GPU brands} that nvidia/cuda's NVIDIA_REQUIRE_CUDA lists for the CUDA
+    release `cuda` ("13.0"): the branches its cuda-compat is meant for. {} when the file
+    or the release is not there."""
+    import re
+    try:
+        text = Path(path).read_text()
+    except OSError:
+        return {}
+    section, out = None, {}
+    for line in text.splitlines():
+        if m := re.match(r"\[(\d+\.\d+)\s", line):
+            section = m.group(1)
+        elif section == cuda and line.startswith("ENV NVIDIA_REQUIRE_CUDA="):
+            for brand, low, high in re.findall(r"brand=(\w+),driver>=(\d+),driver<(\d+)", line):
+                if int(high) == int(low) + 1:
+                    out.setdefault(int(low), set()).add(brand)
+    return out
+
+
+def forward_compat_brands(cuda: str, driver: str, path: str | Path = CUDA_BASE_CONF) -> set[str]:
+    """The GPU brands for which the CUDA release `cuda` runs on `driver` through forward
+    compatibility: those NVIDIA_REQUIRE_CUDA lists for the driver's branch (its first
+    number: 535 for 535.161.07); empty when the branch is not listed."""
+    v = version_tuple(driver)
+    return set(forward_compat(cuda, path).get(v[0], set())) if v else set()
+
+
+# GPU brands as NVML reports them (nvmlDeviceGetBrand; nvidia-ml-py's NVML_BRAND_*
+# constants, nvml.h nvmlBrandType_t), named as NVIDIA_REQUIRE_CUDA's brand= words name them.
+NVML_BRANDS = {"NVML_BRAND_QUADRO": "quadro", "NVML_BRAND_TESLA": "tesla", "NVML_BRAND_NVS": "nvs",
+               "NVML_BRAND_GRID": "grid", "NVML_BRAND_GEFORCE": "geforce", "NVML_BRAND_TITAN": "titan",
+               "NVML_BRAND_NVIDIA_VAPPS": "vapps", "NVML_BRAND_NVIDIA_VPC": "vpc",
+               "NVML_BRAND_NVIDIA_VCS": "vcs", "NVML_BRAND_NVIDIA_VWS": "vws",
+               "NVML_BRAND_NVIDIA_CLOUD_GAMING": "cloudgaming", "NVML_BRAND_QUADRO_RTX": "quadrortx",
+               "NVML_BRAND_NVIDIA_RTX": "nvidiartx", "NVML_BRAND_NVIDIA": "nvidia",
+               "NVML_BRAND_GEFORCE_RTX": "geforcertx", "NVML_BRAND_TITAN_RTX": "titanrtx"}
+# Data-center brands: NVML's Tesla, and NVIDIA, which data-center GPUs report since the
+# Tesla name was dropped (`nvidia-smi -q` "Product Brand": NVIDIA on an L40S, GeForce on a
+# GeForce RTX 4070: tests/fixtures/nvidia-smi-q-brands.txt).
+DATA_CENTER_BRANDS = {"tesla", "nvidia"}
+
+
+def brand_from_name(name: str) -> str:
+    """A GPU's brand guessed from its name, where NVML gave none (nvidia-smi, old bindings):
+    GeForce, TITAN, Quadro, Tesla, other RTX (professional), other "NVIDIA ..." (the
+    data-center naming: NVIDIA A100, H100, L40S), else unknown."""
+    n = name or ""
+    for word, brand in (("GeForce", "geforce"), ("TITAN", "titan"), ("Quadro", "quadro"),
+                        ("Tesla", "tesla"), ("RTX", "nvidiartx")):
+        if word.lower() in n.lower():
+            return brand
+    return "nvidia" if n.startswith("NVIDIA ") else "unknown"
+
+
+def gpu_brand(device: dict) -> str:
+    """The brand word of a GPU of the kit's NVML probe (its "brand", else from its "name")."""
+    brand = device.get("brand")
+    return brand if brand and brand != "unknown" else brand_from_name(device.get("name", ""))

@@ -75,11 +75,47 @@ def host_gpus(timeout: float = 15) -> tuple[int, str, str]:
     return value["count"], value["driver"], "nvidia-smi"
 
 
+def host_gpu_uuids() -> list[str] | None:
+    """The UUIDs NVML gives for this host's GPUs and their MIG devices (nvmlDeviceGetUUID;
+    MIG devices through nvmlDeviceGetMaxMigDeviceCount and
+    nvmlDeviceGetMigDeviceHandleByIndex), None when NVML cannot be asked. Never raises."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    def s(v):
+        return v.decode() if isinstance(v, bytes) else str(v)
+    try:
+        out = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            out.append(s(pynvml.nvmlDeviceGetUUID(h)))
+            try:
+                for j in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(h)):
+                    try:
+                        out.append(s(pynvml.nvmlDeviceGetUUID(
+                            pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, j))))
+                    except Exception:
+                        continue            # no MIG device at that index
+            except Exception:
+                pass                        # no MIG on this GPU or these bindings
+        return out
+    except Exception:
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
 def count_gpus(environ=None) -> GpuCount:
     environ = os.environ if environ is None else environ
     n, driver, source = host_gpus()
     limit = environ.get("CUDA_VISIBLE_DEVICES")
-    return GpuCount(n, acceptance_plan.visible_count(n, limit), driver, source, limit)
+    uuids = host_gpu_uuids() if source == "NVML" and limit is not None else None
+    return GpuCount(n, acceptance_plan.visible_count(n, limit, uuids), driver, source, limit)
 
 
 def check_images() -> tuple[dict[str, str], list[str]]:

@@ -221,12 +221,26 @@ def host_gpu_driver() -> str | None:
     return (r.value or {}).get("driver") if r.status == "PASS" else None
 
 
-def by_driver(images: list, driver: str | None) -> tuple[list, list[str]]:
+def host_gpu_devices() -> list[dict]:
+    """The GPUs of this host as the NVML probe lists them (name, brand, compute
+    capability, UUID), [] when none is seen. Never raises (envcheck's probe)."""
+    from envcheck.host import probe_gpus
+    r = probe_gpus()
+    return list((r.value or {}).get("devices", [])) if r.status == "PASS" else []
+
+
+def by_driver(images: list, driver: str | None, gpus=None, capabilities=()) -> tuple[list, list[str]]:
     """(the images this driver runs, best first; a sentence per image it cannot run).
     The verdict is envcheck.probes.driver_supports' (the version matrix's GA and
-    minor-version-compatibility drivers): PASS before WARN, FAIL left out. The GPU images
-    set NVIDIA_DISABLE_REQUIRE, so the container toolkit no longer refuses a too-old
-    driver and the image would start with no usable GPU: the choice has to be made here."""
+    minor-version-compatibility drivers, and CUDA forward compatibility on the driver
+    branches nvidia/cuda lists, for data-center GPUs): PASS before WARN, FAIL left out, so
+    a CUDA 12.6 image that runs natively goes before a CUDA 13.0 one that runs through
+    forward compatibility, and the latter is still taken when it is the only one. The GPU
+    images set NVIDIA_DISABLE_REQUIRE, so the container toolkit no longer refuses a
+    too-old driver and the image would start with no usable GPU: the choice has to be
+    made here. `gpus`: the host's GPUs (host_gpu_devices) when known; `capabilities`:
+    theirs, against each image's cuda_archs label (cubins for every GPU make minor-version
+    compatibility a PASS)."""
     from envcheck.probes import FAIL, PASS, driver_supports
     from lab.host.images import LABEL_PREFIX
     if not driver:
@@ -234,7 +248,9 @@ def by_driver(images: list, driver: str | None) -> tuple[list, list[str]]:
     ranked, refused = [], []
     for i, img in enumerate(images):
         cuda = (img.labels or {}).get(LABEL_PREFIX + "cuda_version")
-        status, line = driver_supports(driver, cuda) if cuda else (PASS, "")
+        archs = (img.labels or {}).get(LABEL_PREFIX + "cuda_archs", "")
+        status, line = (driver_supports(driver, cuda, None, archs, capabilities, gpus or ())
+                        if cuda else (PASS, ""))
         if status == FAIL:
             refused.append(f"{img.tags[0] if img.tags else img.short_id}: {line}")
         else:
@@ -278,8 +294,27 @@ def gpu_image(cli, tags: list[str], check: bool = True):
         first = built[0]
         raise RunnerError(no_code_sentence(first.tags[0] if first.tags else tags[0], first.labels,
                                            unfit_for(first.labels, caps)))
-    runs, refused = by_driver(fits, host_gpu_driver())
+    runs, refused = by_driver(fits, host_gpu_driver(), host_gpu_devices(), caps)
     if fits and not runs and check:
         raise RunnerError("the NVIDIA driver here runs none of the GPU images built ("
                           + "; ".join(refused) + ")")
     return (runs or fits or built)[0]
+
+
+def driver_note(img) -> str | None:
+    """One line when the chosen GPU image runs on this driver with a caveat (a WARN of
+    envcheck.probes.driver_supports: CUDA forward compatibility, minor-version
+    compatibility without PTX JIT), None otherwise. Never raises."""
+    from envcheck.probes import WARN, driver_supports
+    from lab.host.images import LABEL_PREFIX
+    driver = host_gpu_driver()
+    cuda = (getattr(img, "labels", None) or {}).get(LABEL_PREFIX + "cuda_version")
+    if not driver or not cuda:
+        return None
+    try:
+        archs = img.labels.get(LABEL_PREFIX + "cuda_archs", "")
+        status, line = driver_supports(driver, cuda, None, archs, host_gpu_capabilities(),
+                                       host_gpu_devices())
+    except Exception:
+        return None
+    return line if status == WARN else None

@@ -59,4 +59,5 @@ def choose_runner(*, where: str = "auto", nodes: int = 1, image: str = "", froze
             f"(`invoke build` makes one; --local skips the check)")
     runner = ImageRunner(cli, img, frozen=frozen, gpus=device == "cuda",
                          results_dir=results_dir, data_dir=data_dir)
-    return runner, runner.describe()
+    note = runners.driver_note(img) if device == "cuda" else None
+    return runner, runner.describe() + (f"; note: {note}" if note else "")
