@@ -297,7 +297,7 @@ def probe_memlock(gpus: int = 0, on_host: bool = False) -> Result:
     """The locked-memory limit of this process. Judged where the ranks run (the stack
     part, with the GPUs torch sees there): NCCL and InfiniBand pin host memory. On the
     host it is only shown: the lab's GPU containers get memlock unlimited
-    (lab.host.container.job_spec; compose.gpu.yaml's ulimits), and a --local run is
+    (lab.host.places.image.job_spec; compose.gpu.yaml's ulimits), and a --local run is
     judged by the stack part, which runs here then."""
     soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     value = "unlimited" if soft == resource.RLIM_INFINITY else soft

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from lab.common import versions
-from lab.host import acceptance, acceptance_plan, container
+from lab.host import acceptance, acceptance_plan
+from lab.host.places import image as container
 from tests.conftest import FakeImage
 
 FIX = Path(__file__).parent / "fixtures"
@@ -48,12 +49,12 @@ def fake_nvml(monkeypatch, count, fail_init=False):
 @pytest.fixture
 def gpu_host(monkeypatch, engine_with):
     """A host with N GPUs of compute capability 9.0 and an engine with the given images."""
-    from lab.host import runners
+    from lab.host import images as image_choice
 
     def make(n, images=tuple(IMAGES.values()), capability="9.0"):
         fake_nvml(monkeypatch, n)
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-        monkeypatch.setattr(runners, "host_gpu_driver", lambda: None)
+        monkeypatch.setattr(image_choice, "host_gpu_driver", lambda: None)
         archs = versions.read()["CUDA_13_0_ARCHS"]
         engine_with({t: FakeImage(t, archs) for t in images}, [capability] * n)
     return make
@@ -283,7 +284,7 @@ def test_nccl_tests_go_to_4g_from_four_gpus(gpus, size, monkeypatch):
     step = acceptance_plan.plan(gpus, "/x", images=IMAGES).steps[1]
     assert _flags(step)["--max-size"] == size
     # and the step's command passes it to all_reduce_perf's -e, in the image named
-    from lab.host import where
+    from lab.host import places as where
     ran = []
 
     class Runner:

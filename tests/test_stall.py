@@ -15,8 +15,8 @@ import pytest
 from lab.common import heartbeat, results
 from lab.common.config import RunConfig
 from lab.host import bench
+from lab.host.places.local import LocalRunner
 from lab.host.request import BenchError, BenchSettings, parse_stall
-from lab.host.runners import LocalRunner
 from lab.host.stall import StallWatch
 from tests.conftest import requires_horovod, requires_mpirun
 from tests.test_runs import processes_with

@@ -84,24 +84,31 @@ def count_gpus(environ=None) -> GpuCount:
 
 def check_images() -> tuple[dict[str, str], list[str]]:
     """(ops -> the built GPU image bench would take for it, a sentence per image not
-    there, or for the engine that cannot be asked). Asked of the Docker engine as bench asks (lab.host.runners: the candidate
+    there, or for the engine that cannot be asked). Asked of the Docker engine as bench asks (lab.host.images: the candidate
     tags by GPU operations, the one with code for these GPUs and a CUDA this driver runs)."""
     from lab.common import docker_api, versions
-    from lab.host import runners
-    from lab.host.images import BuildSettings, tags
+    from lab.host.errors import RunnerError
+    from lab.host.images import (
+        BuildSettings,
+        candidate_images,
+        gpu_image,
+        host_gpu_capabilities,
+        matrix_cudas,
+        tags,
+    )
     images, missing = acceptance_plan.default_images(), []
     try:
         cli = docker_api.client()
     except docker_api.DockerUnavailable as e:
         return images, [f"{e}: {docker_api.START_HINT}; the GPU steps run in the lab images"]
     matrix = versions.read()
-    entries = {versions.cuda_entry_for(matrix, c) for c in runners.host_gpu_capabilities()}
+    entries = {versions.cuda_entry_for(matrix, c) for c in host_gpu_capabilities()}
     cuda = next((c for c in entries if c and c != matrix["CUDA_DEFAULT"]), "")
     for ops in ("nccl", "mpi"):
-        candidates = runners.candidate_images("cuda", "horovod", ops, runners.matrix_cudas())
+        candidates = candidate_images("cuda", "horovod", ops, matrix_cudas())
         try:
-            img = runners.gpu_image(cli, candidates)
-        except runners.RunnerError as e:
+            img = gpu_image(cli, candidates)
+        except RunnerError as e:
             missing.append(str(e))
             continue
         if img is None:
@@ -246,8 +253,8 @@ def nccl_tests(counts: list[int], max_size: str, image: str, echo=print) -> int:
     README: -g GPUs per process, -b/-e/-f the sizes); its rows as printed."""
     import tempfile
 
-    from lab.host.runners import RunnerError
-    from lab.host.where import choose_runner
+    from lab.host.places import choose_runner
+    from lab.host.places.base import RunnerError
     with tempfile.TemporaryDirectory(prefix="lab-acceptance-") as scratch:
         try:
             runner, note = choose_runner(device="cuda", framework="ddp", backend="nccl", image=image,

@@ -19,15 +19,15 @@ from lab.common.config import RunConfig
 from lab.host import ceiling
 from lab.host.failures import StreamWatches, attribute_failure
 from lab.host.launch import HostsError, job_env
+from lab.host.places import choose_runner
+from lab.host.places.base import JobResult, Launch, Runner, RunnerError
 from lab.host.request import (
     BenchError,
     BenchSettings,
     base_config,
     check_request,
 )
-from lab.host.runners import JobResult, Launch, Runner, RunnerError
 from lab.host.stall import StallWatch, flight_recorder
-from lab.host.where import choose_runner
 
 
 @dataclass
@@ -40,10 +40,10 @@ class Outcome:
 
 def select_runner(s: BenchSettings, hosts=(), echo=print, k8s=None) -> tuple[Runner, str | None]:
     """Where the ranks of `s` run: the plan's hosts (--hosts, --hostfile), else
-    lab.host.where.choose_runner (`k8s`: the plan's options of --launcher k8s); a refusal
+    lab.host.places.choose_runner (`k8s`: the plan's options of --launcher k8s); a refusal
     as a BenchError."""
     if hosts:
-        from lab.host.hosts_runner import HostsRunner
+        from lab.host.places.hosts import HostsRunner
         runner = HostsRunner(list(hosts), s.results_dir, s.data_dir, echo=echo)
         return runner, runner.describe()
     try:
@@ -57,7 +57,7 @@ def select_runner(s: BenchSettings, hosts=(), echo=print, k8s=None) -> tuple[Run
 
 def probe_stack(runner: Runner | None = None) -> dict:
     """What the ranks' Python can run, where they will run (default: locally)."""
-    from lab.host.runners import LocalRunner
+    from lab.host.places.local import LocalRunner
     try:
         return (runner or LocalRunner()).probe_stack()
     except RunnerError as e:
@@ -145,7 +145,7 @@ def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
         # it, the ranks run here, and the output says why.
         if not (runner.kind == "image" and s.where == "auto" and not s.image):
             raise
-        from lab.host.runners import LocalRunner
+        from lab.host.places.local import LocalRunner
         local = LocalRunner(s.results_dir, s.data_dir)
         local_stack = probe_stack(local)
         try:
@@ -169,7 +169,7 @@ def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
     shaped = runner.kind == "cluster" and bool(s.link)
     failed = 0
     progress = progress or Progress(len(jobs), echo)
-    from lab.host import cluster
+    from lab.host.places.compose import cluster
     try:
         if shaped:      # inside the try: nodes shaped before one that fails are unshaped
             try:

@@ -66,7 +66,7 @@ class BenchSettings:
     zero_stage: int = _RUN.zero_stage
     launcher: str = "direct"         # on the cluster: direct (over SSH / docker exec) or slurm
     partition: str = ""              # with launcher slurm: the partition (empty: the default)
-    hosts: str = ""                  # the user's servers, h1:4,h2:4 (lab.host.hosts_runner)
+    hosts: str = ""                  # the user's servers, h1:4,h2:4 (lab.host.places.hosts)
     hostfile: str = ""               # or a file of "host slots=N" lines
 
 
@@ -179,8 +179,8 @@ def parse_stall(value) -> float:
 
 
 # How a cluster job starts: the kit's own launch (horovodrun over SSH, torchrun on each
-# node), or a batch job of the cluster's Slurm (lab.host.slurm).
-LAUNCHERS = ("direct", "slurm", "k8s")   # k8s: a Kubeflow job (lab.host.k8s_runner)
+# node), or a batch job of the cluster's Slurm (lab.host.places.slurm.script).
+LAUNCHERS = ("direct", "slurm", "k8s")   # k8s: a Kubeflow job (lab.host.places.k8s.runner)
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 

@@ -1,7 +1,7 @@
 """The simulated cluster's Slurm as a runner (`--launcher slurm`, `invoke up --scheduler
 slurm`): bench's launch as a batch job submitted from node1, its output file followed and
 its state polled until it is final; the nodes and their `docker exec` are
-lab.host.cluster_runner's."""
+lab.host.places.compose.runner's."""
 from __future__ import annotations
 
 import collections
@@ -9,16 +9,16 @@ import os
 import time
 
 from lab.common import proc
-from lab.host import slurm
-from lab.host.cluster import ClusterError, exec_out, node_names
-from lab.host.cluster_runner import ClusterRunner, dead_nodes
-from lab.host.container import hand_over
-from lab.host.runners import JobResult
+from lab.host.places.base import JobResult
+from lab.host.places.compose.cluster import ClusterError, exec_out, node_names
+from lab.host.places.compose.runner import ClusterRunner, dead_nodes
+from lab.host.places.image import hand_over
+from lab.host.places.slurm import script as slurm
 
 
 class SlurmClusterRunner(ClusterRunner):
     """The job goes to the cluster's Slurm (`invoke up --scheduler slurm`): bench writes
-    <run>/slurm/<attempt>/job.sbatch (lab.host.slurm.job_script), submits it from node1
+    <run>/slurm/<attempt>/job.sbatch (lab.host.places.slurm.script.job_script), submits it from node1
     with `sbatch --parsable` as the user lab, echoes the job's output file as it grows,
     and asks `scontrol` for the job's state every second until it is final. Stopping it
     (Ctrl-C, --timeout-s) is `scancel`."""

@@ -1,9 +1,9 @@
 """`invoke bench --launcher k8s`: each launch as a Kubeflow job (the manifest of
-lab.host.k8s.manifest_for_request, the one place it is made) created with the official
+lab.host.places.k8s.manifest.manifest_for_request, the one place it is made) created with the official
 Kubernetes client, its pods followed (a pod that cannot be scheduled or whose image
 cannot be pulled becomes one sentence), the launcher's or rank 0's log streamed to
 bench's echo as other runners' output is, the job's end read from its conditions, and
-the records the job prints after lab.host.k8s.RECORD_PREFIX appended to this machine's
+the records the job prints after lab.host.places.k8s.manifest.RECORD_PREFIX appended to this machine's
 results file. Tested against captured API objects (tests/fixtures/k8s/api/); never run
 on a live cluster here."""
 from __future__ import annotations
@@ -15,8 +15,9 @@ import threading
 import time
 
 from lab.common import results
-from lab.host import k8s as kube
-from lab.host.k8s_cluster import (
+from lab.host.places.base import JobResult, Launch, Runner, RunnerError
+from lab.host.places.k8s import manifest as kube
+from lab.host.places.k8s.cluster import (
     PLURALS,
     RANK0_CONTAINER,
     advice,
@@ -28,7 +29,6 @@ from lab.host.k8s_cluster import (
     pod_problem,
     selector,
 )
-from lab.host.runners import JobResult, Launch, Runner, RunnerError
 
 PENDING_S = 300.0     # how long a pod may stay unschedulable (an autoscaler may add a node)
 

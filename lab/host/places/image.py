@@ -19,7 +19,7 @@ from lab.common import kit, proc
 from lab.common.docker_api import MANAGED_BY
 from lab.common.forwarded_env import forwarded
 from lab.host import launch
-from lab.host.runners import JobResult, Runner, RunnerError
+from lab.host.places.base import JobResult, Runner, RunnerError
 
 LABEL_VALUE = "bench"
 SHM_SIZE = "2g"              # NCCL's shared-memory transport; Docker's default is 64 MB
