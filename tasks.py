@@ -74,7 +74,7 @@ def bench(c, np=None, framework=None, backend=None, model=None, data=None, data_
     display = Display()
     try:
         plan = make_plan(flags, dict(c.config.get("bench", {})), resume=resume,
-                         k8s=dict(c.config.get("k8s", {})))
+                         k8s=dict(c.config.get("k8s", {})), echo=display.line)
         with terminate_as_interrupt():
             outcome = run_request(plan, echo=display.line)
     except BenchError as e:

@@ -11,6 +11,7 @@ import itertools
 from dataclasses import dataclass
 
 from lab.common import results, stats
+from lab.host.errors import RunnerError
 from lab.host.launch import Host, HostsError, ranks_per_node
 from lab.host.request import (
     SWEEP_FIELDS,
@@ -64,14 +65,16 @@ class Plan:
         return self.settings
 
 
-def make_plan(flags: dict, defaults: dict, resume: bool = False, k8s: dict | None = None) -> Plan:
+def make_plan(flags: dict, defaults: dict, resume: bool = False, k8s: dict | None = None,
+              echo=None) -> Plan:
     """The task's flags (None where not given) over invoke.yaml's `bench` section (and,
     with --launcher k8s, its `k8s` section: lab.host.places.k8s.runner.for_bench)."""
+    from lab.host.places import for_request
     settings, lists = settings_from_flags(flags, defaults)
-    if settings.launcher != "k8s":
-        return plan_of(settings, lists, resume)
-    from lab.host.places.k8s.runner import for_bench
-    settings, options = for_bench(settings, k8s or {})
+    try:
+        settings, options = for_request(settings, k8s, echo)
+    except RunnerError as e:
+        raise BenchError(str(e)) from None
     return dataclasses.replace(plan_of(settings, lists, resume), k8s=options)
 
 
@@ -167,7 +170,6 @@ def check_link(s: BenchSettings) -> None:
     if s.link:
         if s.nodes < 2:
             raise BenchError("--link shapes the links between the cluster's nodes: add --nodes 2 or more")
-        from lab.host.places.base import RunnerError
         from lab.host.places.compose.cluster import parse_link
         try:
             parse_link(s.link)

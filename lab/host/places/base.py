@@ -51,10 +51,25 @@ class JobResult:
     scheduler: dict | None = None   # a scheduler's word on the job (Slurm: id, final state)
 
 
+# The features that span runs. Each asks the place through this interface, never by its
+# name; a place that cannot offer one says why in one line (Runner.unsupported), and the
+# user is told that line (tests/test_places.py covers every feature x place).
+FEATURES = ("stall watch", "progress", "oversubscription", "ceiling placement",
+            "failure naming", "resume", "forwarded variables")
+
+
 class Runner:
     """The interface. `results_in`/`data_in` are the folders as the ranks see them."""
 
     kind = "runner"
+    # How a rank's heartbeat reaches this machine: "folder" (the run's folder, which the
+    # ranks write into), "stream" (the launcher's output), "logs" (an API's logs).
+    heartbeat_channel = "folder"
+    machine_name = "this machine"   # what an oversubscription line names ("" for places of their own)
+    in_container = False            # the ranks' stack is not this machine's Python (doctor checks it there)
+    records_where_note = True       # a line saying why the ranks run here goes into the record
+    falls_back_to_local = False     # `where: auto`: local processes may run what this place's stack refuses
+    unsupported: dict[str, str] = {}    # feature -> the one line that says why it does not work here
     python = "python"
     tag = ""
     nodes = 1
@@ -78,6 +93,49 @@ class Runner:
             name: str = "") -> JobResult:
         raise NotImplementedError
 
+    @classmethod
+    def cannot(cls, feature: str) -> str | None:
+        """The one line saying why `feature` (one of FEATURES) does not work in this place;
+        None where it works."""
+        if feature not in FEATURES:
+            raise ValueError(f"no feature {feature!r}: one of {', '.join(FEATURES)}")
+        return cls.unsupported.get(feature)
+
+    @classmethod
+    def for_request(cls, s, config: dict) -> tuple:
+        """(the request as it runs in this place, the place's options from invoke.yaml's
+        section of it, `config`), before any job: a feature asked for that does not work
+        here refused in its one line."""
+        if s.ceiling and cls.cannot("ceiling placement"):
+            raise RunnerError(cls.cannot("ceiling placement"))
+        return s, None
+
+    def ranks_started(self) -> bool:
+        """Whether the last job's ranks have been started (a batch job: it is RUNNING)."""
+        return self.started is not None
+
+    def results_folder(self) -> str | None:
+        """The one results folder this place's ranks can write to, None when any will do."""
+        return None
+
+    def srun_tasks_are_ranks(self, job: Launch) -> bool:
+        """Whether the launcher's tasks are the ranks themselves (failure naming: a task's
+        number is a rank's)."""
+        return False
+
+    def cancelled_job(self) -> dict | None:
+        """A scheduler's job this runner cancelled when stopped (its id and script), if any."""
+        return None
+
+    def shape_links(self, link: str, echo) -> None:
+        """Shape the links between the place's nodes (--link)."""
+        if link:
+            raise RunnerError("--link shapes the links between the simulated cluster's nodes: add "
+                              "--nodes 2 or more")
+
+    def unshape_links(self) -> None:
+        """Undo shape_links."""
+
     def placement(self, np: int) -> dict[str, int]:
         """Where `np` ranks run: host -> how many ("" is this machine, or the image on it)."""
         return {"": np}
@@ -85,8 +143,7 @@ class Runner:
     def machines(self, np: int, stack: dict) -> list[tuple[str, int, int]]:
         """(machine, ranks on it, its cores) for `np` ranks: what oversubscription is judged
         by. One machine here; the compose cluster's nodes share this one's cores."""
-        return [("this machine" if self.kind in ("local", "image", "cluster") else "", np,
-                 int(stack.get("cores") or 1))]
+        return [(self.machine_name, np, int(stack.get("cores") or 1))]
 
     def output_on(self, host: str, argv: list[str], timeout_s: float = 300) -> tuple[int | None, str]:
         """`output` on one host of placement() (runners of one place have only "")."""

@@ -152,6 +152,8 @@ class ImageRunner(Runner):
     """Runs commands in containers of one image; each container is removed at the end."""
 
     kind = "image"
+    in_container = True
+    falls_back_to_local = True
 
     def __init__(self, client, image, *, frozen: bool, gpus: bool, results_dir: str,
                  data_dir: str | None):

@@ -13,6 +13,7 @@ class LocalRunner(Runner):
     """The ranks as processes of this machine, started by the framework's launcher."""
 
     kind = "local"
+    records_where_note = False
 
     def __init__(self, results_dir: str = "results", data_dir: str | None = "data",
                  python: str = sys.executable):

@@ -164,3 +164,16 @@ class ClusterRunner(Runner):
 
     def dead(self) -> dict[str, str]:
         return dead_nodes(self.found)
+
+    def results_folder(self) -> str | None:
+        """The folder compose.yaml mounts: the nodes write their records nowhere else."""
+        return self.results_dir
+
+    def shape_links(self, link: str, echo) -> None:
+        from lab.host.places.compose import cluster
+        if link:
+            cluster.shape(self.found, link, echo)
+
+    def unshape_links(self) -> None:
+        from lab.host.places.compose import cluster
+        cluster.unshape(self.found)
