@@ -161,8 +161,12 @@ def settings_from_flags(flags: dict, defaults: dict) -> tuple[BenchSettings, dic
 BENCH_FLAGS = {f.name for f in dataclasses.fields(BenchSettings)}
 
 
+STALL_MAX_S = 86400.0       # a day: past it, a "bound" is no bound (and overflows the ranks' timers)
+
+
 def parse_stall(value) -> float:
-    """--stall-s: seconds, `auto` (0: the default bound, lab.common.heartbeat) or `off` (-1)."""
+    """--stall-s: seconds up to a day, `auto` (0: the default bound, lab.common.heartbeat)
+    or `off` (-1). inf and nan are refused: `off` says what they would mean."""
     text = str(value).strip().lower()
     if text in ("auto", ""):
         return 0.0
@@ -172,9 +176,12 @@ def parse_stall(value) -> float:
         seconds = float(text)
     except ValueError:
         seconds = -1.0
-    if seconds <= 0:
+    if not seconds > 0:         # nan too
         raise BenchError(f"--stall-s takes seconds without progress before a run counts as stalled, "
                          f"`auto` or `off`: not {value!r}")
+    if seconds > STALL_MAX_S:   # inf too
+        raise BenchError(f"--stall-s takes at most {STALL_MAX_S:.0f} s (a day): not {value!r}; "
+                         f"`off` turns the stall watch off")
     return seconds
 
 

@@ -46,5 +46,6 @@ class LocalRunner(Runner):
         return res.returncode, res.stdout
 
     def stop(self):
-        if self._running is not None:
-            self._running.stop()
+        running = self._running     # read once: run() clears it when the job ends
+        if running is not None:
+            running.stop()
