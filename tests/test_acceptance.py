@@ -7,6 +7,7 @@ and the Docker engine's image lookup (conftest's engine_with). The plan's comman
 the kit's own; what they do is tested where each command is."""
 import json
 import re
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 from lab.common import versions
 from lab.host import acceptance, acceptance_plan
 from lab.host.places import image as container
-from tests.conftest import FakeImage
+from tests.conftest import REPO, FakeImage
 
 FIX = Path(__file__).parent / "fixtures"
 IMAGES = {"nccl": "dl-lab-kit:gpu-nccl", "mpi": "dl-lab-kit:gpu-mpi"}
@@ -330,3 +331,15 @@ def test_every_bench_step_is_a_request_bench_accepts():
             settings, lists = settings_from_flags(flags, {"timeout_s": 3600, "where": "auto"})
             assert settings.repeat == (acceptance_plan.REPEAT[full] if gpus else
                                        acceptance_plan.CPU_REPEAT), step.name
+
+
+def test_a_results_dir_that_is_a_file_is_one_sentence(tmp_path):
+    path = tmp_path / "results.txt"
+    path.write_text("not a folder")
+    with pytest.raises(acceptance.AcceptanceError, match=r"is a file, not a folder") as e:
+        acceptance.run(str(path), dry_run=True, echo=lambda line: None)
+    assert "\n" not in str(e.value)
+    cp = subprocess.run([sys.executable, "-m", "invoke", "acceptance", "--results-dir", str(path),
+                         "--dry-run"], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert cp.returncode != 0 and "is a file, not a folder" in cp.stderr
+    assert "Traceback" not in cp.stderr + cp.stdout

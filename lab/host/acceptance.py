@@ -213,7 +213,12 @@ def summary(mode: str, machine: str, steps: list[Step], missing: list[str], seco
 def run(out_root: str = "results", full: bool = False, dry_run: bool = False, echo=print,
         environ=None) -> str | None:
     """Print the plan; unless dry_run, run it into out_root/acceptance-<time>/ and return
-    the archive's path. AcceptanceError before anything runs when an image is missing."""
+    the archive's path. AcceptanceError before anything runs when an image is missing, or
+    when out_root is not a folder that can be made."""
+    out_root = out_root or "results"
+    if os.path.exists(out_root) and not os.path.isdir(out_root):
+        raise AcceptanceError(f"--results-dir {out_root} is a file, not a folder: give a folder "
+                              f"(it is made when missing)")
     out = os.path.abspath(os.path.join(out_root, f"acceptance-{time.strftime('%Y%m%d-%H%M%S')}"))
     plan, missing_images, count = make_plan(out, full, environ)
     echo(acceptance_plan.render(plan, missing_images))
@@ -222,7 +227,10 @@ def run(out_root: str = "results", full: bool = False, dry_run: bool = False, ec
     if missing_images:
         raise AcceptanceError("acceptance needs what this machine has not got, and ran nothing: "
                               + "; ".join(missing_images))
-    os.makedirs(os.path.join(out, "logs"))
+    try:
+        os.makedirs(os.path.join(out, "logs"))
+    except OSError as e:
+        raise AcceptanceError(f"--results-dir {out_root}: cannot make {out} ({e.strerror})") from None
     t0 = time.monotonic()
     for step in plan.steps:
         run_step(step, out, echo)
