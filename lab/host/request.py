@@ -128,9 +128,12 @@ def settings_from_flags(flags: dict, defaults: dict) -> tuple[BenchSettings, dic
     the settings of the first combination and the lists a sweep crosses. `local` and
     `image` decide where the job runs; otherwise invoke.yaml's `where`."""
     flags = dict(flags)
-    local, image = flags.pop("local", False), flags.pop("image", None) or ""
+    check_defaults(defaults)
+    local = flags.pop("local", False)
+    image = flags.pop("image", None) or defaults.get("image") or ""
     values = {k: v for k, v in defaults.items() if k in BENCH_FLAGS}
-    values.update({k: v for k, v in flags.items() if v is not None})
+    # A switch left off (False) is a flag not given: invoke.yaml's default (ceiling: true) holds.
+    values.update({k: v for k, v in flags.items() if v is not None and v is not False})
     if "np" not in values:
         raise BenchError("--np needs at least one process count (invoke.yaml's bench.np is missing)")
     values["np"] = parse_np(values["np"])
@@ -162,6 +165,17 @@ BENCH_FLAGS = {f.name for f in dataclasses.fields(BenchSettings)}
 
 
 STALL_MAX_S = 86400.0       # a day: past it, a "bound" is no bound (and overflows the ranks' timers)
+
+
+def check_defaults(defaults: dict) -> None:
+    """invoke.yaml's `bench:` section names settings of bench: a misspelt one is one
+    sentence naming the closest (it would otherwise be dropped without a word)."""
+    import difflib
+    for key in sorted(defaults):
+        if key not in BENCH_FLAGS:
+            close = difflib.get_close_matches(key, sorted(BENCH_FLAGS), n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"one of {', '.join(sorted(BENCH_FLAGS))}"
+            raise BenchError(f"invoke.yaml's bench: has no setting {key!r}: {hint}")
 
 
 def parse_stall(value) -> float:
