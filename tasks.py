@@ -74,7 +74,7 @@ def bench(c, np=None, framework=None, backend=None, model=None, data=None, data_
     display = Display()
     try:
         plan = make_plan(flags, dict(c.config.get("bench", {})), resume=resume,
-                         k8s=dict(c.config.get("k8s", {})))
+                         k8s=dict(c.config.get("k8s", {})), echo=display.line)
         with terminate_as_interrupt():
             outcome = run_request(plan, echo=display.line)
     except BenchError as e:
@@ -114,9 +114,9 @@ def sbatch(c, np=None, nodes=None, framework=None, backend=None, model=None, dat
     """Write the batch script of a bench run for a real Slurm cluster (nothing is submitted)."""
     flags = {k: v for k, v in locals().items()
              if k not in ("c", "partition", "gpus_per_node", "container", "output")}
+    from lab.host.places.slurm.script import script_for_request
     from lab.host.plan import make_plan
     from lab.host.request import BenchError, whole
-    from lab.host.slurm import script_for_request
 
     try:
         settings = make_plan(flags, dict(c.config.get("bench", {}))).single("a batch script")
@@ -170,7 +170,7 @@ def k8s(c, np=None, nodes=None, framework=None, backend=None, model=None, data=N
     """Write a bench run as a Kubeflow MPIJob, TrainJob or PyTorchJob (nothing is submitted)."""
     flags = {k: v for k, v in locals().items()
              if k not in ("c", "api", "registry", "image", "gpus_per_node", "pvc", "namespace")}
-    from lab.host import k8s as kube
+    from lab.host.places.k8s import manifest as kube
     from lab.host.plan import make_plan
     from lab.host.request import BenchError, whole
 
@@ -262,8 +262,8 @@ def doctor(c, np=None, json=False, local=False, image=None, frozen=False, wide=F
     from envcheck import report
     from envcheck.stack import DEFAULT_NP
     from lab.host import doctor as doc
+    from lab.host.places.base import RunnerError
     from lab.host.request import BenchError, whole
-    from lab.host.runners import RunnerError
 
     where = "local" if local else ("image" if image else "auto")
     try:
@@ -292,7 +292,7 @@ def doctor(c, np=None, json=False, local=False, image=None, frozen=False, wide=F
                          "slurmd on every node)"})
 def up(c, nodes=None, image=None, gpu=False, scheduler=None):
     """Bring up the simulated cluster (compose.yaml) and wait until its nodes answer on SSH."""
-    from lab.host import cluster
+    from lab.host.places.compose import cluster
     from lab.host.request import BenchError, whole
     defaults = c.config.get("up", {})
     try:
@@ -306,7 +306,7 @@ def up(c, nodes=None, image=None, gpu=False, scheduler=None):
 @task
 def down(c):
     """Remove the simulated cluster: every container, network and volume it made."""
-    from lab.host import cluster
+    from lab.host.places.compose import cluster
     try:
         removed, left = cluster.down()
     except cluster.ClusterError as e:

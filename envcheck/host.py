@@ -330,7 +330,7 @@ def probe_memlock(gpus: int = 0, on_host: bool = False) -> Result:
     """The locked-memory limit of this process. Judged where the ranks run (the stack
     part, with the GPUs torch sees there): NCCL and InfiniBand pin host memory. On the
     host it is only shown: the lab's GPU containers get memlock unlimited
-    (lab.host.container.job_spec; compose.gpu.yaml's ulimits), and a --local run is
+    (lab.host.places.image.job_spec; compose.gpu.yaml's ulimits), and a --local run is
     judged by the stack part, which runs here then."""
     soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     value = "unlimited" if soft == resource.RLIM_INFINITY else soft
@@ -389,7 +389,7 @@ def image_cuda(tag: str, labels: dict) -> str | None:
 @probe("driver_for_image_cuda")
 def probe_driver_for_image(gpus: Result, images: Result) -> Result:
     """Whether this driver runs a lab GPU image: it passes when any built one runs (bench
-    takes the one it runs: lab.host.runners.gpu_image); with none built, whether it runs
+    takes the one it runs: lab.host.images.gpu_image); with none built, whether it runs
     what `invoke build` makes (the matrix's default CUDA), and if not, which --cuda to
     build, for this driver and these GPUs (lab.common.versions.cuda_entry_for_driver)."""
     if gpus.status != PASS or not gpus.value.get("count"):

@@ -109,7 +109,7 @@ def engine_with(monkeypatch):
     stands for is only its image lookup (images.get); no GPU exists here."""
     import docker
     from lab.common import docker_api
-    from lab.host import runners
+    from lab.host import images as image_choice
 
     def make(images, capabilities):
         class Images:
@@ -119,5 +119,5 @@ def engine_with(monkeypatch):
                 raise docker.errors.ImageNotFound(tag)
         cli = type("Cli", (), {"images": Images()})()
         monkeypatch.setattr(docker_api, "client", lambda *a, **k: cli)
-        monkeypatch.setattr(runners, "host_gpu_capabilities", lambda: capabilities)
+        monkeypatch.setattr(image_choice, "host_gpu_capabilities", lambda: capabilities)
     return make

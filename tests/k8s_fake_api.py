@@ -1,4 +1,4 @@
-"""A Kubernetes API server's few REST paths that lab.host.k8s_runner calls through the
+"""A Kubernetes API server's few REST paths that lab.host.places.k8s.runner calls through the
 official client, over real HTTP on 127.0.0.1, answering with objects captured from real
 clusters (tests/fixtures/k8s/api/, each source named in its README). No API server can
 run on this machine; this stands in for the paths only:
@@ -7,7 +7,7 @@ run on this machine; this stands in for the paths only:
   GET /api/v1/namespaces/{ns}/pods/{name}/log?follow=true&container=c
 What it adds to the captured objects is what a server or an operator writes itself:
 the created object echoed back (an API server returns what it stored), the pods'
-metadata (their names and the operator's labels, lab.host.k8s_cluster), and a 404
+metadata (their names and the operator's labels, lab.host.places.k8s.cluster), and a 404
 Status for what does not exist."""
 from __future__ import annotations
 

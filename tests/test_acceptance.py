@@ -7,6 +7,7 @@ and the Docker engine's image lookup (conftest's engine_with). The plan's comman
 the kit's own; what they do is tested where each command is."""
 import json
 import re
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -14,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from lab.common import versions
-from lab.host import acceptance, acceptance_plan, container
-from tests.conftest import FakeImage
+from lab.host import acceptance, acceptance_plan
+from lab.host.places import image as container
+from tests.conftest import REPO, FakeImage
 
 FIX = Path(__file__).parent / "fixtures"
 IMAGES = {"nccl": "dl-lab-kit:gpu-nccl", "mpi": "dl-lab-kit:gpu-mpi"}
@@ -48,12 +50,12 @@ def fake_nvml(monkeypatch, count, fail_init=False):
 @pytest.fixture
 def gpu_host(monkeypatch, engine_with):
     """A host with N GPUs of compute capability 9.0 and an engine with the given images."""
-    from lab.host import runners
+    from lab.host import images as image_choice
 
     def make(n, images=tuple(IMAGES.values()), capability="9.0"):
         fake_nvml(monkeypatch, n)
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-        monkeypatch.setattr(runners, "host_gpu_driver", lambda: None)
+        monkeypatch.setattr(image_choice, "host_gpu_driver", lambda: None)
         archs = versions.read()["CUDA_13_0_ARCHS"]
         engine_with({t: FakeImage(t, archs) for t in images}, [capability] * n)
     return make
@@ -283,7 +285,7 @@ def test_nccl_tests_go_to_4g_from_four_gpus(gpus, size, monkeypatch):
     step = acceptance_plan.plan(gpus, "/x", images=IMAGES).steps[1]
     assert _flags(step)["--max-size"] == size
     # and the step's command passes it to all_reduce_perf's -e, in the image named
-    from lab.host import where
+    from lab.host import places as where
     ran = []
 
     class Runner:
@@ -356,3 +358,15 @@ def test_uuid_entries_are_checked_against_nvmls_uuids(monkeypatch, value, seen):
     assert (count.host, count.visible) == (2, seen)
     # without NVML's UUIDs (nvidia-smi only), a UUID entry is taken as written
     assert acceptance_plan.visible_count(2, "GPU-00000000") == 1
+
+
+def test_a_results_dir_that_is_a_file_is_one_sentence(tmp_path):
+    path = tmp_path / "results.txt"
+    path.write_text("not a folder")
+    with pytest.raises(acceptance.AcceptanceError, match=r"is a file, not a folder") as e:
+        acceptance.run(str(path), dry_run=True, echo=lambda line: None)
+    assert "\n" not in str(e.value)
+    cp = subprocess.run([sys.executable, "-m", "invoke", "acceptance", "--results-dir", str(path),
+                         "--dry-run"], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert cp.returncode != 0 and "is a file, not a folder" in cp.stderr
+    assert "Traceback" not in cp.stderr + cp.stdout

@@ -134,26 +134,52 @@ def test_envcheck_uses_only_the_shared_code():
 
 def module_imports(package: str, root: Path = REPO) -> dict[str, set[str]]:
     """module -> the modules of the same package its source imports (anywhere in it, a
-    function's body included; `if TYPE_CHECKING:` blocks left out: they never run)."""
+    function's body included; `if TYPE_CHECKING:` blocks left out: they never run). A
+    subpackage (lab.host.places) is one node of its parent, its files' imports its own;
+    a name that is no module of the package (`from lab.host.places import choose_runner`)
+    is its `__init__`."""
     folder = root.joinpath(*package.split("."))
-    names = {p.stem for p in folder.glob("*.py") if p.stem != "__init__"}
+    files = {p.stem: [p] for p in folder.glob("*.py")}
+    files.update({d.name: sorted(d.rglob("*.py")) for d in folder.iterdir()
+                  if d.is_dir() and (d / "__init__.py").is_file()})
+    names = set(files)
     graph = {n: set() for n in names}
-    for n in names:
-        tree = ast.parse((folder / f"{n}.py").read_text())
-        skip = {id(x) for node in ast.walk(tree) if isinstance(node, ast.If)
-                and getattr(node.test, "id", "") == "TYPE_CHECKING" for x in ast.walk(node)}
-        for node in ast.walk(tree):
-            if id(node) in skip:
-                continue
-            if isinstance(node, ast.ImportFrom) and node.module == package:
-                graph[n] |= {a.name for a in node.names} & names
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(package + "."):
-                graph[n] |= {node.module.split(".")[len(package.split("."))]} & names
-    return graph
+    for n, paths in files.items():
+        for path in paths:
+            tree = ast.parse(path.read_text())
+            skip = {id(x) for node in ast.walk(tree) if isinstance(node, ast.If)
+                    and getattr(node.test, "id", "") == "TYPE_CHECKING" for x in ast.walk(node)}
+            for node in ast.walk(tree):
+                if id(node) in skip or not isinstance(node, ast.ImportFrom) or node.level:
+                    continue
+                if node.module == package:
+                    graph[n] |= {a.name if a.name in names else "__init__" for a in node.names}
+                elif (node.module or "").startswith(package + "."):
+                    graph[n] |= {node.module.split(".")[len(package.split("."))]} & names
+    return {n: {d for d in deps if d != n} for n, deps in graph.items()}
 
 
-@pytest.mark.parametrize("package", ["lab.host", "lab.worker", "lab.common", "lab.report", "envcheck"])
+def subpackages(package: str) -> list[str]:
+    folder = REPO.joinpath(*package.split("."))
+    return [f"{package}.{d.relative_to(folder).as_posix().replace('/', '.')}"
+            for d in sorted(folder.rglob("*")) if d.is_dir() and (d / "__init__.py").is_file()]
+
+
+@pytest.mark.parametrize("package", ["lab.host", "lab.worker", "lab.common", "lab.report", "envcheck",
+                                     *subpackages("lab.host")])
 def test_no_circle_inside_a_package(package):
     graph = module_imports(package)
     assert cycles(graph) == [], {m: sorted(d) for m, d in graph.items() if d}
 
+
+
+def test_the_circle_check_sees_subpackages(tmp_path):
+    """The check itself works: a place importing bench, which imports the places, is a circle."""
+    host = tmp_path / "lab" / "host"
+    (host / "places").mkdir(parents=True)
+    (host / "__init__.py").write_text("")
+    (host / "places" / "__init__.py").write_text("from lab.host.places.local import Local\n")
+    (host / "places" / "local.py").write_text("def f():\n    from lab.host import bench\n")
+    (host / "bench.py").write_text("from lab.host.places import choose_runner\n")
+    assert cycles(module_imports("lab.host", tmp_path)) != []
+    assert module_imports("lab.host.places", tmp_path)["__init__"] == {"local"}

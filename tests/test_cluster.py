@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from lab.common import docker_api, results
-from lab.host import cluster
+from lab.host.places.compose import cluster
 
 REPO = Path(__file__).resolve().parent.parent
 IMAGE = "dl-lab-kit:cpu"
@@ -362,7 +362,7 @@ def test_the_script_invoke_sbatch_writes_runs_as_submitted_by_hand(up):
     assert cp.returncode == 0, cp.stderr
     node1 = cluster.nodes(up)["node1"]
     # the run's folder, writable by the cluster's user, as a user makes it on shared storage
-    from lab.host.container import hand_over
+    from lab.host.places.image import hand_over
     (REPO / "results" / run_id).mkdir(parents=True)
     hand_over(str(REPO / "results" / run_id), str(REPO / "results"), everyone=True)
     import base64
@@ -383,9 +383,9 @@ def test_what_a_cluster_runner_runs_is_its_commands(up, launcher):
     ProcessConfig), for Slurm the sbatch on node1, whose script is the one written for
     this launch and holds its worker arguments."""
     from lab.common.config import RunConfig
-    from lab.host.cluster_runner import ClusterRunner
-    from lab.host.runners import Launch
-    from lab.host.slurm_runner import SlurmClusterRunner
+    from lab.host.places.base import Launch
+    from lab.host.places.compose.runner import ClusterRunner
+    from lab.host.places.slurm.runner import SlurmClusterRunner
     runner = ClusterRunner(2) if launcher == "direct" else SlurmClusterRunner(2)
     run_id = f"cmds-{launcher}-{os.getpid()}-{int(time.time())}"
     cfg = RunConfig(framework="ddp", max_steps=4, warmup_steps=1, results_dir=runner.results_in,
@@ -424,7 +424,7 @@ def test_bench_on_a_list_of_hosts_runs_from_the_first_over_ssh(up):
     hosts; a host that does not answer, slots that do not add up to --np, and a host
     whose Horovod is another version (changed on node2 for the test) are each one
     sentence before any rank starts."""
-    from lab.host.container import hand_over
+    from lab.host.places.image import hand_over
     nodes = cluster.nodes(up)
     node1, node2 = nodes["node1"], nodes["node2"]
     folder = REPO / "results" / f"hosts-{os.getpid()}-{int(time.time())}"
@@ -472,8 +472,8 @@ def test_a_silent_slurm_controller_ends_the_poll_in_one_sentence(up):
     scontrol has not answered for CONTROLLER_SILENCE_S (5 s here, 60 s in bench), and
     says so; the controller is then started again and the job cancelled."""
     from lab.common.config import RunConfig
-    from lab.host.runners import Launch
-    from lab.host.slurm_runner import SlurmClusterRunner
+    from lab.host.places.base import Launch
+    from lab.host.places.slurm.runner import SlurmClusterRunner
     node1 = cluster.nodes(up)["node1"]
     runner = SlurmClusterRunner(2)
     runner.CONTROLLER_SILENCE_S = 5.0
@@ -679,7 +679,7 @@ def test_a_cluster_started_by_plain_compose_in_another_folder_is_the_one_bench_u
 
 
 def test_cluster_commands_for_each_framework_and_back_end():
-    from lab.host.cluster_runner import cluster_commands
+    from lab.host.places.compose.runner import cluster_commands
     cmds = cluster_commands("horovod", "nccl", 4, 2, ["--device", "cuda"])
     assert list(cmds) == ["node1"]
     assert cmds["node1"][:6] == ["horovodrun", "-np", "4", "-H", "node1:2,node2:2", "--gloo"]
@@ -692,7 +692,7 @@ def test_cluster_commands_for_each_framework_and_back_end():
 def test_each_ddp_launch_on_the_cluster_has_its_own_rendezvous():
     """Port and id from the run and attempt (as --hosts and Slurm): a launch left over on
     node1 never meets the next one at a fixed 29500 with the default id."""
-    from lab.host.cluster_runner import cluster_commands
+    from lab.host.places.compose.runner import cluster_commands
 
     def rendezvous(run, attempt):
         cmds = cluster_commands("ddp", "gloo", 4, 2, ["--run-id", run, "--attempt", attempt],

@@ -5,7 +5,9 @@ import pytest
 
 from lab.common.docker_api import MANAGED_BY
 from lab.common.kit import REPO_ROOT
-from lab.host import container, runners, where
+from lab.host import images
+from lab.host import places as where
+from lab.host.places import image as container
 
 
 def spec(**kw):
@@ -67,22 +69,22 @@ def test_a_hosts_cuda_visible_devices_picks_the_containers_gpus(monkeypatch):
     assert spec(gpus=False).gpu_ids is None        # CPU runs get no GPU at all
     for hidden in ("", "-1"):
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", hidden)
-        with pytest.raises(runners.RunnerError, match="hides every GPU"):
+        with pytest.raises(images.RunnerError, match="hides every GPU"):
             spec(gpus=True)
 
 
 def test_which_image_fits_the_run():
-    assert runners.candidate_images("cpu", "ddp", "gloo")[0] == "dl-lab-kit:cpu"
+    assert images.candidate_images("cpu", "ddp", "gloo")[0] == "dl-lab-kit:cpu"
     # Horovod on GPUs: only the image whose GPU operations carry the back end.
-    assert runners.candidate_images("cuda", "horovod", "nccl") == ["dl-lab-kit:gpu-nccl"]
-    assert runners.candidate_images("cuda", "horovod", "gloo") == ["dl-lab-kit:gpu-nccl"]
-    assert runners.candidate_images("cuda", "horovod", "mpi") == ["dl-lab-kit:gpu-mpi"]
-    assert runners.candidate_images("cuda", "ddp", "nccl") == [
+    assert images.candidate_images("cuda", "horovod", "nccl") == ["dl-lab-kit:gpu-nccl"]
+    assert images.candidate_images("cuda", "horovod", "gloo") == ["dl-lab-kit:gpu-nccl"]
+    assert images.candidate_images("cuda", "horovod", "mpi") == ["dl-lab-kit:gpu-mpi"]
+    assert images.candidate_images("cuda", "ddp", "nccl") == [
         "dl-lab-kit:gpu-nccl", "dl-lab-kit:gpu-mpi"]
 
 
 def test_where_must_be_known():
-    with pytest.raises(runners.RunnerError, match="local, image, auto"):
+    with pytest.raises(images.RunnerError, match="local, image, auto"):
         where.choose_runner(where="cloud")
     runner, note = where.choose_runner(where="local")
     assert runner.kind == "local" and note is None
@@ -90,7 +92,7 @@ def test_where_must_be_known():
 
 def test_an_image_demanded_without_an_engine_is_one_sentence(monkeypatch):
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
-    with pytest.raises(runners.RunnerError, match="no Docker engine is reachable.*--local"):
+    with pytest.raises(images.RunnerError, match="no Docker engine is reachable.*--local"):
         where.choose_runner(where="image")
     runner, note = where.choose_runner(where="auto")
     assert runner.kind == "local" and note.startswith("running as local processes: no Docker engine")

@@ -52,7 +52,7 @@ def _has(env: dict, wanted: dict, absent=()):
 def test_local_processes_inherit_them(host_env, monkeypatch, tmp_path):
     """Local ranks get the whole environment (they did before the list existed too)."""
     from lab.common import proc
-    from lab.host.runners import LocalRunner
+    from lab.host.places.local import LocalRunner
     seen = {}
 
     def start(cmd, env=None, **kw):
@@ -65,7 +65,7 @@ def test_local_processes_inherit_them(host_env, monkeypatch, tmp_path):
 
 
 def test_a_container_of_the_image_gets_them(host_env, tmp_path):
-    from lab.host.container import job_spec
+    from lab.host.places.image import job_spec
     spec = job_spec("dl-lab-kit:gpu-nccl", ["true"], results_dir=str(tmp_path), data_dir=None,
                     frozen=True, gpus=True, host_uid=1000, host_gid=1000,
                     environment={"OMP_NUM_THREADS": "1"})
@@ -82,14 +82,14 @@ def _cluster_runner(cls):
 
 
 def test_the_compose_clusters_nodes_get_them(host_env):
-    from lab.host.cluster_runner import ClusterRunner
+    from lab.host.places.compose.runner import ClusterRunner
     env = _cluster_runner(ClusterRunner).env({"OMP_NUM_THREADS": "1"})
     _has(env, EVERYWHERE, absent=[*INTERFACES, *LAUNCHER, "CUDA_VISIBLE_DEVICES"])
 
 
 def test_a_slurm_job_on_the_cluster_exports_them(host_env):
-    from lab.host import slurm
-    from lab.host.slurm_runner import SlurmClusterRunner
+    from lab.host.places.slurm import script as slurm
+    from lab.host.places.slurm.runner import SlurmClusterRunner
     env = _cluster_runner(SlurmClusterRunner).env({"OMP_NUM_THREADS": "1"})
     script = slurm.job_script(slurm.SlurmJob("ddp", "nccl", 2, 2, ["--epochs", "1"], env=env))
     assert "export NCCL_DEBUG=INFO" in script and "export TORCH_NCCL_ASYNC_ERROR_HANDLING=1" in script
@@ -97,8 +97,8 @@ def test_a_slurm_job_on_the_cluster_exports_them(host_env):
 
 
 def test_your_hosts_get_them_over_ssh(host_env, tmp_path):
-    from lab.host.hosts_runner import HostsRunner, remote
     from lab.host.launch import Host
+    from lab.host.places.hosts import HostsRunner, remote
     r = HostsRunner([Host("gpu1", 1), Host("gpu2", 1)], str(tmp_path), None)
     env = r._env({"OMP_NUM_THREADS": "1"})
     _has(env, {**EVERYWHERE, **INTERFACES}, absent=["CUDA_VISIBLE_DEVICES", *LAUNCHER])

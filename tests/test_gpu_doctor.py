@@ -160,7 +160,8 @@ def test_bench_takes_the_13_0_image_through_forward_compatibility(engine_with, m
     """On R535 with a data-center GPU: a built 12.6 image first (native), else 13.0 with
     a one-line note, not a refusal."""
     from lab.common.versions import read
-    from lab.host import runners, where
+    from lab.host import images, places
+    from lab.host.errors import RunnerError
     from lab.host.images import LABEL_PREFIX
     from tests.conftest import FakeImage
 
@@ -170,22 +171,22 @@ def test_bench_takes_the_13_0_image_through_forward_compatibility(engine_with, m
         img.labels[LABEL_PREFIX + "cuda_version"] = cuda
         return img
     new, old = image("dl-lab-kit:gpu-nccl", "13.0"), image("dl-lab-kit:gpu-nccl-cu126", "12.6")
-    monkeypatch.setattr(runners, "host_gpu_driver", lambda: DRIVERS["535"])
-    monkeypatch.setattr(runners, "host_gpu_devices", lambda: [dict(L40S, compute_capability="8.9",
+    monkeypatch.setattr(images, "host_gpu_driver", lambda: DRIVERS["535"])
+    monkeypatch.setattr(images, "host_gpu_devices", lambda: [dict(L40S, compute_capability="8.9",
                                                                    brand="nvidia")])
     kw = dict(device="cuda", framework="ddp", backend="nccl", results_dir=str(tmp_path))
     engine_with({new.tags[0]: new, old.tags[0]: old}, ["8.9"])
-    runner, note = where.choose_runner(**kw)
+    runner, note = places.choose_runner(**kw)
     assert runner.image is old and "note:" not in note
     engine_with({new.tags[0]: new}, ["8.9"])
-    runner, note = where.choose_runner(**kw)
+    runner, note = places.choose_runner(**kw)
     assert runner.image is new and "note: driver 535.161.07 (R535) runs CUDA 13.0 through CUDA " \
         "forward compatibility" in note
     # a GeForce on the same driver: refused, as before
-    monkeypatch.setattr(runners, "host_gpu_devices", lambda: [dict(RTX4070, compute_capability="8.9",
+    monkeypatch.setattr(images, "host_gpu_devices", lambda: [dict(RTX4070, compute_capability="8.9",
                                                                    brand="geforce")])
-    with pytest.raises(runners.RunnerError, match="not brand geforce"):
-        where.choose_runner(**kw)
+    with pytest.raises(RunnerError, match="not brand geforce"):
+        places.choose_runner(**kw)
 
 
 # ---------------------------------------------------------------- CUDA error 802

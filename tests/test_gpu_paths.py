@@ -172,7 +172,8 @@ def test_the_8bit_payload_stays_on_the_gpu_only_where_horovod_takes_gpu_memory(h
 # The image must have code for the host's GPUs: a V100 (7.0) gets the CUDA 12.6 image,
 # since the CUDA 13 builds start at 7.5 (docker/versions.env says why).
 from lab.common import versions  # noqa: E402
-from lab.host import runners, where  # noqa: E402
+from lab.host import images  # noqa: E402
+from lab.host import places as where  # noqa: E402
 from lab.host.images import LABEL_PREFIX  # noqa: E402
 from tests.conftest import FakeImage  # noqa: E402
 
@@ -213,10 +214,10 @@ def test_a_gpu_run_takes_the_image_with_code_for_its_gpus(engine_with, tmp_path)
     engine_with({old.tags[0]: old, new.tags[0]: new}, ["12.1"])
     assert where.choose_runner(**kw)[0].image is new
     engine_with({old.tags[0]: old}, ["10.0"])
-    with pytest.raises(runners.RunnerError, match=r"no GPU code for compute capability 10\.0"):
+    with pytest.raises(images.RunnerError, match=r"no GPU code for compute capability 10\.0"):
         where.choose_runner(**kw)
     engine_with({new.tags[0]: new}, ["7.0"])
-    with pytest.raises(runners.RunnerError, match=r"no GPU code for compute capability 7\.0.*"
+    with pytest.raises(images.RunnerError, match=r"no GPU code for compute capability 7\.0.*"
                                                   r"invoke build --cuda 12\.6"):
         where.choose_runner(**kw)
     # doctor takes it anyway and reports the finding instead.
@@ -429,7 +430,7 @@ def _image(tag, cuda):
 def test_a_gpu_run_takes_the_image_this_driver_runs(engine_with, monkeypatch, tmp_path, branch, expected):
     new, old = _image("dl-lab-kit:gpu-nccl", "13.0"), _image("dl-lab-kit:gpu-nccl-cu126", "12.6")
     engine_with({new.tags[0]: new, old.tags[0]: old}, ["8.0"])          # an A100: both have its code
-    monkeypatch.setattr(runners, "host_gpu_driver", lambda: DRIVERS[branch])
+    monkeypatch.setattr(images, "host_gpu_driver", lambda: DRIVERS[branch])
     got = where.choose_runner(device="cuda", framework="ddp", backend="nccl",
                                 results_dir=str(tmp_path))[0].image
     assert got is {"cu126": old, "cu130": new}[expected]
@@ -438,9 +439,9 @@ def test_a_gpu_run_takes_the_image_this_driver_runs(engine_with, monkeypatch, tm
 def test_no_built_image_runs_on_this_driver_is_one_sentence(engine_with, monkeypatch, tmp_path):
     new = _image("dl-lab-kit:gpu-nccl", "13.0")
     engine_with({new.tags[0]: new}, ["8.6"])
-    monkeypatch.setattr(runners, "host_gpu_driver", lambda: DRIVERS["560"])
+    monkeypatch.setattr(images, "host_gpu_driver", lambda: DRIVERS["560"])
     kw = dict(device="cuda", framework="ddp", backend="nccl", results_dir=str(tmp_path))
-    with pytest.raises(runners.RunnerError, match=r"runs none of the GPU images built.*"
+    with pytest.raises(images.RunnerError, match=r"runs none of the GPU images built.*"
                                                   r"560\.28\.03 is too old for CUDA 13\.0"):
         where.choose_runner(**kw)
     assert where.choose_runner(check_gpu_code=False, **kw)[0].image is new     # doctor reports it
@@ -448,10 +449,10 @@ def test_no_built_image_runs_on_this_driver_is_one_sentence(engine_with, monkeyp
 
 def test_up_gpu_brings_the_cluster_up_from_the_image_this_host_runs(engine_with, monkeypatch):
     from lab.common import docker_api
-    from lab.host import cluster
+    from lab.host.places.compose import cluster
     new, old = _image("dl-lab-kit:gpu-nccl", "13.0"), _image("dl-lab-kit:gpu-nccl-cu126", "12.6")
     engine_with({new.tags[0]: new, old.tags[0]: old}, ["8.0"])
-    monkeypatch.setattr(runners, "host_gpu_driver", lambda: DRIVERS["560"])
+    monkeypatch.setattr(images, "host_gpu_driver", lambda: DRIVERS["560"])
     assert cluster._gpu_image(docker_api.client()) == "dl-lab-kit:gpu-nccl-cu126"
     engine_with({new.tags[0]: new}, ["8.0"])
     with pytest.raises(cluster.ClusterError, match="560.28.03 is too old for CUDA 13.0"):
@@ -459,7 +460,7 @@ def test_up_gpu_brings_the_cluster_up_from_the_image_this_host_runs(engine_with,
 
 
 def test_cpu_jobs_in_a_gpu_image_are_spared_open_mpis_libcuda_notice(tmp_path, monkeypatch):
-    from lab.host.container import job_spec
+    from lab.host.places.image import job_spec
     monkeypatch.delenv("OMPI_MCA_opal_warn_on_missing_libcuda", raising=False)
 
     def env(gpus):
@@ -474,8 +475,8 @@ def test_cpu_jobs_in_a_gpu_image_are_spared_open_mpis_libcuda_notice(tmp_path, m
 # --hosts with GPUs: each host runs its slots' ranks (mpirun's hostfile semantics), so
 # each is checked against its own GPUs, not the first host's with ceil(np/hosts) ranks.
 def _hosts_runner(monkeypatch, tmp_path, gpus: dict):
-    from lab.host.hosts_runner import HostsRunner
     from lab.host.launch import parse_hosts
+    from lab.host.places.hosts import HostsRunner
     spec = ",".join(f"{h}:{slots}" for h, (slots, _) in gpus.items())
     r = HostsRunner(parse_hosts(spec), str(tmp_path), None)
     base = {"kit": "x", "python": "3.11", "torch": "2.13.0", "cuda_available": True, "mpirun": True,
@@ -486,12 +487,12 @@ def _hosts_runner(monkeypatch, tmp_path, gpus: dict):
 
 
 def test_uneven_gpu_hosts_are_checked_each_against_its_own(monkeypatch, tmp_path):
-    from lab.host.hosts_runner import HostsError
+    from lab.host.places.hosts import HostsError
     r = _hosts_runner(monkeypatch, tmp_path, {"small": (2, 2), "big": (4, 4)})   # slots, GPUs
     stack = r.probe_stack()
     s = BenchSettings(np=[6], framework="ddp", backend="nccl", device="cuda", nodes=2)
     assert check_request(s, stack)[0] == "ddp"          # 2 ranks on 2 GPUs, 4 on 4: it fits
-    from lab.host.runners import Launch
+    from lab.host.places.base import Launch
     args = tuple(RunConfig(framework="ddp", backend="nccl", device="cuda").to_args())
     gpu_job = Launch("ddp", "nccl", 6, args, device="cuda")
     assert r.commands(gpu_job)                          # and the hosts agree

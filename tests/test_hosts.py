@@ -6,7 +6,8 @@ import shlex
 
 import pytest
 
-from lab.host.hosts_runner import (
+from lab.host.launch import Host, HostsError
+from lab.host.places.hosts import (
     check_hosts,
     check_slots,
     ddp_commands,
@@ -15,7 +16,6 @@ from lab.host.hosts_runner import (
     rendezvous_port,
     stack_mismatches,
 )
-from lab.host.launch import Host, HostsError
 
 
 def test_hostfiles_in_mpiruns_format():

@@ -96,8 +96,8 @@ def test_what_the_image_runner_runs_is_its_commands(image, tmp_path):
     """commands(launch) is what run() has the engine start: the container's command as
     the engine reports it (Config.Cmd), and the run it makes writes its record."""
     from lab.common.config import RunConfig
-    from lab.host.container import ImageRunner
-    from lab.host.runners import Launch
+    from lab.host.places.base import Launch
+    from lab.host.places.image import ImageRunner
     client, img = image
     runner = ImageRunner(client, img, frozen=False, gpus=False, results_dir=str(tmp_path),
                          data_dir=None)
@@ -137,7 +137,7 @@ import sys  # noqa: E402
 import time  # noqa: E402
 
 from lab.common.docker_api import MANAGED_BY as LABEL_KEY  # noqa: E402
-from lab.host.container import LABEL_VALUE  # noqa: E402
+from lab.host.places.image import LABEL_VALUE  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -222,7 +222,7 @@ def test_the_checkout_alone_is_lab_in_the_image_not_merged_with_the_images_copy(
     the checkout's (a namespace package would merge the image's installed copy into
     lab.__path__, and a module deleted in the checkout would still import from there);
     frozen, it is the image's own."""
-    from lab.host.container import ImageRunner
+    from lab.host.places.image import ImageRunner
     client, img = image
     probe = ["python", "-c", "import json, lab; print(json.dumps(list(lab.__path__)))"]
     for frozen, expected in ((False, ["/opt/lab-src/lab"]), (True, None)):
@@ -239,7 +239,7 @@ def test_the_checkout_alone_is_lab_in_the_image_not_merged_with_the_images_copy(
 
 
 def test_a_job_in_the_image_that_outlives_its_limit_is_stopped_and_said_so(image, tmp_path):
-    from lab.host.container import ImageRunner
+    from lab.host.places.image import ImageRunner
     client, img = image
     runner = ImageRunner(client, img, frozen=False, gpus=False, results_dir=str(tmp_path),
                          data_dir=None)

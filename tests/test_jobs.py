@@ -92,13 +92,13 @@ def test_a_watch_per_stream_sees_what_one_stream_alone_says():
 
 
 def launch_of(framework="ddp", np=1, attempt="000-x"):
-    from lab.host.runners import Launch
+    from lab.host.places.base import Launch
     return Launch(framework, "gloo", np, ("--max-steps", "not-a-number", "--run-id", "r", "--attempt", attempt),
                   (("OMP_NUM_THREADS", "1"),), 60, "r", attempt)
 
 
 def test_the_local_runner_runs_what_its_commands_say(tmp_path):
-    from lab.host.runners import LocalRunner
+    from lab.host.places.local import LocalRunner
     runner = LocalRunner(str(tmp_path), None)
     job = launch_of()
     cmds = runner.commands(job)
@@ -110,8 +110,8 @@ def test_the_local_runner_runs_what_its_commands_say(tmp_path):
 def test_the_hosts_runner_runs_what_its_commands_say_environment_included():
     """--hosts with DDP: one ssh per host carrying the job's environment; run() starts
     those very commands (the hosts do not exist, so each ssh fails at once)."""
-    from lab.host.hosts_runner import HostsRunner
     from lab.host.launch import parse_hosts
+    from lab.host.places.hosts import HostsRunner
     runner = HostsRunner(parse_hosts("nohost-a.invalid:1,nohost-b.invalid:1"), "results", None)
     job = launch_of(np=2)
     cmds = runner.commands(job)

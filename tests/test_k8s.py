@@ -1,4 +1,4 @@
-"""Kubernetes manifests (lab.host.k8s, `invoke k8s`), validated offline: each job against
+"""Kubernetes manifests (lab.host.places.k8s.manifest, `invoke k8s`), validated offline: each job against
 its operator's published CRD schema (tests/fixtures/k8s/, repository, path and release
 named in each file's header and in the README there), strictly (an unknown field fails,
 as kubectl's default --validate=strict does on the server), and every pod template in it
@@ -21,7 +21,8 @@ import pytest
 import yaml
 
 from lab.common.config import parse_args
-from lab.host import k8s, k8s_jobs
+from lab.host.places.k8s import jobs as k8s_jobs
+from lab.host.places.k8s import manifest as k8s
 from lab.host.request import BenchError, settings_from_flags
 
 REPO = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""`invoke bench --launcher k8s` (lab.host.k8s_runner): the runner through the official
+"""`invoke bench --launcher k8s` (lab.host.places.k8s.runner): the runner through the official
 `kubernetes` client, over real HTTP, against tests/k8s_fake_api.py, which serves objects
 captured from real clusters (tests/fixtures/k8s/api/README.md names each source). The
 record a successful job prints is a real worker record (tests/fixtures/example-report/)
@@ -17,9 +17,11 @@ import pytest
 
 from lab.common import results
 from lab.common.config import parse_args
-from lab.host import k8s, k8s_cluster, k8s_runner
+from lab.host.places.base import RunnerError
+from lab.host.places.k8s import cluster as k8s_cluster
+from lab.host.places.k8s import manifest as k8s
+from lab.host.places.k8s import runner as k8s_runner
 from lab.host.request import BenchError, BenchSettings
-from lab.host.runners import RunnerError
 from tests.k8s_fake_api import FakeAPI, Scenario, captured, pod
 
 REPO = Path(__file__).resolve().parent.parent
@@ -147,7 +149,7 @@ def test_what_the_k8s_runner_runs_is_its_commands(tmp_path, cluster):
     """commands(launch) is rank 0's command in the job's manifest; what run() started is
     that command as the API server stored the job it created."""
     from lab.common.config import RunConfig
-    from lab.host.runners import Launch
+    from lab.host.places.base import Launch
     sc = Scenario(pods=mpijob_pods(RUNNING), log=lambda job: record_lines(job, tmp_path),
                   status=captured("mpijob-succeeded.yaml")["status"])
     cluster(sc)

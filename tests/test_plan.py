@@ -2,6 +2,7 @@
 jobs, read by bench, sweeps, invoke sbatch and invoke k8s."""
 import dataclasses
 import inspect
+import re
 
 import pytest
 
@@ -137,3 +138,21 @@ def test_the_plan_holds_the_options_of_launcher_k8s(tmp_path):
     p = make(tmp_path, np="2", launcher="k8s", k8s={"api": "pytorchjob", "registry": "r.example/x"})
     assert p.k8s.opts.api == "pytorchjob" and p.k8s.opts.registry == "r.example/x"
     assert p.settings.stall_s == -1 and make(tmp_path, np="2").k8s is None
+
+
+def test_invoke_yamls_bench_switches_are_honoured(tmp_path):
+    """ceiling, debug and frozen given as defaults hold when the flags are left off."""
+    from lab.host.request import settings_from_flags
+    flags = {"ceiling": False, "debug": False, "frozen": False, "local": False, "image": None, "np": None}
+    s, _ = settings_from_flags(flags, {"np": "2", "ceiling": True, "debug": True, "frozen": True})
+    assert s.ceiling and s.debug and s.frozen
+    s, _ = settings_from_flags(dict(flags, ceiling=True), {"np": "2"})
+    assert s.ceiling and not s.debug and not s.frozen
+
+
+@pytest.mark.parametrize("key,hint", [("epoch", "did you mean 'epochs'?"), ("cieling", "did you mean 'ceiling'?"),
+                                      ("zzz", "one of ")])
+def test_a_misspelt_bench_default_is_one_sentence_naming_the_closest(key, hint):
+    from lab.host.request import settings_from_flags
+    with pytest.raises(BenchError, match=f"invoke.yaml's bench: has no setting '{key}': {re.escape(hint)}"):
+        settings_from_flags({"np": None}, {"np": "2", key: 1})

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from lab.common import results
-from lab.host import slurm
 from lab.host.failures import LauncherWatch
+from lab.host.places.slurm import script as slurm
 
 FIXTURES = Path(__file__).parent / "fixtures" / "launchers"
 

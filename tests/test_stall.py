@@ -15,8 +15,8 @@ import pytest
 from lab.common import heartbeat, results
 from lab.common.config import RunConfig
 from lab.host import bench
+from lab.host.places.local import LocalRunner
 from lab.host.request import BenchError, BenchSettings, parse_stall
-from lab.host.runners import LocalRunner
 from lab.host.stall import StallWatch
 from tests.conftest import requires_horovod, requires_mpirun
 from tests.test_runs import processes_with
@@ -227,11 +227,46 @@ def test_a_heartbeat_of_an_earlier_launch_is_not_this_ones(tmp_path):
     assert StallWatch(str(tmp_path), 1, 20, 2.0, stop=lambda: None).beats() == {0: None}
 
 
-@pytest.mark.parametrize("bad", ["0", "-3", "soon"])
+@pytest.mark.parametrize("bad", ["0", "-3", "soon", "nan", "NaN"])
 def test_stall_flag_bad_values_are_one_sentence(bad):
     with pytest.raises(BenchError, match="--stall-s takes seconds"):
         parse_stall(bad)
     assert parse_stall("auto") == 0 and parse_stall("off") == -1 and parse_stall("20") == 20
+
+
+@pytest.mark.parametrize("bad", ["inf", "Infinity", "1e10", "86401"])
+def test_stall_bounds_past_a_day_are_one_sentence(bad):
+    with pytest.raises(BenchError, match=r"--stall-s takes at most 86400 s \(a day\).*`off`") as e:
+        parse_stall(bad)
+    assert "\n" not in str(e.value)
+    assert parse_stall("86400") == 86400
+
+
+def test_stopping_a_local_runner_as_its_job_ends_is_safe():
+    """stop() (the stall watch's thread) reads the running job once: run() may clear it
+    between a check and a use."""
+    class Job:
+        stopped = 0
+
+        def stop(self):
+            self.stopped += 1
+
+    job = Job()
+
+    class Racy(LocalRunner):
+        reads = 0
+
+        @property
+        def _running(self):
+            self.reads += 1
+            return job if self.reads == 1 else None
+
+        @_running.setter
+        def _running(self, value):
+            pass
+    racy = Racy()
+    racy.stop()
+    assert job.stopped == 1 and racy.reads == 1
 
 
 def test_the_hang_fault_modes_parse():
@@ -275,3 +310,18 @@ def test_the_flight_recorder_is_for_gpu_runs_of_ddp_over_nccl_and_asked_through_
         os.close(reader)
     (tmp_path / "r" / "flight" / "a" / "rank-1").write_bytes(b"trace")
     assert w.flight_dumps() == ["flight/a/rank-1"]
+
+
+@pytest.mark.parametrize("env,rank", [
+    ({"PMIX_RANK": "3", "SLURM_PROCID": "3"}, 3),           # srun --mpi=pmix
+    ({"SLURM_PROCID": "2"}, 2),                              # srun's tasks are the ranks
+    ({"RANK": "5", "SLURM_PROCID": "1"}, 5),                 # torchrun under srun: RANK, not the task
+    ({"OMPI_COMM_WORLD_RANK": "1", "PMIX_RANK": "1"}, 1),
+    ({"HOROVOD_RANK": "4", "PMIX_RANK": "0"}, 4),
+    ({}, 0),
+])
+def test_a_rank_reads_its_rank_from_its_launcher_before_any_framework(env, rank):
+    """Each rank's heartbeat and failure file are named by this rank: under srun --mpi=pmix
+    every rank would otherwise write rank-0.json."""
+    from lab.worker.train import _rank_from_env
+    assert _rank_from_env(env) == rank

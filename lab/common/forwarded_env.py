@@ -7,7 +7,7 @@ here, one call per runner). Standard library only.
 
 Three kinds are held back:
 - CUDA_VISIBLE_DEVICES: a container is given the host's devices by id and numbers them
-  from 0 inside (lab.host.container.visible_gpus); on other hosts and under Slurm the
+  from 0 inside (lab.host.places.image.visible_gpus); on other hosts and under Slurm the
   devices are theirs (Slurm sets the variable per job step).
 - where the ranks have a network of their own (a container on Docker's bridge, the
   compose cluster), the variables that name the host's network interfaces: those names

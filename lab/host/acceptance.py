@@ -120,24 +120,31 @@ def count_gpus(environ=None) -> GpuCount:
 
 def check_images() -> tuple[dict[str, str], list[str]]:
     """(ops -> the built GPU image bench would take for it, a sentence per image not
-    there, or for the engine that cannot be asked). Asked of the Docker engine as bench asks (lab.host.runners: the candidate
+    there, or for the engine that cannot be asked). Asked of the Docker engine as bench asks (lab.host.images: the candidate
     tags by GPU operations, the one with code for these GPUs and a CUDA this driver runs)."""
     from lab.common import docker_api, versions
-    from lab.host import runners
-    from lab.host.images import BuildSettings, tags
+    from lab.host.errors import RunnerError
+    from lab.host.images import (
+        BuildSettings,
+        candidate_images,
+        gpu_image,
+        host_gpu_capabilities,
+        matrix_cudas,
+        tags,
+    )
     images, missing = acceptance_plan.default_images(), []
     try:
         cli = docker_api.client()
     except docker_api.DockerUnavailable as e:
         return images, [f"{e}: {docker_api.START_HINT}; the GPU steps run in the lab images"]
     matrix = versions.read()
-    entries = {versions.cuda_entry_for(matrix, c) for c in runners.host_gpu_capabilities()}
+    entries = {versions.cuda_entry_for(matrix, c) for c in host_gpu_capabilities()}
     cuda = next((c for c in entries if c and c != matrix["CUDA_DEFAULT"]), "")
     for ops in ("nccl", "mpi"):
-        candidates = runners.candidate_images("cuda", "horovod", ops, runners.matrix_cudas())
+        candidates = candidate_images("cuda", "horovod", ops, matrix_cudas())
         try:
-            img = runners.gpu_image(cli, candidates)
-        except runners.RunnerError as e:
+            img = gpu_image(cli, candidates)
+        except RunnerError as e:
             missing.append(str(e))
             continue
         if img is None:
@@ -242,7 +249,12 @@ def summary(mode: str, machine: str, steps: list[Step], missing: list[str], seco
 def run(out_root: str = "results", full: bool = False, dry_run: bool = False, echo=print,
         environ=None) -> str | None:
     """Print the plan; unless dry_run, run it into out_root/acceptance-<time>/ and return
-    the archive's path. AcceptanceError before anything runs when an image is missing."""
+    the archive's path. AcceptanceError before anything runs when an image is missing, or
+    when out_root is not a folder that can be made."""
+    out_root = out_root or "results"
+    if os.path.exists(out_root) and not os.path.isdir(out_root):
+        raise AcceptanceError(f"--results-dir {out_root} is a file, not a folder: give a folder "
+                              f"(it is made when missing)")
     out = os.path.abspath(os.path.join(out_root, f"acceptance-{time.strftime('%Y%m%d-%H%M%S')}"))
     plan, missing_images, count = make_plan(out, full, environ)
     echo(acceptance_plan.render(plan, missing_images))
@@ -251,7 +263,10 @@ def run(out_root: str = "results", full: bool = False, dry_run: bool = False, ec
     if missing_images:
         raise AcceptanceError("acceptance needs what this machine has not got, and ran nothing: "
                               + "; ".join(missing_images))
-    os.makedirs(os.path.join(out, "logs"))
+    try:
+        os.makedirs(os.path.join(out, "logs"))
+    except OSError as e:
+        raise AcceptanceError(f"--results-dir {out_root}: cannot make {out} ({e.strerror})") from None
     t0 = time.monotonic()
     for step in plan.steps:
         run_step(step, out, echo)
@@ -282,8 +297,8 @@ def nccl_tests(counts: list[int], max_size: str, image: str, echo=print) -> int:
     README: -g GPUs per process, -b/-e/-f the sizes); its rows as printed."""
     import tempfile
 
-    from lab.host.runners import RunnerError
-    from lab.host.where import choose_runner
+    from lab.host.places import choose_runner
+    from lab.host.places.base import RunnerError
     with tempfile.TemporaryDirectory(prefix="lab-acceptance-") as scratch:
         try:
             runner, note = choose_runner(device="cuda", framework="ddp", backend="nccl", image=image,

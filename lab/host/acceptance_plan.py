@@ -168,7 +168,7 @@ def gpu_plan(gpus: int, out: str, full: bool, images: dict[str, str],
           str(gpus), "--framework", "ddp", "--backend", "nccl", "--strategy", ",".join(strategies),
           runs=len(strategies))
     # bench gives DataParallel's one process --np GPUs (lab.host.bench: devices=np), and
-    # the container every GPU CUDA_VISIBLE_DEVICES leaves (lab.host.container).
+    # the container every GPU CUDA_VISIBLE_DEVICES leaves (lab.host.places.image).
     bench("dataparallel", f"resnet50: DataParallel, one process over {gpus} GPU(s)", "resnet50",
           "nccl", str(gpus), "--strategy", "dataparallel", runs=1)
     return steps, ["runs across servers (one machine; --hosts or the cluster give those rows)"]

@@ -19,15 +19,16 @@ from lab.common.config import RunConfig
 from lab.host import ceiling
 from lab.host.failures import StreamWatches, attribute_failure
 from lab.host.launch import HostsError, job_env
+from lab.host.places import choose_runner
+from lab.host.places.base import JobResult, Launch, Runner, RunnerError
+from lab.host.places.local import LocalRunner
 from lab.host.request import (
     BenchError,
     BenchSettings,
     base_config,
     check_request,
 )
-from lab.host.runners import JobResult, Launch, Runner, RunnerError
 from lab.host.stall import StallWatch, flight_recorder
-from lab.host.where import choose_runner
 
 
 @dataclass
@@ -40,14 +41,11 @@ class Outcome:
 
 def select_runner(s: BenchSettings, hosts=(), echo=print, k8s=None) -> tuple[Runner, str | None]:
     """Where the ranks of `s` run: the plan's hosts (--hosts, --hostfile), else
-    lab.host.where.choose_runner (`k8s`: the plan's options of --launcher k8s); a refusal
+    lab.host.places.choose_runner (`k8s`: the plan's options of --launcher k8s); a refusal
     as a BenchError."""
-    if hosts:
-        from lab.host.hosts_runner import HostsRunner
-        runner = HostsRunner(list(hosts), s.results_dir, s.data_dir, echo=echo)
-        return runner, runner.describe()
     try:
-        return choose_runner(where=s.where, nodes=s.nodes, image=s.image, frozen=s.frozen,
+        return choose_runner(hosts=tuple(hosts), where=s.where, nodes=s.nodes, image=s.image,
+                             frozen=s.frozen,
                              device=s.device, framework=s.framework, backend=s.backend,
                              results_dir=s.results_dir, data_dir=s.data_dir,
                              launcher=s.launcher, partition=s.partition, k8s=k8s, echo=echo)
@@ -57,7 +55,6 @@ def select_runner(s: BenchSettings, hosts=(), echo=print, k8s=None) -> tuple[Run
 
 def probe_stack(runner: Runner | None = None) -> dict:
     """What the ranks' Python can run, where they will run (default: locally)."""
-    from lab.host.runners import LocalRunner
     try:
         return (runner or LocalRunner()).probe_stack()
     except RunnerError as e:
@@ -128,13 +125,15 @@ def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
             echo(where_note)
     else:
         where_note = None
-    if runner.kind == "cluster":
-        # The nodes write to the folder compose.yaml mounts: one results folder for the
-        # whole request (skipped records and --resume read the one given), or a refusal.
-        if os.path.realpath(s.results_dir) != os.path.realpath(runner.results_dir):
-            raise BenchError(f"the cluster's nodes write their records to {runner.results_dir} "
-                             f"(compose.yaml mounts it): give --results-dir {runner.results_dir}, "
-                             f"or leave --results-dir out when running from the checkout")
+    fixed = runner.results_folder()
+    if fixed:
+        # The ranks write to one folder (the cluster's nodes: the one compose.yaml mounts):
+        # one results folder for the whole request (skipped records and --resume read the
+        # one given), or a refusal.
+        if os.path.realpath(s.results_dir) != os.path.realpath(fixed):
+            raise BenchError(f"the ranks here write their records to {fixed} (the folder they "
+                             f"mount): give --results-dir {fixed}, or leave --results-dir out "
+                             f"when running from the checkout")
         s = dataclasses.replace(s, data_dir=runner.data_dir or s.data_dir)
     stack = stack if stack is not None else probe_stack(runner)
     try:
@@ -143,9 +142,8 @@ def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
         # `where: auto` means wherever the request can run: when the image's stack
         # refuses it (CI's CPU image has no torchvision, say) and this machine's accepts
         # it, the ranks run here, and the output says why.
-        if not (runner.kind == "image" and s.where == "auto" and not s.image):
+        if not (runner.falls_back_to_local and s.where == "auto" and not s.image):
             raise
-        from lab.host.runners import LocalRunner
         local = LocalRunner(s.results_dir, s.data_dir)
         local_stack = probe_stack(local)
         try:
@@ -158,7 +156,7 @@ def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
         echo(where_note)
     for n in notes:
         echo(n)
-    if where_note and runner.kind != "local":
+    if where_note and runner.records_where_note:
         notes.insert(0, where_note)
     check_steps(s, framework, nps)
     run_id = s.run_id           # fixed by the plan
@@ -166,14 +164,13 @@ def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
     rfile = rdir / results.RESULTS_FILE
     os.makedirs(rdir, exist_ok=True)
     runner.prepare(str(rdir))
-    shaped = runner.kind == "cluster" and bool(s.link)
+    shaped = bool(s.link)
     failed = 0
     progress = progress or Progress(len(jobs), echo)
-    from lab.host import cluster
     try:
         if shaped:      # inside the try: nodes shaped before one that fails are unshaped
             try:
-                cluster.shape(runner.found, s.link, echo)
+                runner.shape_links(s.link, echo)
             except RunnerError as e:
                 raise BenchError(str(e)) from None
         # The plan's order: every process count once, then every one again (a drift of
@@ -193,7 +190,7 @@ def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
             failed += run_one(s, cfg, np, runner, rfile, echo, load)
     finally:
         if shaped:
-            cluster.unshape(runner.found)
+            runner.unshape_links()
     records = [r for r in results.read_records(rfile)[0] if r.get("run_id") == run_id]
     return Outcome(str(rdir), records, failed, notes)
 
@@ -260,8 +257,9 @@ def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, ec
     started = results.now_iso()
     t0 = time.monotonic()
     # Under Slurm, Horovod over MPI runs every rank as an srun task.
-    watch = StreamWatches(echo, srun_tasks_are_ranks=getattr(runner, "launcher", "") == "slurm"
-                          and cfg.framework == "horovod" and s.backend == "mpi")
+    launch = Launch(cfg.framework, s.backend, cfg.expected_np, (), run_id=cfg.run_id,
+                    attempt=cfg.attempt)
+    watch = StreamWatches(echo, srun_tasks_are_ranks=runner.srun_tasks_are_ranks(launch))
     # The stall watch (lab.host.stall) reads the ranks' heartbeats beside the runner and
     # ends a job in which no rank advances with the runner's own stop().
     stall = StallWatch(heartbeat.folder(rfile.parent, cfg.attempt), cfg.expected_np, s.stall_s,
@@ -280,8 +278,8 @@ def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, ec
     except KeyboardInterrupt as e:
         runner.stop()
         error = {"reason": "stopped by SIGTERM" if isinstance(e, Terminated) else "interrupted by the user"}
-        if getattr(runner, "last_job", None):       # a Slurm job: which one was cancelled
-            error["slurm"] = {**runner.last_job, "state": "CANCELLED (scancel by bench)"}
+        if runner.cancelled_job():       # a scheduler's job: which one was cancelled
+            error["slurm"] = {**runner.cancelled_job(), "state": "CANCELLED (scancel by bench)"}
         _record_failure(rfile, cfg, np, s.nodes, started, error)
         if load:
             add_world(rfile, before, load)

@@ -9,8 +9,8 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 
 from lab import models
+from lab.host.places.base import Runner, RunnerError
 from lab.host.request import BenchError, BenchSettings
-from lab.host.runners import Runner, RunnerError
 from lab.worker.ceiling import MIN_SECONDS  # the timing rule (standard library at import)
 
 

@@ -11,8 +11,8 @@ import time
 from envcheck import findings, host, stack
 from envcheck.probes import FAIL, PASS, Result
 from lab.common import kit
-from lab.host.runners import RunnerError
-from lab.host.where import choose_runner
+from lab.host.places import choose_runner
+from lab.host.places.base import RunnerError
 
 
 def _dicts(results: list[Result], where: str) -> list[dict]:
@@ -45,7 +45,7 @@ def _where_checked(where: str, image: str, frozen: bool, gpus: bool, scratch: st
     no image named, one runner per kind of GPU image that is built: Horovod's GPU data
     path is fixed when it is built (HOROVOD_GPU_OPERATIONS, docker/install-horovod.sh), so
     a gpu-nccl image says nothing of a gpu-mpi one's CUDA-aware MPI, and the reverse.
-    bench asks for the image by back end (runners.candidate_images: nccl gives gpu-nccl*,
+    bench asks for the image by back end (lab.host.images.candidate_images: nccl gives gpu-nccl*,
     mpi gpu-mpi*); doctor asks for both and checks each one found."""
     def choose(backend):
         return choose_runner(where=where, image=image, frozen=frozen,
@@ -61,7 +61,7 @@ def _where_checked(where: str, image: str, frozen: bool, gpus: bool, scratch: st
         except RunnerError as e:
             first_error = first_error or e
             continue
-        if runner.kind != "image":
+        if not runner.in_container:
             fallback = fallback or (runner, note)
         elif all(r.image.id != runner.image.id for r, _ in found):
             found.append((runner, note))
@@ -84,7 +84,7 @@ def run(np: int = 2, where: str = "auto", image: str = "", frozen: bool = False,
         chosen = _where_checked(where, image, frozen, gpus, scratch, echo)
         several = len(chosen) > 1
         for runner, note in chosen:
-            if runner.kind == "image":
+            if runner.in_container:
                 note = f"the stack is checked in the image {runner.tag} ({runner.image.short_id})"
             elif note:
                 note = note.replace("running as local processes", "the stack is checked as local processes")
@@ -93,16 +93,16 @@ def run(np: int = 2, where: str = "auto", image: str = "", frozen: bool = False,
                 echo(note)
             # Two images checked: each one's rows name it.
             suffix = f" {runner.tag}" if several else ""
-            if runner.kind == "local":
+            if not runner.in_container:
                 ranks = _dicts(stack.collect(np), "local")
             else:
                 ranks = [dict(c, where=c["where"] + suffix) for c in stack_in_image(runner, np)]
             checks += ranks
             visible = None
-            if runner.kind == "image" and gpus:
+            if runner.in_container and gpus:
                 ids = runner.spec(["true"]).gpu_ids       # the host's CUDA_VISIBLE_DEVICES, if set
                 visible = len(ids) if ids else None
-            found = findings.find(host_by_name, _results(ranks), np, in_image=runner.kind != "local",
+            found = findings.find(host_by_name, _results(ranks), np, in_image=runner.in_container,
                                   visible=visible, cores=kit.cores())   # an image here: this machine's
             checks += _dicts(found, "both" + suffix)
     return checks, time.monotonic() - t0, notes

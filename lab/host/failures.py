@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 from lab.common import progress
 
 if TYPE_CHECKING:
-    from lab.host.runners import JobResult
+    from lab.host.places.base import JobResult
 
 _NODE_PREFIX = re.compile(r"^\[[\w.-]+\] ")          # the cluster runner's "[node2] "
 _MPIRUN_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")

@@ -1,5 +1,5 @@
 """Launch commands, built by pure functions: settings in, argv out. Nothing here
-starts a process (the runners of lab.host.runners do that)."""
+starts a process (the runners of lab.host.places.base do that)."""
 from __future__ import annotations
 
 import os

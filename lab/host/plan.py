@@ -11,6 +11,7 @@ import itertools
 from dataclasses import dataclass
 
 from lab.common import results, stats
+from lab.host.errors import RunnerError
 from lab.host.launch import Host, HostsError, ranks_per_node
 from lab.host.request import (
     SWEEP_FIELDS,
@@ -44,7 +45,7 @@ class Plan:
     hosts: tuple[Host, ...] = ()            # --hosts / --hostfile, parsed once
     already: tuple[str, ...] = ()           # --resume: combinations left out, as said
     refused: tuple[tuple[int, str], ...] = ()   # a sweep's combinations that cannot run, and why
-    k8s: object = None                      # --launcher k8s: its options (lab.host.k8s_runner.Settings)
+    k8s: object = None                      # --launcher k8s: its options (lab.host.places.k8s.runner.Settings)
 
     @property
     def settings(self) -> BenchSettings:
@@ -64,14 +65,16 @@ class Plan:
         return self.settings
 
 
-def make_plan(flags: dict, defaults: dict, resume: bool = False, k8s: dict | None = None) -> Plan:
+def make_plan(flags: dict, defaults: dict, resume: bool = False, k8s: dict | None = None,
+              echo=None) -> Plan:
     """The task's flags (None where not given) over invoke.yaml's `bench` section (and,
-    with --launcher k8s, its `k8s` section: lab.host.k8s_runner.for_bench)."""
+    with --launcher k8s, its `k8s` section: lab.host.places.k8s.runner.for_bench)."""
+    from lab.host.places import for_request
     settings, lists = settings_from_flags(flags, defaults)
-    if settings.launcher != "k8s":
-        return plan_of(settings, lists, resume)
-    from lab.host.k8s_runner import for_bench
-    settings, options = for_bench(settings, k8s or {})
+    try:
+        settings, options = for_request(settings, k8s, echo)
+    except RunnerError as e:
+        raise BenchError(str(e)) from None
     return dataclasses.replace(plan_of(settings, lists, resume), k8s=options)
 
 
@@ -85,7 +88,7 @@ def plan_of(s: BenchSettings, lists: dict | None = None, resume: bool = False) -
         if (lists or {}).get("nodes", [1]) != [1]:
             raise BenchError("--hosts runs on your servers over SSH: leave out --nodes, --link and "
                              "--launcher (they are the simulated cluster's)")
-        from lab.host.hosts_runner import check_hosts, check_slots
+        from lab.host.places.hosts import check_hosts, check_slots
         try:
             check_slots(list(hosts), list(s.np))
             check_hosts(list(hosts))
@@ -167,8 +170,7 @@ def check_link(s: BenchSettings) -> None:
     if s.link:
         if s.nodes < 2:
             raise BenchError("--link shapes the links between the cluster's nodes: add --nodes 2 or more")
-        from lab.host.cluster import parse_link
-        from lab.host.runners import RunnerError
+        from lab.host.places.compose.cluster import parse_link
         try:
             parse_link(s.link)
         except RunnerError as e:
@@ -177,8 +179,8 @@ def check_link(s: BenchSettings) -> None:
 
 def host_list(s: BenchSettings) -> list[Host] | None:
     """--hosts or --hostfile as a host list (lab.host.launch.Host), or None."""
-    from lab.host.hosts_runner import parse_hostfile
     from lab.host.launch import parse_hosts
+    from lab.host.places.hosts import parse_hostfile
     try:
         if s.hosts:
             return parse_hosts(s.hosts)

@@ -66,7 +66,7 @@ class BenchSettings:
     zero_stage: int = _RUN.zero_stage
     launcher: str = "direct"         # on the cluster: direct (over SSH / docker exec) or slurm
     partition: str = ""              # with launcher slurm: the partition (empty: the default)
-    hosts: str = ""                  # the user's servers, h1:4,h2:4 (lab.host.hosts_runner)
+    hosts: str = ""                  # the user's servers, h1:4,h2:4 (lab.host.places.hosts)
     hostfile: str = ""               # or a file of "host slots=N" lines
 
 
@@ -128,9 +128,12 @@ def settings_from_flags(flags: dict, defaults: dict) -> tuple[BenchSettings, dic
     the settings of the first combination and the lists a sweep crosses. `local` and
     `image` decide where the job runs; otherwise invoke.yaml's `where`."""
     flags = dict(flags)
-    local, image = flags.pop("local", False), flags.pop("image", None) or ""
+    check_defaults(defaults)
+    local = flags.pop("local", False)
+    image = flags.pop("image", None) or defaults.get("image") or ""
     values = {k: v for k, v in defaults.items() if k in BENCH_FLAGS}
-    values.update({k: v for k, v in flags.items() if v is not None})
+    # A switch left off (False) is a flag not given: invoke.yaml's default (ceiling: true) holds.
+    values.update({k: v for k, v in flags.items() if v is not None and v is not False})
     if "np" not in values:
         raise BenchError("--np needs at least one process count (invoke.yaml's bench.np is missing)")
     values["np"] = parse_np(values["np"])
@@ -161,8 +164,23 @@ def settings_from_flags(flags: dict, defaults: dict) -> tuple[BenchSettings, dic
 BENCH_FLAGS = {f.name for f in dataclasses.fields(BenchSettings)}
 
 
+STALL_MAX_S = 86400.0       # a day: past it, a "bound" is no bound (and overflows the ranks' timers)
+
+
+def check_defaults(defaults: dict) -> None:
+    """invoke.yaml's `bench:` section names settings of bench: a misspelt one is one
+    sentence naming the closest (it would otherwise be dropped without a word)."""
+    import difflib
+    for key in sorted(defaults):
+        if key not in BENCH_FLAGS:
+            close = difflib.get_close_matches(key, sorted(BENCH_FLAGS), n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"one of {', '.join(sorted(BENCH_FLAGS))}"
+            raise BenchError(f"invoke.yaml's bench: has no setting {key!r}: {hint}")
+
+
 def parse_stall(value) -> float:
-    """--stall-s: seconds, `auto` (0: the default bound, lab.common.heartbeat) or `off` (-1)."""
+    """--stall-s: seconds up to a day, `auto` (0: the default bound, lab.common.heartbeat)
+    or `off` (-1). inf and nan are refused: `off` says what they would mean."""
     text = str(value).strip().lower()
     if text in ("auto", ""):
         return 0.0
@@ -172,15 +190,18 @@ def parse_stall(value) -> float:
         seconds = float(text)
     except ValueError:
         seconds = -1.0
-    if seconds <= 0:
+    if not seconds > 0:         # nan too
         raise BenchError(f"--stall-s takes seconds without progress before a run counts as stalled, "
                          f"`auto` or `off`: not {value!r}")
+    if seconds > STALL_MAX_S:   # inf too
+        raise BenchError(f"--stall-s takes at most {STALL_MAX_S:.0f} s (a day): not {value!r}; "
+                         f"`off` turns the stall watch off")
     return seconds
 
 
 # How a cluster job starts: the kit's own launch (horovodrun over SSH, torchrun on each
-# node), or a batch job of the cluster's Slurm (lab.host.slurm).
-LAUNCHERS = ("direct", "slurm", "k8s")   # k8s: a Kubeflow job (lab.host.k8s_runner)
+# node), or a batch job of the cluster's Slurm (lab.host.places.slurm.script).
+LAUNCHERS = ("direct", "slurm", "k8s")   # k8s: a Kubeflow job (lab.host.places.k8s.runner)
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 

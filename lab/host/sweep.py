@@ -10,9 +10,9 @@ import shutil
 
 from lab.common import results
 from lab.host.bench import Outcome, Progress, probe_stack, run_jobs
+from lab.host.places.local import LocalRunner
 from lab.host.plan import Plan, label
 from lab.host.request import BenchError, BenchSettings, base_config, framework_of
-from lab.host.runners import LocalRunner
 
 
 def run_request(plan: Plan, echo=print) -> Outcome:

@@ -100,7 +100,8 @@ def rendezvous_detail(framework: str, backend: str) -> dict:
         world, addr, port = env.get("WORLD_SIZE"), env.get("MASTER_ADDR"), env.get("MASTER_PORT")
         iface = env.get("GLOO_SOCKET_IFNAME") or env.get("NCCL_SOCKET_IFNAME") or env.get("TP_SOCKET_IFNAME")
     elif (framework == "horovod" and backend == "mpi") or "OMPI_COMM_WORLD_SIZE" in env:
-        world, addr, port = env.get("OMPI_COMM_WORLD_SIZE") or env.get("PMI_SIZE"), None, None
+        world = env.get("OMPI_COMM_WORLD_SIZE") or env.get("PMI_SIZE") or env.get("SLURM_NTASKS")
+        addr, port = None, None
         iface = env.get("OMPI_MCA_btl_tcp_if_include") or env.get("OMPI_MCA_oob_tcp_if_include")
     else:
         world = env.get("HOROVOD_SIZE")

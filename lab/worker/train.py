@@ -289,10 +289,19 @@ def failure_path(cfg, rank) -> str:
                         cfg.attempt or "manual", f"rank-{rank}.json")
 
 
-def _rank_from_env() -> int:
-    for var in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK"):
-        if var in os.environ:
-            return int(os.environ[var])
+# Where a rank learns its rank before any framework starts (its heartbeat and failure
+# file are named by it), most specific first: horovodrun; Open MPI's mpirun; a PMIx
+# (`srun --mpi=pmix`) or PMI launch; torch.distributed.run; last, the srun task, which is
+# the rank only where srun starts the ranks themselves (under torchrun RANK came first).
+RANK_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "RANK",
+                  "SLURM_PROCID")
+
+
+def _rank_from_env(env=None) -> int:
+    env = os.environ if env is None else env
+    for var in RANK_VARIABLES:
+        if str(env.get(var, "")).isdigit():
+            return int(env[var])
     return 0
 
 

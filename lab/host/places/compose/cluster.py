@@ -18,7 +18,7 @@ from lab.common import docker_api, proc
 from lab.common.docker_api import CLUSTER as LABEL
 from lab.common.kit import REPO_ROOT
 from lab.host.launch import Host, HostsError, ranks_per_node
-from lab.host.runners import RunnerError
+from lab.host.places.base import RunnerError
 
 COMPOSE_FILE = REPO_ROOT / "compose.yaml"
 OVERRIDE_FILE = REPO_ROOT / ".cluster" / "compose.nodes.yaml"
@@ -152,8 +152,8 @@ def nodes(client) -> dict[str, object]:
 
 def _gpu_image(client) -> str | None:
     """For `up --gpu`: the GPU image bench would take on this host (code for its GPUs, a
-    CUDA its driver runs: lab.host.runners.gpu_image), None when no GPU image is built."""
-    from lab.host.runners import RunnerError, candidate_images, gpu_image, matrix_cudas
+    CUDA its driver runs: lab.host.images.gpu_image), None when no GPU image is built."""
+    from lab.host.images import candidate_images, gpu_image, matrix_cudas
     try:
         img = gpu_image(client, candidate_images("cuda", "ddp", "nccl", matrix_cudas()))
     except RunnerError as e:

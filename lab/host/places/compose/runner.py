@@ -1,6 +1,6 @@
 """The simulated cluster as a runner: one command per node started at once through
 `docker exec` as the user lab, output prefixed by node, the job ended when a node's
-launcher fails, a node stops, or the time limit passes; the nodes are lab.host.cluster's."""
+launcher fails, a node stops, or the time limit passes; the nodes are lab.host.places.compose.cluster's."""
 from __future__ import annotations
 
 import json
@@ -9,9 +9,17 @@ import os
 from lab.common.forwarded_env import forwarded
 from lab.common.kit import REPO_ROOT
 from lab.host import jobs, launch
-from lab.host.cluster import ClusterError, engine, exec_out, node_hosts, node_names, nodes, wait_ssh
-from lab.host.container import DATA_IN, RESULTS_IN, SOURCE_IN, hand_over
-from lab.host.runners import JobResult, Runner
+from lab.host.places.base import JobResult, Runner
+from lab.host.places.compose.cluster import (
+    ClusterError,
+    engine,
+    exec_out,
+    node_hosts,
+    node_names,
+    nodes,
+    wait_ssh,
+)
+from lab.host.places.image import DATA_IN, RESULTS_IN, SOURCE_IN, hand_over
 
 
 def run_on(found: dict, commands: dict[str, list[str]], env: dict, timeout_s: float,
@@ -156,3 +164,16 @@ class ClusterRunner(Runner):
 
     def dead(self) -> dict[str, str]:
         return dead_nodes(self.found)
+
+    def results_folder(self) -> str | None:
+        """The folder compose.yaml mounts: the nodes write their records nowhere else."""
+        return self.results_dir
+
+    def shape_links(self, link: str, echo) -> None:
+        from lab.host.places.compose import cluster
+        if link:
+            cluster.shape(self.found, link, echo)
+
+    def unshape_links(self) -> None:
+        from lab.host.places.compose import cluster
+        cluster.unshape(self.found)

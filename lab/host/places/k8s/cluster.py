@@ -1,4 +1,4 @@
-"""Reading a Kubernetes cluster for lab.host.k8s_runner, through the official client:
+"""Reading a Kubernetes cluster for lab.host.places.k8s.runner, through the official client:
 the connection from the kubeconfig, the labels and conditions Kubeflow's operators use
 (each named with the release it was read from), and what keeps a pod from running, in
 words. Tested against captured API objects (tests/fixtures/k8s/api/)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 
-from lab.host.runners import RunnerError
+from lab.host.places.base import RunnerError
 
 CLIENT_HINT = ("--launcher k8s submits jobs with the official Kubernetes client, which is not "
                "installed: pip install -e '.[k8s]'")
@@ -33,7 +33,7 @@ JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
 JOBSET_INDEX = "jobset.sigs.k8s.io/job-index"
 REPLICATED_JOB = "jobset.sigs.k8s.io/replicatedjob-name"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
-# The container whose log is rank 0's, by kind (the names lab.host.k8s gives them; the
+# The container whose log is rank 0's, by kind (the names lab.host.places.k8s.manifest gives them; the
 # TrainJob's is the torch-distributed runtime's `node`).
 RANK0_CONTAINER = {"MPIJob": "launcher", "TrainJob": "node", "PyTorchJob": "pytorch"}
 # The terminal conditions (mpi-operator v0.8.0 and training-operator v1.9.0 JobCondition

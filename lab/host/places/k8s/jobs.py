@@ -1,7 +1,7 @@
-"""The Kubeflow job objects of lab.host.k8s, as pure functions (a job's pieces in, a dict
+"""The Kubeflow job objects of lab.host.places.k8s.manifest, as pure functions (a job's pieces in, a dict
 out): the pods' user, folders and volumes, the resources of a node, the run policy, and
 the three kinds — mpi-operator's MPIJob, Kubeflow Trainer's TrainJob, training-operator's
-PyTorchJob. lab.host.k8s decides what goes in them (API, image, environment, names)."""
+PyTorchJob. lab.host.places.k8s.manifest decides what goes in them (API, image, environment, names)."""
 from __future__ import annotations
 
 import shlex

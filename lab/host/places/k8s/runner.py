@@ -1,9 +1,9 @@
 """`invoke bench --launcher k8s`: each launch as a Kubeflow job (the manifest of
-lab.host.k8s.manifest_for_request, the one place it is made) created with the official
+lab.host.places.k8s.manifest.manifest_for_request, the one place it is made) created with the official
 Kubernetes client, its pods followed (a pod that cannot be scheduled or whose image
 cannot be pulled becomes one sentence), the launcher's or rank 0's log streamed to
 bench's echo as other runners' output is, the job's end read from its conditions, and
-the records the job prints after lab.host.k8s.RECORD_PREFIX appended to this machine's
+the records the job prints after lab.host.places.k8s.manifest.RECORD_PREFIX appended to this machine's
 results file. Tested against captured API objects (tests/fixtures/k8s/api/); never run
 on a live cluster here."""
 from __future__ import annotations
@@ -15,8 +15,9 @@ import threading
 import time
 
 from lab.common import results
-from lab.host import k8s as kube
-from lab.host.k8s_cluster import (
+from lab.host.places.base import JobResult, Launch, Runner, RunnerError
+from lab.host.places.k8s import manifest as kube
+from lab.host.places.k8s.cluster import (
     PLURALS,
     RANK0_CONTAINER,
     advice,
@@ -28,7 +29,6 @@ from lab.host.k8s_cluster import (
     pod_problem,
     selector,
 )
-from lab.host.runners import JobResult, Launch, Runner, RunnerError
 
 PENDING_S = 300.0     # how long a pod may stay unschedulable (an autoscaler may add a node)
 
@@ -48,6 +48,20 @@ class K8sRunner(Runner):
 
     kind = "k8s"
     launcher = "k8s"
+    heartbeat_channel = "logs"
+    machine_name = ""
+    in_container = True
+    unsupported = {
+        # The heartbeats are written in the pods, out of the watch's reach: the job's
+        # activeDeadlineSeconds (--timeout-s) and the runner's own deadline bound the run.
+        "stall watch": "the stall watch is off with --launcher k8s: the ranks' heartbeats are "
+                       "written in the pods, out of its reach (--timeout-s bounds each job instead)",
+        "forwarded variables": "the host's NCCL, UCX and MPI variables are not forwarded to a "
+                               "Kubernetes job's pods: set them in the image or in the manifest "
+                               "(`invoke k8s` writes it)",
+        "ceiling placement": "--ceiling measures the compute ceiling by running processes where the "
+                             "ranks run, which a Kubernetes job does not offer: leave out --ceiling",
+    }
 
     def __init__(self, nodes: int = 1, device: str = "cpu", image: str = "",
                  results_dir: str = "results", data_dir: str | None = "data",
@@ -74,6 +88,10 @@ class K8sRunner(Runner):
         self._dead: dict = {}
         self._expired = threading.Event()
         self._stream = None             # the log being read (urllib3's response)
+
+    @classmethod
+    def for_request(cls, s, config: dict) -> tuple:
+        return for_bench(s, config)
 
     def describe(self) -> str:
         where = f"context {self.context}, " if self.context else ""
@@ -110,7 +128,8 @@ class K8sRunner(Runner):
         fields = ({f.name for f in dataclasses.fields(BenchSettings)} & set(vars(cfg))) - {"repeat"}
         s = BenchSettings(**{**{k: getattr(cfg, k) for k in fields}, "np": [job.np],
                              "framework": job.framework, "backend": job.backend, "nodes": self.nodes,
-                             "timeout_s": job.timeout_s, "stall_s": -1})
+                             "timeout_s": job.timeout_s,
+                             "stall_s": -1 if self.cannot("stall watch") else cfg.stall_s})
         try:
             m = kube.manifest_for_request(s, self.opts, run=cfg, env=job.environment)
             kube.write(m, self.results_dir)
@@ -311,8 +330,7 @@ def for_bench(s, k8s_config: dict) -> tuple:
     holds them: lab.host.plan.make_plan)."""
     from lab.host.request import BenchError
     if s.ceiling:
-        raise BenchError("--ceiling measures the compute ceiling by running processes where the "
-                         "ranks run, which a Kubernetes job does not offer: leave out --ceiling")
+        raise BenchError(K8sRunner.cannot("ceiling placement"))
     if s.where == "local":
         raise BenchError("--local (or invoke.yaml's bench: where: local) runs the ranks on this "
                          "machine: leave it out with --launcher k8s")
@@ -323,8 +341,5 @@ def for_bench(s, k8s_config: dict) -> tuple:
         # silence: the heartbeats are written in the pods, out of the stall watch's reach.
         raise BenchError("--launcher k8s needs a time limit for each job: give --timeout-s "
                          "(seconds; invoke.yaml's bench default is 3600)")
-    options = Settings(opts=kube.options(k8s_config), threads=s.threads)
-    # The stall watch reads heartbeats the ranks write in this machine's results folder;
-    # in pods they are written in the pod's: the job's activeDeadlineSeconds (--timeout-s)
-    # and the runner's own deadline bound the run instead.
-    return dataclasses.replace(s, stall_s=-1), options
+    # The stall watch is off here (K8sRunner.unsupported; lab.host.places.for_request).
+    return s, Settings(opts=kube.options(k8s_config), threads=s.threads)

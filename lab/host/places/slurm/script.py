@@ -34,7 +34,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from lab.host import launch
-from lab.host.runners import RunnerError
+from lab.host.places.base import RunnerError
 
 RDZV_PORT = 29500
 # Slurm's job states that do not change any more (squeue(1), JOB STATE CODES).

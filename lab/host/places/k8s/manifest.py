@@ -6,7 +6,7 @@ operators, built by pure functions (settings in, a dict out; nothing is submitte
   for DDP and the torch strategies: torchrun in every node;
 - a PyTorchJob (training-operator, kubeflow.org/v1, `--api pytorchjob`) for clusters
   that still run the older operator.
-The objects themselves are lab.host.k8s_jobs'; here: the options, the API for a
+The objects themselves are lab.host.places.k8s.jobs'; here: the options, the API for a
 framework and strategy, the image, the environment, the names, the files. The shapes follow
 the operators' releases (named where each fact is used); tests check them against their CRD
 schemas (tests/fixtures/k8s/). Never run on a live cluster here."""
@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from lab.common.docker_api import LABEL_PREFIX, MANAGED_BY
-from lab.host.k8s_jobs import (  # noqa: F401 (the job objects' facts, used here and by k8s_runner)
+from lab.host.places.k8s.jobs import (  # noqa: F401 (the job objects' facts, used here and by k8s_runner)
     DATA_IN_POD,
     KINDS,
     RECORD_PREFIX,
@@ -116,7 +116,7 @@ def manifest_for_request(s, opts: K8sOptions, run=None, env: dict | None = None)
     """The manifest of one bench request (lab.host.request.BenchSettings) for a cluster
     with Kubeflow's operators. Nothing is probed: the request is checked as a
     configuration; --framework auto means Horovod for --api mpijob, else DDP. `run` and
-    `env`: bench's own launch (lab.host.k8s_runner), its RunConfig and rank environment."""
+    `env`: bench's own launch (lab.host.places.k8s.runner), its RunConfig and rank environment."""
     from lab.common import results
     from lab.host.launch import framework_for_backend
     nps = s.np if isinstance(s.np, list) else [s.np]

@@ -19,7 +19,7 @@ from lab.common import kit, proc
 from lab.common.docker_api import MANAGED_BY
 from lab.common.forwarded_env import forwarded
 from lab.host import launch
-from lab.host.runners import JobResult, Runner, RunnerError
+from lab.host.places.base import JobResult, Runner, RunnerError
 
 LABEL_VALUE = "bench"
 SHM_SIZE = "2g"              # NCCL's shared-memory transport; Docker's default is 64 MB
@@ -152,6 +152,8 @@ class ImageRunner(Runner):
     """Runs commands in containers of one image; each container is removed at the end."""
 
     kind = "image"
+    in_container = True
+    falls_back_to_local = True
 
     def __init__(self, client, image, *, frozen: bool, gpus: bool, results_dir: str,
                  data_dir: str | None):

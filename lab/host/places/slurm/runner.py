@@ -1,7 +1,7 @@
 """The simulated cluster's Slurm as a runner (`--launcher slurm`, `invoke up --scheduler
 slurm`): bench's launch as a batch job submitted from node1, its output file followed and
 its state polled until it is final; the nodes and their `docker exec` are
-lab.host.cluster_runner's."""
+lab.host.places.compose.runner's."""
 from __future__ import annotations
 
 import collections
@@ -9,16 +9,16 @@ import os
 import time
 
 from lab.common import proc
-from lab.host import slurm
-from lab.host.cluster import ClusterError, exec_out, node_names
-from lab.host.cluster_runner import ClusterRunner, dead_nodes
-from lab.host.container import hand_over
-from lab.host.runners import JobResult
+from lab.host.places.base import JobResult
+from lab.host.places.compose.cluster import ClusterError, exec_out, node_names
+from lab.host.places.compose.runner import ClusterRunner, dead_nodes
+from lab.host.places.image import hand_over
+from lab.host.places.slurm import script as slurm
 
 
 class SlurmClusterRunner(ClusterRunner):
     """The job goes to the cluster's Slurm (`invoke up --scheduler slurm`): bench writes
-    <run>/slurm/<attempt>/job.sbatch (lab.host.slurm.job_script), submits it from node1
+    <run>/slurm/<attempt>/job.sbatch (lab.host.places.slurm.script.job_script), submits it from node1
     with `sbatch --parsable` as the user lab, echoes the job's output file as it grows,
     and asks `scontrol` for the job's state every second until it is final. Stopping it
     (Ctrl-C, --timeout-s) is `scancel`."""
@@ -49,6 +49,18 @@ class SlurmClusterRunner(ClusterRunner):
         self._job_id: str | None = None
         self._nodes_of: tuple[str, list[str]] = ("", [])
         self.last_job: dict | None = None     # the job submitted last: its id and script
+        self.state = ""                         # its JobState as last polled
+
+    def ranks_started(self) -> bool:
+        """A batch job's ranks have started once Slurm runs it (RUNNING, or past it)."""
+        return self.state not in ("", "PENDING", "CONFIGURING", "REQUEUED")
+
+    def srun_tasks_are_ranks(self, job) -> bool:
+        """Horovod over MPI under Slurm runs every rank as an srun task."""
+        return job.framework == "horovod" and job.backend == "mpi"
+
+    def cancelled_job(self) -> dict | None:
+        return self.last_job
 
     def describe(self) -> str:
         return (f"submitting to Slurm on the cluster's {self.n} nodes ({self.tag}); "
@@ -81,7 +93,7 @@ class SlurmClusterRunner(ClusterRunner):
     def run(self, commands, env, timeout_s, echo, name=""):
         """Write the script commands() named, then run that command on node1."""
 
-        self.last_job = None
+        self.last_job, self.state = None, ""
         here, inside = self._paths(self._launch.attempt or "job")
         os.makedirs(here, exist_ok=True)
         with open(os.path.join(here, "job.sbatch"), "w") as f:
@@ -127,6 +139,7 @@ class SlurmClusterRunner(ClusterRunner):
                     break
                 if rc == 0:
                     info = slurm.job_fields(out)
+                    self.state = info.get("JobState", "")
                     now = f"{info.get('JobState')}/{info.get('Reason')}"
                     if not seen or seen[-1].split(" ", 1)[1] != now:
                         seen.append(f"{time.monotonic() - t0:.0f}s {now}")

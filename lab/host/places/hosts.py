@@ -25,7 +25,7 @@ from lab.common import kit, proc
 from lab.common.forwarded_env import forwarded
 from lab.host import jobs, launch
 from lab.host.launch import Host, HostsError, rendezvous_port  # noqa: F401 (tests import it here)
-from lab.host.runners import JobResult, Runner, RunnerError
+from lab.host.places.base import JobResult, Runner, RunnerError
 
 SSH = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
 # What must be alike on every host (lab.worker.capabilities' keys).

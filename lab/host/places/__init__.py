@@ -1,0 +1,129 @@
+"""The places a job's ranks run in: the registry (one line per place, as lab.models) and
+the factory over it. It imports the concrete runners, which import the interface
+(lab.host.places.base) — never the other way, so there is no circle. Bench, the plan,
+the sweep, doctor and tasks.py name no place: they ask the runner (its interface)."""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+from lab.host import images
+from lab.host.errors import RunnerError
+from lab.host.places.base import WHERE, Runner
+from lab.host.places.local import LocalRunner
+
+# name -> "module:class", imported only when chosen (asking never imports Docker or Kubernetes).
+PLACES = {
+    "local": "lab.host.places.local:LocalRunner",
+    "image": "lab.host.places.image:ImageRunner",
+    "compose": "lab.host.places.compose.runner:ClusterRunner",
+    "slurm": "lab.host.places.slurm.runner:SlurmClusterRunner",
+    "hosts": "lab.host.places.hosts:HostsRunner",
+    "k8s": "lab.host.places.k8s.runner:K8sRunner",
+}
+
+
+def place(name: str) -> type[Runner]:
+    """The runner class registered as `name`."""
+    module, _, cls = PLACES[name].partition(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def place_of(s) -> str | None:
+    """The place a request (BenchSettings) runs in when the request alone decides it;
+    None where the engine decides (`where: auto`: the image if built, else local)."""
+    if s.hosts or s.hostfile:
+        return "hosts"
+    if s.launcher in PLACES:
+        return s.launcher
+    if s.nodes > 1:
+        return "compose"
+    if s.where == "local":
+        return "local"
+    return "image" if s.where == "image" or s.image else None
+
+
+def for_request(s, config: dict | None = None, echo=None) -> tuple:
+    """(the request as it runs in its place, the place's options from `config`, its
+    section of invoke.yaml): what cannot work there refused in one line (RunnerError), and
+    a feature the place cannot offer turned off with its one line told (`echo`)."""
+    name = place_of(s)
+    if name is None:
+        return s, None
+    cls = place(name)
+    s, options = cls.for_request(s, config or {})
+    for line in told(cls, s):
+        if echo:
+            echo(line)
+    if cls.cannot("stall watch") and s.stall_s >= 0:
+        s = dataclasses.replace(s, stall_s=-1)
+    return s, options
+
+
+def told(cls: type[Runner], s) -> list[str]:
+    """The one line of each feature this request uses that its place cannot offer (the
+    ceiling is refused outright, by Runner.for_request)."""
+    import os
+
+    from lab.common.forwarded_env import forwarded
+    used = {"stall watch": s.stall_s > 0,           # asked for in seconds (auto is quiet)
+            "forwarded variables": bool(forwarded(os.environ)),
+            "progress": True, "oversubscription": True, "failure naming": True, "resume": True}
+    return [cls.cannot(f) for f, asked in used.items() if asked and cls.cannot(f)]
+
+
+def choose_runner(*, where: str = "auto", nodes: int = 1, image: str = "", frozen: bool = False,
+                  device: str = "cpu", framework: str = "auto", backend: str = "gloo",
+                  results_dir: str = "results", data_dir: str | None = "data",
+                  check_gpu_code: bool = True, launcher: str = "direct", partition: str = "",
+                  k8s=None, hosts=(), echo=print) -> tuple[Runner, str | None]:
+    """(runner, a line saying where the ranks run or why not where asked). `nodes` > 1:
+    the cluster's nodes. `auto`: the lab image when an engine and an image are there,
+    else local processes with one line saying why; `image` (or a named image) insists on
+    the image; `local` never looks. For GPU runs the image must have code for the
+    host's GPUs (refused in one sentence, unless check_gpu_code is False: doctor
+    reports it as a finding instead). launcher "slurm": a batch job of the cluster's
+    Slurm, on `nodes` of its nodes; "k8s": a Kubeflow job on the kubeconfig's cluster
+    (`k8s`: its options, lab.host.places.k8s.runner.Settings). `hosts`: the user's servers
+    over SSH."""
+    if where not in WHERE:
+        raise RunnerError(f"where the job runs must be one of {', '.join(WHERE)}, not {where!r}")
+    if hosts:       # --hosts, --hostfile: the plan's servers
+        runner = place("hosts")(list(hosts), results_dir, data_dir, echo=echo)
+        return runner, runner.describe()
+    if launcher == "k8s":
+        runner = place("k8s")(nodes, device, image, results_dir, data_dir, settings=k8s, backend=backend)
+        return runner, runner.describe()
+    if launcher == "slurm":
+        runner = place("slurm")(nodes, frozen=frozen, partition=partition, echo=echo)
+        return runner, runner.describe()
+    if nodes > 1:
+        runner = place("compose")(nodes, frozen=frozen, echo=echo)
+        return runner, runner.describe()
+    if where == "local":
+        return LocalRunner(results_dir, data_dir), None
+    from lab.common import docker_api
+    tags = [image] if image else images.candidate_images(
+        device, "horovod" if framework == "auto" else framework, backend, images.matrix_cudas())
+    insist = where == "image" or bool(image)
+    try:
+        cli = docker_api.client()
+    except docker_api.DockerUnavailable as e:
+        if insist:
+            raise RunnerError(f"{e}: {docker_api.START_HINT}, or run with --local") from None
+        return LocalRunner(results_dir, data_dir), (
+            f"running as local processes: {e} (--local says so and skips the check)")
+    img = docker_api.find_image(cli, tags)
+    if device == "cuda" and img is not None:
+        img = images.gpu_image(cli, tags, check=check_gpu_code) or img
+    if img is None:
+        if insist:
+            raise RunnerError(f"no image {' or '.join(tags)} is built: run `invoke build`, "
+                              f"or run with --local")
+        return LocalRunner(results_dir, data_dir), (
+            f"running as local processes: no lab image ({', '.join(tags)}) is built "
+            f"(`invoke build` makes one; --local skips the check)")
+    runner = place("image")(cli, img, frozen=frozen, gpus=device == "cuda",
+                         results_dir=results_dir, data_dir=data_dir)
+    note = images.driver_note(img) if device == "cuda" else None
+    return runner, runner.describe() + (f"; note: {note}" if note else "")

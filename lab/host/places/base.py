@@ -1,0 +1,185 @@
+"""Where a job's ranks run, behind one interface: local processes (`LocalRunner`), a
+container of the lab image (`lab.host.places.image.ImageRunner`) or the nodes of the
+simulated cluster (`lab.host.places.compose.runner.ClusterRunner`). Each runner prepares a run
+folder, turns a launch into one command per host, runs those commands streaming their
+output, stops what it started, probes the stack the ranks will see, and says which
+nodes died. `lab.host.places.choose_runner` picks one the same way for bench and doctor
+(the concrete runners import this module; it imports none of them)."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from lab.common import proc
+from lab.common.config import RunConfig
+from lab.host.errors import RunnerError  # noqa: F401 (the places raise it from here)
+
+WHERE = ("local", "image", "auto")
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One launch of a job, built once by bench from the run's configuration: what every
+    runner's commands() turns into one command per host (and, where a runner must carry
+    them inside the command, its environment and time limit)."""
+    framework: str
+    backend: str
+    np: int
+    worker_args: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+    timeout_s: float = 0
+    run_id: str = ""
+    attempt: str = ""
+    device: str = "cpu"
+    config: RunConfig | None = None      # the ranks' configuration (worker_args are its argv)
+
+    @property
+    def key(self) -> str:
+        """"<run id>/<attempt>": names this launch (rendezvous, process patterns)."""
+        return f"{self.run_id}/{self.attempt}"
+
+    @property
+    def environment(self) -> dict[str, str]:
+        return dict(self.env)
+
+
+@dataclass
+class JobResult:
+    returncode: int | None      # None: stopped at its time limit
+    tail: list[str]             # the last lines it printed
+    why: str                    # "exited", or how it was ended
+    scheduler: dict | None = None   # a scheduler's word on the job (Slurm: id, final state)
+
+
+# The features that span runs. Each asks the place through this interface, never by its
+# name; a place that cannot offer one says why in one line (Runner.unsupported), and the
+# user is told that line (tests/test_places.py covers every feature x place).
+FEATURES = ("stall watch", "progress", "oversubscription", "ceiling placement",
+            "failure naming", "resume", "forwarded variables")
+
+
+class Runner:
+    """The interface. `results_in`/`data_in` are the folders as the ranks see them."""
+
+    kind = "runner"
+    # How a rank's heartbeat reaches this machine: "folder" (the run's folder, which the
+    # ranks write into), "stream" (the launcher's output), "logs" (an API's logs).
+    heartbeat_channel = "folder"
+    machine_name = "this machine"   # what an oversubscription line names ("" for places of their own)
+    in_container = False            # the ranks' stack is not this machine's Python (doctor checks it there)
+    records_where_note = True       # a line saying why the ranks run here goes into the record
+    falls_back_to_local = False     # `where: auto`: local processes may run what this place's stack refuses
+    unsupported: dict[str, str] = {}    # feature -> the one line that says why it does not work here
+    python = "python"
+    tag = ""
+    nodes = 1
+    started: dict[str, list[str]] | None = None   # what run() last started, host -> argv
+
+    def __init__(self, results_dir: str, data_dir: str | None):
+        self.results_dir, self.data_dir = results_dir, data_dir
+        self.results_in, self.data_in = results_dir, data_dir
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+    def prepare(self, run_dir: str) -> None:
+        """Make the run's folder writable for the ranks."""
+
+    def commands(self, job: Launch) -> dict[str, list[str]]:
+        """Host -> the command that starts its part of the job: exactly what run() starts."""
+        raise NotImplementedError
+
+    def run(self, commands: dict[str, list[str]], env: dict, timeout_s: float, echo,
+            name: str = "") -> JobResult:
+        raise NotImplementedError
+
+    @classmethod
+    def cannot(cls, feature: str) -> str | None:
+        """The one line saying why `feature` (one of FEATURES) does not work in this place;
+        None where it works."""
+        if feature not in FEATURES:
+            raise ValueError(f"no feature {feature!r}: one of {', '.join(FEATURES)}")
+        return cls.unsupported.get(feature)
+
+    @classmethod
+    def for_request(cls, s, config: dict) -> tuple:
+        """(the request as it runs in this place, the place's options from invoke.yaml's
+        section of it, `config`), before any job: a feature asked for that does not work
+        here refused in its one line."""
+        if s.ceiling and cls.cannot("ceiling placement"):
+            raise RunnerError(cls.cannot("ceiling placement"))
+        return s, None
+
+    def ranks_started(self) -> bool:
+        """Whether the last job's ranks have been started (a batch job: it is RUNNING)."""
+        return self.started is not None
+
+    def results_folder(self) -> str | None:
+        """The one results folder this place's ranks can write to, None when any will do."""
+        return None
+
+    def srun_tasks_are_ranks(self, job: Launch) -> bool:
+        """Whether the launcher's tasks are the ranks themselves (failure naming: a task's
+        number is a rank's)."""
+        return False
+
+    def cancelled_job(self) -> dict | None:
+        """A scheduler's job this runner cancelled when stopped (its id and script), if any."""
+        return None
+
+    def shape_links(self, link: str, echo) -> None:
+        """Shape the links between the place's nodes (--link)."""
+        if link:
+            raise RunnerError("--link shapes the links between the simulated cluster's nodes: add "
+                              "--nodes 2 or more")
+
+    def unshape_links(self) -> None:
+        """Undo shape_links."""
+
+    def placement(self, np: int) -> dict[str, int]:
+        """Where `np` ranks run: host -> how many ("" is this machine, or the image on it)."""
+        return {"": np}
+
+    def machines(self, np: int, stack: dict) -> list[tuple[str, int, int]]:
+        """(machine, ranks on it, its cores) for `np` ranks: what oversubscription is judged
+        by. One machine here; the compose cluster's nodes share this one's cores."""
+        return [(self.machine_name, np, int(stack.get("cores") or 1))]
+
+    def output_on(self, host: str, argv: list[str], timeout_s: float = 300) -> tuple[int | None, str]:
+        """`output` on one host of placement() (runners of one place have only "")."""
+        return self.output(argv, timeout_s)
+
+    def output(self, argv: list[str], timeout_s: float = 300) -> tuple[int | None, str]:
+        """A short command (a probe) where the ranks run: (exit code, output)."""
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """End whatever this runner started and may still be running."""
+
+    def dead(self) -> dict[str, str]:
+        """Hosts that stopped during the last job, with their state."""
+        return {}
+
+    def probe_stack(self, timeout_s: float = 120) -> dict:
+        """What the ranks' Python can run (lab.worker.capabilities), or RunnerError."""
+        try:
+            rc, out = self.output([self.python, "-m", "lab.worker.capabilities"], timeout_s)
+        except RunnerError as e:
+            raise RunnerError(f"{e}; run with --local to use local processes") from None
+        except proc.NotFound:
+            raise RunnerError(f"{self.python} cannot be run: install the kit with "
+                              f"docker/setup-venv.sh") from None
+        if rc is None:
+            raise RunnerError(f"importing torch {self.where_text()} took over {timeout_s:g} s: "
+                              f"check the installation with `invoke doctor`")
+        for line in reversed(out.strip().splitlines()):
+            if line.startswith("{"):
+                try:
+                    return json.loads(line)
+                except json.JSONDecodeError:
+                    break
+        last = (out.strip().splitlines() or ["no output"])[-1]
+        raise RunnerError(f"could not inspect the Python {self.where_text()}: {last}")
+
+    def where_text(self) -> str:
+        return f"at {self.python}"
