@@ -174,3 +174,19 @@ def test_a_rank_imports_no_compiler_it_does_not_use(tmp_path):
                         text=True, timeout=300)
     assert cp.returncode == 0, cp.stderr[-2000:]
     assert "COMPILER False" in cp.stdout and "COMPILED" in cp.stdout
+
+
+def test_the_manifest_is_measured_once_per_run_folder(tmp_path, monkeypatch):
+    from lab.worker import manifest
+    calls = []
+
+    def measure(hosts):
+        calls.append(hosts)
+        return {"hosts": hosts, "cpu_model": "x", "torch": "2.x"}
+    monkeypatch.setattr(manifest, "measure", measure)
+    first = manifest.collect(["a"], tmp_path)
+    second = manifest.collect(["a", "a"], tmp_path)
+    assert len(calls) == 1 and second == {**first, "hosts": ["a", "a"]}
+    manifest.collect(["a"], tmp_path / "another-run")
+    assert len(calls) == 2
+    assert manifest.collect(["a"]) and len(calls) == 3     # no folder: measured

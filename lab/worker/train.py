@@ -256,7 +256,7 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
         },
         epochs=epochs,
         step_times_s=[round(t, 7) for t in step_times],
-        manifest=manifest.collect(hosts))
+        manifest=manifest.collect(hosts, results.run_dir(cfg.results_dir, cfg.run_id)))
     return record
 
 
