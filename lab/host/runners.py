@@ -149,6 +149,8 @@ class LocalRunner(Runner):
         return "running as local processes"
 
     def commands(self, job: Launch):
+        if job.framework == "ddp":      # one machine: no torchrun (it imports torch first)
+            return {"localhost": launch.local_ddp_command(job.np, list(job.worker_args), self.python)}
         return {"localhost": launch.command(job.framework, job.backend, job.np, list(job.worker_args),
                                             python=self.python,
                                             horovodrun=kit.horovodrun(self.python))}
