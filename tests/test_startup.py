@@ -190,3 +190,52 @@ def test_the_manifest_is_measured_once_per_run_folder(tmp_path, monkeypatch):
     manifest.collect(["a"], tmp_path / "another-run")
     assert len(calls) == 2
     assert manifest.collect(["a"]) and len(calls) == 3     # no folder: measured
+
+
+RANK_SCRIPT = textwrap.dedent("""
+    import os, signal, sys, time
+    env = {k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                                      "MASTER_ADDR", "MASTER_PORT")}
+    os.write(1, f"ENV {sorted(env.items())}\\n".encode())    # one write: the lines never mix
+    if sys.argv[1] == "kill" and env["RANK"] == "1":
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+    if sys.argv[1] == "kill":
+        time.sleep(60)      # a peer left waiting: the launcher ends it
+""")
+
+
+def test_the_local_ddp_launcher_gives_each_rank_its_place_and_ends_a_job_on_the_first_failure():
+    from lab.host.failures import StreamWatches
+    ok = subprocess.run([sys.executable, "-m", "lab.host.local_launcher", "--nproc-per-node=2",
+                         sys.executable, "-c", RANK_SCRIPT, "ok"], cwd=REPO, capture_output=True,
+                        text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    envs = sorted(line for line in ok.stdout.splitlines() if line.startswith("ENV"))
+    assert len(envs) == 2 and "('RANK', '0')" in envs[0] and "('RANK', '1')" in envs[1]
+    assert all("('WORLD_SIZE', '2')" in e and "('MASTER_ADDR', '127.0.0.1')" in e for e in envs)
+    t0 = time.monotonic()
+    cp = subprocess.run([sys.executable, "-m", "lab.host.local_launcher", "--nproc-per-node=2",
+                         sys.executable, "-c", RANK_SCRIPT, "kill"], cwd=REPO, capture_output=True,
+                        text=True, timeout=60)
+    assert cp.returncode == 1 and time.monotonic() - t0 < 30
+    watch = StreamWatches(lambda line: None)
+    for line in cp.stderr.splitlines():             # read as bench reads torchrun's report
+        watch.line(line)
+    watch.close()
+    assert (watch.first.rank, watch.first.signal) == (1, 9), cp.stderr
+
+
+def test_local_runs_start_no_launcher_that_imports_torch(tmp_path):
+    from lab.host.runners import Launch, LocalRunner
+    r = LocalRunner(str(tmp_path))
+    (ddp,) = r.commands(Launch("ddp", "gloo", 2, ("--max-steps", "3"))).values()
+    assert ddp[1:4] == ["-m", "lab.host.local_launcher", "--nproc-per-node=2"]
+    r._stack = {"horovod": {"gloo": True, "mpi": False}}     # as probe_stack leaves it
+    (hvd,) = r.commands(Launch("horovod", "gloo", 2, ())).values()
+    assert hvd[1:4] == ["-m", "lab.host.horovod_launcher", "--built=gloo"] and "--gloo" in hvd
+    code = ("import sys; import lab.host.local_launcher, lab.host.horovod_launcher; "
+            "print('torch' in sys.modules)")
+    cp = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                        timeout=60)
+    assert cp.stdout.strip() == "False", cp.stderr
