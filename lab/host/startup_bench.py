@@ -5,7 +5,9 @@ side by side on this machine, and a one-step run against a bare `import torch`.
    against `invoke bench --local --framework horovod --backend gloo` on the same
    MNIST-sized data (60,000 training images of 28x28, batch 64 per rank, one thread per
    rank), one and two epochs each, interleaved and repeated: per epoch = T(2) - T(1), the
-   rest of T(1) is the run's fixed cost.
+   rest of T(1) is the run's fixed cost. Also, per run, the time from the command to the
+   first step: the example's first "Train Epoch: 1 [0/" line (printed after its first
+   step), the kit's record (figures.startup_total_s, to its first timed step).
 2. `invoke bench --local --np 1 --framework ddp --max-steps 1 --warmup-steps 0` (one step,
    the first one timed) against `python -c "import torch, torch.distributed"`,
    interleaved: the whole run, and from the command to the first step (its record's
@@ -68,16 +70,28 @@ def write_reference_data(root: Path, seed: int = 0) -> None:
         idx(raw / f"{prefix}-labels-idx1-ubyte", (n,), bytes(b % 10 for b in rng.randbytes(n)))
 
 
-def timed(cmd: list[str], cwd: str | Path, env: dict, log: Path) -> float:
+def timed(cmd: list[str], cwd: str | Path, env: dict, log: Path, first: str | None = None):
+    """The command's wall time, and with `first` (a text its output holds once its first
+    training step is done) the time until that line appeared: (seconds, seconds or None)."""
     t0 = time.perf_counter()
+    seen = None
     with open(log, "ab") as out:
         out.write(f"\n$ {' '.join(cmd)}\n".encode())
-        out.flush()
-        rc = subprocess.run(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
+        p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        for line in p.stdout:
+            if seen is None and first and first.encode() in line:
+                seen = time.perf_counter() - t0
+            out.write(line)
+        rc = p.wait()
     took = time.perf_counter() - t0
     if rc != 0:
         raise SystemExit(f"failed ({rc}): {' '.join(cmd)}; see {log}")
-    return took
+    return took, seen
+
+
+def newest_record(results_dir: Path) -> dict:
+    path = max(results_dir.glob("*/results.jsonl"), key=lambda p: p.stat().st_mtime)
+    return json.loads(path.read_text().splitlines()[-1])
 
 
 def kit_env(checkout: Path) -> dict:
@@ -104,29 +118,44 @@ def side_by_side(args, work: Path, kits: dict[str, Path], log: Path) -> str:
                 "--backend", "gloo", "--data", "synthetic", "--synthetic-size", str(TRAIN),
                 "--batch-size", str(BATCH), "--threads", "1", "--epochs", str(epochs),
                 "--results-dir", str(work / "results")]
-    sides = {"ref": lambda n, e: timed(ref_cmd(n, e), work, ref_env, log)}
+    # The example prints "Train Epoch: 1 [0/..." after its first step; the kit's record
+    # has its time from the command to the first timed step (figures.startup_total_s).
+    sides = {"ref": lambda n, e: timed(ref_cmd(n, e), work, ref_env, log, first="Train Epoch: 1 [0/")}
+
+    def kit_side(c):
+        def run(n, e):
+            took, _ = timed(kit_cmd(c, n, e), c, kit_env(c), log)
+            f = newest_record(work / "results")["figures"]
+            return took, f.get("startup_total_s")
+        return run
     for name, checkout in kits.items():
-        sides[name] = (lambda c: lambda n, e: timed(kit_cmd(c, n, e), c, kit_env(c), log))(checkout)
+        sides[name] = kit_side(checkout)
     # Untimed first round: the files in the page cache, the kit's stack probe cached.
     for name, run in sides.items():
         run(1, 1)
     times: dict = {}
+    firsts: dict = {}
     for rep in range(args.repeats):
         for np_ in args.np:
             for epochs in (1, 2):
                 order = list(sides) if rep % 2 == 0 else list(sides)[::-1]
                 for name in order:
-                    t = sides[name](np_, epochs)
+                    t, first = sides[name](np_, epochs)
                     times.setdefault((name, np_, epochs), []).append(t)
-                    print(f"  repeat {rep + 1}, np {np_}, {epochs} epoch(s), {name}: {t:.1f} s",
-                          flush=True)
-    lines = ["| np | who | per epoch, s | fixed cost, s | T(1 epoch), s |", "|---|---|---|---|---|"]
+                    if first is not None:
+                        firsts.setdefault((name, np_), []).append(first)
+                    print(f"  repeat {rep + 1}, np {np_}, {epochs} epoch(s), {name}: {t:.1f} s"
+                          + (f" (first step at {first:.1f} s)" if first is not None else ""), flush=True)
+    lines = ["| np | who | per epoch, s | fixed cost, s | to the first step, s | T(1 epoch), s |",
+             "|---|---|---|---|---|---|"]
     for np_ in args.np:
         for name in sides:
             t1, t2 = times[(name, np_, 1)], times[(name, np_, 2)]
             per = [b - a for a, b in zip(t1, t2)]
             fixed = [a - p for a, p in zip(t1, per)]
-            lines.append(f"| {np_} | {name} | {spread(per)} | {spread(fixed)} | {spread(t1)} |")
+            first = firsts.get((name, np_))
+            lines.append(f"| {np_} | {name} | {spread(per)} | {spread(fixed)} | "
+                         f"{spread(first) if first else '-'} | {spread(t1)} |")
     return "\n".join(lines)
 
 
@@ -140,7 +169,7 @@ def one_step(args, work: Path, kits: dict[str, Path], log: Path) -> str:
         before = set(results_dir.glob("*/results.jsonl")) if results_dir.exists() else set()
         cmd = [python, "-m", "invoke", "bench", "--local", "--np", "1", "--framework", args.framework,
                "--max-steps", "1", "--warmup-steps", "0", "--results-dir", str(results_dir)]
-        t = timed(cmd, checkout, kit_env(checkout), log)
+        t, _ = timed(cmd, checkout, kit_env(checkout), log)
         (new,) = set(results_dir.glob("*/results.jsonl")) - before
         f = json.loads(new.read_text().splitlines()[-1])["figures"]
         first = f.get("startup_total_s")
@@ -149,7 +178,7 @@ def one_step(args, work: Path, kits: dict[str, Path], log: Path) -> str:
         kit_run(name, checkout)
     timed(bare, work, dict(os.environ), log)
     for rep in range(args.repeats):
-        rows.setdefault("bare", []).append(timed(bare, work, dict(os.environ), log))
+        rows.setdefault("bare", []).append(timed(bare, work, dict(os.environ), log)[0])
         for name, checkout in (kits.items() if rep % 2 == 0 else list(kits.items())[::-1]):
             rows.setdefault(name, []).append(kit_run(name, checkout))
     b = rows["bare"]
