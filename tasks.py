@@ -48,6 +48,9 @@ BENCH_HELP = {
     "hosts": "your servers over SSH, HOST:SLOTS,...: h1:4,h2:4 (run from the first; same kit, "
              "Python path and results folder on each)",
     "hostfile": "or a file of `host slots=N` lines (mpirun's and horovodrun's format)",
+    "profile-startup": "after the table, where each run's start-up went: the host's phases (plan, "
+                       "runner, stack probe, checks), the launcher, the ranks' imports, rendezvous, "
+                       "data, setup and warm-up (every record holds them)",
     "launcher": "on the cluster: direct (the kit starts the launchers) or slurm (an sbatch job; "
                 "invoke up --scheduler slurm); k8s: a Kubeflow job on the kubeconfig's cluster "
                 "(invoke.yaml's k8s: options)",
@@ -61,9 +64,11 @@ def bench(c, np=None, framework=None, backend=None, model=None, data=None, data_
           ceiling=False, local=False, image=None, frozen=False, fault=None, nodes=None,
           link=None, resume=False, repeat=None, strategy=None, micro_batches=None, schedule=None,
           zero_stage=None, launcher=None, partition=None, hosts=None, hostfile=None, stall_s=None,
-          debug=False, seed=None, synthetic_size=None):
+          debug=False, seed=None, synthetic_size=None, profile_startup=False):
     """Run distributed training (one run, or a sweep over lists), record it and print the table."""
-    flags = {k: v for k, v in locals().items() if k not in ("c", "resume")}
+    flags = {k: v for k, v in locals().items() if k not in ("c", "resume", "profile_startup")}
+    from lab.host.startup import CLOCK
+    CLOCK.begin()       # the command's start-up clock (figures.startup_host_s)
     from lab.host.bench import Terminated, terminate_as_interrupt
     from lab.host.plan import make_plan
     from lab.host.progress import Display
@@ -75,6 +80,7 @@ def bench(c, np=None, framework=None, backend=None, model=None, data=None, data_
     try:
         plan = make_plan(flags, dict(c.config.get("bench", {})), resume=resume,
                          k8s=dict(c.config.get("k8s", {})), echo=display.line)
+        CLOCK.mark("plan")
         with terminate_as_interrupt():
             outcome = run_request(plan, echo=display.line)
     except BenchError as e:
@@ -87,6 +93,9 @@ def bench(c, np=None, framework=None, backend=None, model=None, data=None, data_
     finally:
         display.close()
     print(render(outcome.records, outcome.run_dir))
+    if profile_startup:
+        from lab.report.bench_output import startup_table
+        print(startup_table(outcome.records))
     if outcome.failed:
         raise Exit(f"{outcome.failed} run(s) failed; the failures are recorded in "
                    f"{outcome.run_dir}", code=1)

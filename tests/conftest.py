@@ -1,5 +1,6 @@
 """Shared fixtures. Every multi-process test starts real launchers and real ranks."""
 import importlib.util
+import os
 import shutil
 import subprocess
 import sys
@@ -8,6 +9,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+
+# Every test probes the stack it runs on afresh (fakes of images and Pythons would
+# otherwise meet each other's answers in lab.host.stack_cache); tests/test_startup.py
+# turns the cache on in its own folder.
+os.environ.setdefault("LAB_STACK_CACHE", "off")
 
 # The modules whose tests share the Docker engine: the lab images, the compose cluster
 # (one per module, brought up and down), containers counted by label. Under pytest-xdist

@@ -90,7 +90,7 @@ def test_repeats_are_interleaved_counted_by_resume_and_each_has_its_start_up(tmp
     for r in recs:
         f = r["figures"]
         phases = f["startup_phases_s"]
-        assert set(phases) == {"launcher", "imports", "rendezvous", "setup", "warmup"}
+        assert set(phases) == {"launcher", "imports", "rendezvous", "data", "setup", "warmup"}
         assert all(v is not None and v >= 0 for v in phases.values())
         # The phases are consecutive spans from launch to the first timed step.
         assert sum(phases.values()) == pytest.approx(f["startup_s"], abs=0.01)

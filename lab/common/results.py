@@ -104,8 +104,17 @@ SCHEMA = {
                           "by bench"),
     "figures.startup_phases_s": ("object", "that rank's start-up by phase, seconds: launcher (until "
                                  "its Python ran the worker), imports (torch), rendezvous (the "
-                                 "framework and its process group), setup (data, model, first "
-                                 "broadcast), warmup (the warm-up steps)"),
+                                 "framework and its process group), data (the data set loaded), "
+                                 "setup (model, optimizer, first broadcast), warmup (the warm-up "
+                                 "steps)"),
+    "figures.startup_host_s": ("object, optional", "bench's share of the start-up before the launch, "
+                               "seconds (lab.host.startup): interpreter (the command's Python, "
+                               "invoke), plan, runner (choosing where the ranks run), probe (the "
+                               "stack), checks, prepare; in a sweep from the previous launch's "
+                               "end, the phases not repeated 0"),
+    "figures.startup_total_s": ("float, optional", "startup_host_s's sum plus startup_s: from the "
+                                "command (in a sweep: the previous launch's end) to the first "
+                                "timed step"),
     "epochs": ("list[object]", "per epoch: epoch, train_loss, test_accuracy, epoch_time_s, "
                "shard_sizes (samples each rank trained on; the shards are disjoint by "
                "construction)"),

@@ -29,6 +29,7 @@ from lab.host.request import (
     check_request,
 )
 from lab.host.stall import StallWatch, flight_recorder
+from lab.host.startup import CLOCK
 
 
 @dataclass
@@ -125,6 +126,7 @@ def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
             echo(where_note)
     else:
         where_note = None
+    CLOCK.mark("runner")
     fixed = runner.results_folder()
     if fixed:
         # The ranks write to one folder (the cluster's nodes: the one compose.yaml mounts):
@@ -136,6 +138,7 @@ def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
                              f"when running from the checkout")
         s = dataclasses.replace(s, data_dir=runner.data_dir or s.data_dir)
     stack = stack if stack is not None else probe_stack(runner)
+    CLOCK.mark("probe")
     try:
         framework, notes = check_request(s, stack)
     except BenchError as e:
@@ -163,6 +166,7 @@ def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
     rdir = results.run_dir(s.results_dir, run_id)
     rfile = rdir / results.RESULTS_FILE
     os.makedirs(rdir, exist_ok=True)
+    CLOCK.mark("checks")
     runner.prepare(str(rdir))
     shaped = bool(s.link)
     failed = 0
@@ -286,7 +290,11 @@ def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, ec
         raise
     except RunnerError as e:
         res = JobResult(1, [str(e)], str(e))
+    host = CLOCK.phases(cfg.launched_at)
+    CLOCK.restart()         # the next launch of a sweep: its host phases start here
     wrote = len(results.read_records(rfile)[0]) > before
+    if wrote and host:
+        add_startup(rfile, before, host)
     if wrote and load:
         add_world(rfile, before, load)
     if wrote and res.scheduler and res.scheduler.get("job_id"):
@@ -314,6 +322,21 @@ def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, ec
     if load:
         add_world(rfile, before, load)
     return 1
+
+
+def add_startup(rfile, before: int, host: dict) -> None:
+    """The host's start-up phases (lab.host.startup) onto the records this launch wrote,
+    and the whole start-up: from the command (or, in a sweep, the previous launch's end)
+    to the first timed step."""
+    def update(rec):
+        f = rec.get("figures")
+        if rec.get("status") != "ok" or f is None:
+            return None
+        f["startup_host_s"] = host
+        if f.get("startup_s") is not None:
+            f["startup_total_s"] = round(sum(host.values()) + f["startup_s"], 3)
+        return rec
+    results.update_records(rfile, before, update)
 
 
 def add_ceiling(rfile, before: int, cfg: RunConfig, measured: dict) -> None:

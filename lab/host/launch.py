@@ -108,6 +108,14 @@ def ddp_command(nproc_per_node: int, worker_args: list[str], nnodes: int = 1, no
     return [*cmd, "-m", "lab.worker.train", *worker_args]
 
 
+def local_ddp_command(nproc: int, worker_args: list[str], python: str = sys.executable) -> list[str]:
+    """DDP's ranks on this one machine, started by lab.host.local_launcher: what
+    `torch.distributed.run --standalone` does for them, without the launcher's own
+    import of torch (a second import's worth of start-up)."""
+    return [python, "-m", "lab.host.local_launcher", f"--nproc-per-node={nproc}",
+            "-m", "lab.worker.train", *worker_args]
+
+
 def framework_for_backend(framework: str, backend: str) -> str:
     """The Horovod controller that carries a back end: nccl runs over Gloo's controller."""
     if framework != "horovod":

@@ -37,3 +37,26 @@ def render(records: list[dict], run_dir: str) -> str:
     lines += [line for line in map(ceiling_line, records) if line]
     lines.append(f"records: {os.path.join(run_dir, results.RESULTS_FILE)}")
     return "\n".join(lines)
+
+
+def startup_table(records: list[dict]) -> str:
+    """`invoke bench --profile-startup`: each run's start-up, seconds by phase, from the
+    command (in a sweep: the previous launch's end) to the first timed step — the host's
+    phases (figures.startup_host_s), then the slowest rank's (figures.startup_phases_s)."""
+    from tabulate import tabulate
+    rows, head = [], []
+    for r in records:
+        f = r.get("figures") or {}
+        if r.get("status") != "ok" or not f.get("startup_phases_s"):
+            continue
+        host = f.get("startup_host_s") or {}
+        ranks = f["startup_phases_s"]
+        rep = r.get("config", {}).get("repeat", 0)
+        phases = [*host, *ranks]            # in the order they happen, as recorded
+        head = head if len(head) > len(phases) else ["run", *phases, "total"]
+        rows.append([f"np {r['world']['np']}" + (f", repeat {rep + 1}" if rep else ""),
+                     *host.values(), *ranks.values(), f.get("startup_total_s", f.get("startup_s"))])
+    if not rows:
+        return "start-up: no run recorded its start-up"
+    return "start-up, seconds by phase (command to the first timed step):\n" + tabulate(
+        rows, headers=head, floatfmt=".2f", missingval="-")

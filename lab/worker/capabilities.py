@@ -24,6 +24,29 @@ def _mpi_version() -> str | None:
     return (out.strip().splitlines() or [None])[0]
 
 
+def depends_on() -> list[str]:
+    """What this answer was read from, for the host's cache of it (lab.host.stack_cache):
+    the interpreter, the folders on the Python path (an installation adds or removes
+    packages there; not the kit's own checkout), the probed packages' folders and build
+    records, and mpirun, or the PATH's folders where there is none."""
+    import os
+    import sys
+
+    from lab.common.kit import REPO_ROOT
+    paths = [os.path.realpath(sys.executable)]
+    paths += [p for p in sys.path if p and os.path.isdir(p)
+              and os.path.realpath(p) != str(REPO_ROOT)]
+    for name in ("torch", "horovod", "torchvision", "deepspeed"):
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations:
+            folder = list(spec.submodule_search_locations)[0]
+            paths += [folder, os.path.join(folder, "version.py")]
+    mpirun = shutil.which("mpirun")
+    paths += [os.path.realpath(mpirun)] if mpirun else [
+        d for d in os.environ.get("PATH", "").split(os.pathsep) if d]
+    return list(dict.fromkeys(paths))
+
+
 def collect() -> dict:
     import platform
 
@@ -70,6 +93,7 @@ def collect() -> dict:
             out["deepspeed_error"] = f"{type(e).__name__}: {e}"
     out["mpirun"] = shutil.which("mpirun") is not None
     out["mpi_version"] = _mpi_version() if out["mpirun"] else None
+    out["depends_on"] = depends_on()
     return out
 
 

@@ -140,8 +140,11 @@ class DDP:
 
     def wrap(self, model, optimizer, compression):
         from torch.nn.parallel import DistributedDataParallel
+
+        from lab.worker.lean import ddp_without_compiler
         device_ids = [self.local_rank] if next(model.parameters()).is_cuda else None
-        model = DistributedDataParallel(model, device_ids=device_ids)  # broadcasts rank 0's state
+        with ddp_without_compiler():        # nothing compiles: torch._dynamo stays unimported
+            model = DistributedDataParallel(model, device_ids=device_ids)  # broadcasts rank 0's state
         if compression == "fp16":
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
             model.register_comm_hook(None, default_hooks.fp16_compress_hook)

@@ -1,6 +1,8 @@
 """The environment manifest stored with every results record."""
 from __future__ import annotations
 
+import os
+
 from envcheck import probes
 
 
@@ -19,15 +21,50 @@ def _topology(gpus):
 
 def _kit_path() -> str:
     """The folder of the `lab` package that runs (one folder: it is a regular package)."""
-    import os
-
     import lab
     return os.path.dirname(os.path.abspath(lab.__file__))
 
 
-def collect(hosts: list[str]) -> dict:
+def collect(hosts: list[str], run_dir=None) -> dict:
     """Everything the report's environment table needs, measured on rank 0's host;
-    `hosts` is every rank's host name, by rank."""
+    `hosts` is every rank's host name, by rank. With `run_dir`, measured once per run
+    folder: kept in <run_dir>/manifests/, one file per host, Python, image and copy of
+    the kit (what the measurement depends on; every launch of a sweep shares them), and
+    read back by the launches after the first."""
+    import json
+    import os
+    if run_dir is None:
+        return measure(hosts)
+    path = os.path.join(str(run_dir), "manifests", f"{_key()}.json")
+    try:
+        with open(path) as f:
+            return {**json.load(f), "hosts": hosts}
+    except (OSError, ValueError):
+        pass
+    manifest = measure(hosts)
+    try:
+        import tempfile
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".manifest.")
+        with os.fdopen(fd, "w") as f:
+            json.dump({k: v for k, v in manifest.items() if k != "hosts"}, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return manifest
+
+
+def _key() -> str:
+    """Names what a manifest depends on: this host, this Python, the image, the kit."""
+    import hashlib
+    import socket
+    import sys
+    facts = [socket.gethostname(), sys.executable, os.environ.get("LAB_IMAGE_ID", ""), _kit_path()]
+    return hashlib.sha256("\0".join(facts).encode()).hexdigest()[:16]
+
+
+def measure(hosts: list[str]) -> dict:
+    """The manifest measured now."""
     packages = _value(probes.probe_package_versions())
     torch_cuda = _value(probes.probe_torch_cuda())
     from envcheck.host import probe_gpus

@@ -24,7 +24,7 @@ from lab.common.config import ConfigError, parse_args  # noqa: E402
 
 # Wall-clock marks of this rank's start-up (lab.worker.train.startup_phases).
 MARKS: dict[str, float] = {"process": PROCESS_T0}
-STARTUP_PHASES = ("launcher", "imports", "rendezvous", "setup", "warmup")
+STARTUP_PHASES = ("launcher", "imports", "rendezvous", "data", "setup", "warmup")
 
 
 def scheduler_job() -> dict:
@@ -41,13 +41,16 @@ def startup_phases(marks: dict[str, float], launched_at: float) -> dict[str, flo
     """Where a rank's start-up went, in seconds: launcher (from bench starting the
     launcher until the rank's Python runs the worker: the launcher, the container, the
     interpreter), imports (torch), rendezvous (the framework's import and its process
-    group or hvd.init), setup (data, model, the first broadcast), warmup (the
-    --warmup-steps steps), and total (launch to the first timed step)."""
+    group or hvd.init), data (the data set loaded and put on the device), setup (model,
+    optimizer, the first broadcast, the first batch), warmup (the --warmup-steps steps),
+    and total (launch to the first timed step). The host's phases before the launch are
+    bench's (lab.host.startup)."""
     def span(a, b):
         return marks[b] - marks[a] if a in marks and b in marks else None
     out = {"launcher": marks["process"] - launched_at if launched_at else None,
            "imports": span("process", "torch"), "rendezvous": span("torch", "group"),
-           "setup": span("group", "first_step"), "warmup": span("first_step", "first_timed")}
+           "data": span("group", "data"), "setup": span("data", "first_step"),
+           "warmup": span("first_step", "first_timed")}
     out["total"] = (marks["first_timed"] - launched_at
                     if launched_at and "first_timed" in marks else None)
     return {k: (None if v is None else round(v, 3)) for k, v in out.items()}
@@ -139,6 +142,7 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
     torch.manual_seed(cfg.seed)
     ds = data.load(cfg)
     train_split, test_split = ds.train.to(device), ds.test.to(device)
+    MARKS["data"] = time.time()
     strategy = strategies.create(cfg, d, device)
     strategy.sample_shape = (ds.channels, ds.size, ds.size)
     model, loss_fn = models.build(cfg.model, ds.channels, ds.size, ds.classes)
@@ -269,7 +273,7 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
         },
         epochs=epochs,
         step_times_s=[round(t, 7) for t in step_times],
-        manifest=manifest.collect(hosts))
+        manifest=manifest.collect(hosts, results.run_dir(cfg.results_dir, cfg.run_id)))
     return record
 
 
@@ -314,6 +318,9 @@ def main(argv=None) -> int:
         cfg.check()
         hb = start_heartbeat(cfg, rank)
         import torch  # noqa: F401 - timed apart from the framework's start
+
+        from lab.worker import lean
+        lean.skip_compiler_import()     # nothing compiles: torch._dynamo stays unimported
         MARKS["torch"] = time.time()
         from lab.worker import dist
         from lab.worker.heartbeat import rendezvous_detail

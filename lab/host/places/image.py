@@ -237,6 +237,15 @@ class ImageRunner(Runner):
                 pass
             self._container = None
 
+    def probe_stack(self, timeout_s: float = 120) -> dict:
+        """The probe's answer for this image, from the cache (lab.host.stack_cache): an
+        image's content never changes, so its id (with the kit's copy it runs and the
+        GPUs it is given) keys it."""
+        from lab.host import stack_cache
+        return stack_cache.cached(stack_cache.image_key(self.image.id, self.frozen, self.gpus),
+                                  lambda: super(ImageRunner, self).probe_stack(timeout_s),
+                                  depends=False)
+
     def output(self, argv: list[str], timeout_s: float = 300) -> tuple[int | None, str]:
         """Run a short command (a probe) and return its exit code and its output."""
         lines: list[str] = []

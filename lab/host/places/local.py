@@ -20,14 +20,22 @@ class LocalRunner(Runner):
         super().__init__(results_dir, data_dir)
         self.python = python
         self._running: proc.Process | None = None
+        self._stack: dict | None = None      # what probe_stack found
 
     def describe(self) -> str:
         return "running as local processes"
 
     def commands(self, job: Launch):
-        return {"localhost": launch.command(job.framework, job.backend, job.np, list(job.worker_args),
-                                            python=self.python,
-                                            horovodrun=kit.horovodrun(self.python))}
+        if job.framework == "ddp":      # one machine: no torchrun (it imports torch first)
+            return {"localhost": launch.local_ddp_command(job.np, list(job.worker_args), self.python)}
+        cmd = launch.command(job.framework, job.backend, job.np, list(job.worker_args),
+                             python=self.python, horovodrun=kit.horovodrun(self.python))
+        hvd = (self._stack or {}).get("horovod")
+        if job.framework == "horovod" and hvd:
+            # horovodrun, its build checks answered from the probe (lab.host.horovod_launcher)
+            built = ",".join(c for c in ("gloo", "mpi") if hvd.get(c))
+            cmd = [self.python, "-m", "lab.host.horovod_launcher", f"--built={built}", *cmd[1:]]
+        return {"localhost": cmd}
 
     def run(self, commands, env, timeout_s, echo, name=""):
         (cmd,) = commands.values()
@@ -44,6 +52,14 @@ class LocalRunner(Runner):
     def output(self, argv, timeout_s=300):
         res = proc.run(argv, timeout=timeout_s)
         return res.returncode, res.stdout
+
+    def probe_stack(self, timeout_s: float = 120) -> dict:
+        """The probe's answer, from the cache of this Python's last one while nothing it
+        depends on changed (lab.host.stack_cache): seconds of imports saved per run."""
+        from lab.host import stack_cache
+        self._stack = stack_cache.cached(stack_cache.local_key(self.python),
+                                         lambda: super(LocalRunner, self).probe_stack(timeout_s))
+        return self._stack
 
     def stop(self):
         running = self._running     # read once: run() clears it when the job ends
