@@ -227,7 +227,8 @@ def test_the_local_ddp_launcher_gives_each_rank_its_place_and_ends_a_job_on_the_
 
 
 def test_local_runs_start_no_launcher_that_imports_torch(tmp_path):
-    from lab.host.runners import Launch, LocalRunner
+    from lab.host.places.base import Launch
+    from lab.host.places.local import LocalRunner
     r = LocalRunner(str(tmp_path))
     (ddp,) = r.commands(Launch("ddp", "gloo", 2, ("--max-steps", "3"))).values()
     assert ddp[1:4] == ["-m", "lab.host.local_launcher", "--nproc-per-node=2"]
