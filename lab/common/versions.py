@@ -114,13 +114,7 @@ def archs_cover(archs: str, capability: str, ptx: bool = False) -> bool:
 def cuda_entry_for(matrix: dict[str, str], capability: str) -> str | None:
     """The first CUDA entry of the matrix (the default first) whose architectures cover
     `capability`, e.g. '12.6' for a V100 (7.0)."""
-    entries = [matrix["CUDA_DEFAULT"]] if "CUDA_DEFAULT" in matrix else []
-    for key in matrix:
-        if key.startswith("CUDA_") and key.endswith("_ARCHS"):
-            cuda = key[5:-6].replace("_", ".")
-            if cuda not in entries:
-                entries.append(cuda)
-    for cuda in entries:
+    for cuda in cuda_entries(matrix):
         prefix = "CUDA_" + cuda.replace(".", "_") + "_"
         archs = matrix.get(prefix + "ARCHS", "")
         if archs and archs_cover(archs, capability, matrix.get(prefix + "PTX") == "1"):
