@@ -57,6 +57,27 @@ def test_resume_leaves_out_what_has_an_ok_record(tmp_path):
         plans.make_plan({"results_dir": str(tmp_path)}, DEFAULTS, resume=True)
 
 
+def test_resume_after_a_run_with_framework_auto_runs_nothing_again(tmp_path):
+    """The records hold the framework auto resolved to (here horovod); --resume with the
+    same flags (framework left at auto) finds them."""
+    first = make(tmp_path, np="1,2", run_id="r")
+    assert first.settings.framework == "auto" and len(first.jobs) == 2
+    rfile = results.run_dir(str(tmp_path), "r") / results.RESULTS_FILE
+    rfile.parent.mkdir(parents=True)
+    for job in first.jobs:
+        cfg = dataclasses.replace(base_config(job.settings, "horovod"), expected_np=job.np, repeat=0)
+        results.append_record(rfile, results.make_record("ok", run_id="r", config=cfg.as_record(),
+                                                         np=job.np, nodes=1, started_at=results.now_iso(),
+                                                         figures={"throughput_img_s": 100.0}))
+    again = plans.make_plan({"results_dir": str(tmp_path), "np": "1,2", "run_id": "r"}, DEFAULTS,
+                            resume=True)
+    assert again.jobs == () and len(again.already) == 1
+    # an explicit framework that did not run is still run
+    other = plans.make_plan({"results_dir": str(tmp_path), "np": "1,2", "run_id": "r",
+                             "framework": "ddp"}, DEFAULTS, resume=True)
+    assert [j.np for j in other.jobs] == [1, 2]
+
+
 def test_the_even_spread_refuses_one_run_and_skips_a_sweeps_combination(tmp_path):
     with pytest.raises(BenchError, match="--np 3 does not spread evenly over 2 nodes"):
         make(tmp_path, np="3", nodes="2")
@@ -101,7 +122,9 @@ def test_every_bench_setting_is_a_flag_with_help():
     params = set(inspect.signature(tasks.bench.body).parameters) - {"c"}
     internal = {"where"}                       # set by --local / --image and invoke.yaml
     assert BENCH_FLAGS - internal <= params, BENCH_FLAGS - internal - params
-    assert params - BENCH_FLAGS <= {"local", "resume"}, params - BENCH_FLAGS
+    # what the task does with the request, not part of it: --local (where), --resume
+    # (the plan), --profile-startup (what is printed after)
+    assert params - BENCH_FLAGS <= {"local", "resume", "profile_startup"}, params - BENCH_FLAGS
     helps = {k.replace("-", "_") for k in tasks.BENCH_HELP}
     assert params <= helps, params - helps
 

@@ -11,6 +11,7 @@ import itertools
 from dataclasses import dataclass
 
 from lab.common import results, stats
+from lab.common.config import FRAMEWORKS
 from lab.host.errors import RunnerError
 from lab.host.launch import Host, HostsError, ranks_per_node
 from lab.host.request import (
@@ -111,7 +112,7 @@ def plan_of(s: BenchSettings, lists: dict | None = None, resume: bool = False) -
     have = finished(results.run_dir(s.results_dir, s.run_id) / results.RESULTS_FILE) if resume else set()
     jobs, already = [], []
     for rep, (i, c) in stats.interleaved(list(enumerate(combos)), s.repeat):
-        todo = [Job(c, i, np, rep) for np in c.np if done_key(c, np, rep) not in have]
+        todo = [Job(c, i, np, rep) for np in c.np if not recorded(have, c, np, rep)]
         if not todo:
             already.append(f"-- {label(c)}" + (f", repeat {rep + 1}" if s.repeat > 1 else "")
                            + ": already recorded, not run again (--resume)")
@@ -130,6 +131,15 @@ def combinations(base: BenchSettings, lists: dict) -> list[BenchSettings]:
 def label(s: BenchSettings) -> str:
     how = f"strategy {s.strategy}, " if s.strategy != "ddp" else ""
     return f"{how}{s.framework} over {s.backend}, compression {s.compression}, {s.nodes} node(s)"
+
+
+def recorded(have: set, s: BenchSettings, np: int, repeat: int) -> bool:
+    """Whether --resume finds this run recorded ok. A record holds the framework that
+    ran; `--framework auto` is resolved against the ranks' stack only when it runs
+    (check_request), so an auto combination counts as recorded by a record of any
+    framework with its other fields (one stack, one run folder: the one auto chose)."""
+    frameworks = FRAMEWORKS if s.framework == "auto" else (s.framework,)
+    return any(done_key(dataclasses.replace(s, framework=f), np, repeat) in have for f in frameworks)
 
 
 def done_key(s: BenchSettings, np: int, repeat: int) -> tuple:
