@@ -5,7 +5,7 @@ from invoke import task
 from invoke.exceptions import Exit
 
 from lab.host import cli_hints
-from lab.host.flag_help import BENCH_HELP, K8S_HELP, SBATCH_HELP
+from lab.host.flag_help import BENCH_HELP, K8S_HELP, SBATCH_HELP, takes
 from lab.host.task_defaults import TaskDefaultsError, section, settings_of
 
 cli_hints.install()     # an unknown flag gets the closest one, not only "No idea what ... is!"
@@ -19,16 +19,11 @@ def _defaults(c, name: str, allowed) -> dict:
         raise Exit(f"error: {e}", code=2)
 
 
-@task(help=BENCH_HELP, auto_shortflags=False)   # 35 flags: the automatic short ones ran out (micro-batches got "-")
-def bench(c, np=None, framework=None, backend=None, model=None, data=None, data_dir=None,
-          device=None, epochs=None, batch_size=None, compression=None, warmup_steps=None,
-          max_steps=None, threads=None, results_dir=None, run_id=None, timeout_s=None,
-          ceiling=False, local=False, image=None, frozen=False, fault=None, nodes=None,
-          link=None, resume=False, repeat=None, strategy=None, micro_batches=None, schedule=None,
-          zero_stage=None, launcher=None, partition=None, hosts=None, hostfile=None, stall_s=None,
-          debug=False, seed=None, synthetic_size=None, profile_startup=False):
+@task(help=BENCH_HELP, auto_shortflags=False)   # 38 flags: the automatic short ones ran out (micro-batches got "-")
+@takes("bench")     # every flag of lab.common.options' table that bench takes
+def bench(c, **flags):
     """Run distributed training (one run, or a sweep over lists), record it and print the table."""
-    flags = {k: v for k, v in locals().items() if k not in ("c", "resume", "profile_startup")}
+    resume, profile_startup = flags.pop("resume"), flags.pop("profile_startup")
     from lab.host.startup import CLOCK
     CLOCK.begin()       # the command's start-up clock (figures.startup_host_s)
     from lab.host.bench import Terminated, terminate_as_interrupt
@@ -66,14 +61,11 @@ def bench(c, np=None, framework=None, backend=None, model=None, data=None, data_
 
 
 @task(help=SBATCH_HELP, auto_shortflags=False)
-def sbatch(c, np=None, nodes=None, framework=None, backend=None, model=None, data=None,
-           data_dir=None, device=None, epochs=None, batch_size=None, compression=None,
-           warmup_steps=None, max_steps=None, threads=None, seed=None, results_dir=None,
-           run_id=None, strategy=None, micro_batches=None, schedule=None, zero_stage=None,
-           timeout_s=None, partition="", gpus_per_node=None, container="", output=""):
+@takes("sbatch")
+def sbatch(c, nodes=None, timeout_s=None, partition="", gpus_per_node=None, container="", output="",
+           **run):
     """Write the batch script of a bench run for a real Slurm cluster (nothing is submitted)."""
-    flags = {k: v for k, v in locals().items()
-             if k not in ("c", "partition", "gpus_per_node", "container", "output")}
+    flags = {**run, "nodes": nodes, "timeout_s": timeout_s}
     from lab.host.places.slurm.script import script_for_request
     from lab.host.plan import make_plan
     from lab.host.request import BenchError, whole
@@ -106,14 +98,11 @@ def sbatch(c, np=None, nodes=None, framework=None, backend=None, model=None, dat
 
 
 @task(help=K8S_HELP, auto_shortflags=False)
-def k8s(c, np=None, nodes=None, framework=None, backend=None, model=None, data=None, device=None,
-        epochs=None, batch_size=None, compression=None, warmup_steps=None, max_steps=None,
-        threads=None, seed=None, results_dir=None, run_id=None, strategy=None, micro_batches=None,
-        schedule=None, zero_stage=None, timeout_s=None, api=None, registry=None, image=None,
-        gpus_per_node=None, pvc=None, namespace=None):
+@takes("k8s")
+def k8s(c, nodes=None, timeout_s=None, api=None, registry=None, image=None, gpus_per_node=None,
+        pvc=None, namespace=None, **run):
     """Write a bench run as a Kubeflow MPIJob, TrainJob or PyTorchJob (nothing is submitted)."""
-    flags = {k: v for k, v in locals().items()
-             if k not in ("c", "api", "registry", "image", "gpus_per_node", "pvc", "namespace")}
+    flags = {**run, "nodes": nodes, "timeout_s": timeout_s}
     from lab.host.places.k8s import manifest as kube
     from lab.host.plan import make_plan
     from lab.host.request import BenchError, whole
@@ -224,13 +213,13 @@ def doctor(c, np=None, json=False, local=False, image=None, frozen=False, wide=F
             raise BenchError("--nodes times the collectives across the cluster: give 2 or more")
         if link and across < 2:
             raise BenchError("--link shapes the links between the cluster's nodes: add --nodes 2 or more")
-        if across > 1:
-            doc.check_across(across, link or "")      # before the probes: one sentence, at once
+        # before the probes: one sentence, at once; the collectives across run on it
+        cluster = doc.check_across(across, link or "") if across > 1 else None
         width = None if wide else report.WIDTH
         checks, seconds, notes = doc.run(ranks, where=where, image=image or "", frozen=frozen,
                                          echo=(lambda line: None) if json else
                                          (lambda line: print(report.line(line, width))),
-                                         nodes=across, link=link or "")
+                                         cluster=cluster, link=link or "")
     except (BenchError, RunnerError) as e:
         raise Exit(f"error: {e}", code=2)
     if json:

@@ -298,7 +298,7 @@ def test_doctor_times_the_collectives_across_the_nodes_against_the_shaped_link(u
     than the token bucket's burst allows (unshaped, the nodes' veth pair carries well
     over 1 GB/s, so a shaping that did not apply fails here)."""
     from lab.host import doctor
-    row = doctor.across_nodes(2, "200mbit", echo=lambda line: None)
+    row = doctor.across_nodes(doctor.check_across(2, "200mbit"), "200mbit", echo=lambda line: None)
     assert row["status"] == "PASS", row["fix"]
     v = row["value"]
     assert v["ranks"] == 2 and v["link"] == {"name": "shaped link, 200mbit", "gbs": 0.025}

@@ -149,3 +149,24 @@ def test_a_place_is_its_module_and_one_registry_line(tmp_path, monkeypatch):
     lines: list[str] = []
     s, _ = places.for_request(dataclasses.replace(request_for("toy"), stall_s=30.0), echo=lines.append)
     assert s.stall_s == -1 and lines == [cls.unsupported["stall watch"]]
+    # bench makes the runner of a request the toy place runs through the registry
+    runner, where = places.runner_for(dataclasses.replace(s, results_dir=str(tmp_path)))
+    assert type(runner) is cls and where == runner.describe()
+
+
+@pytest.mark.parametrize("name", [n for n in places.PLACES if n not in ("local", "image")])
+def test_a_place_a_request_names_makes_its_runner_from_the_request(name):
+    """bench asks the registry (places.runner_for) for the runner of a request; every place
+    the request names (not the engine's choice of local processes or the image) makes it
+    from the request and the options its for_request made (Runner.from_request)."""
+    cls = places.place(name)
+    assert cls.from_request.__func__ is not Runner.from_request.__func__, name
+
+
+def test_the_hosts_are_parsed_by_their_place_and_make_its_runner(tmp_path):
+    s, hosts = places.for_request(dataclasses.replace(request_for("hosts"), results_dir=str(tmp_path)))
+    assert [(h.name, h.slots) for h in hosts] == [("a", 1), ("b", 1)] and s.nodes == 2
+    runner, _ = places.runner_for(s, hosts)
+    assert runner.hosts == list(hosts)
+    with pytest.raises(RunnerError, match="leave out --nodes"):
+        places.for_request(request_for("hosts"), sweep={"nodes": [1, 2]})

@@ -7,10 +7,11 @@ import re
 import pytest
 
 import tasks
-from lab.common import results
+from lab.common import options, results
 from lab.common.config import RunConfig
 from lab.host import plan as plans
 from lab.host.request import BENCH_FLAGS, BenchError, BenchSettings, base_config
+from lab.report import records
 
 DEFAULTS = {"np": "2", "timeout_s": 3600}
 
@@ -89,7 +90,7 @@ def test_the_even_spread_refuses_one_run_and_skips_a_sweeps_combination(tmp_path
 
 def test_hosts_are_parsed_once_and_fill_their_slots(tmp_path):
     p = make(tmp_path, np="3", hosts="h1:2,h2:1")
-    assert [(h.name, h.slots) for h in p.hosts] == [("h1", 2), ("h2", 1)]
+    assert [(h.name, h.slots) for h in p.place_options] == [("h1", 2), ("h2", 1)]
     assert p.settings.nodes == 2 and p.jobs[0].settings.nodes == 2
     with pytest.raises(BenchError, match="the hosts offer 3 slot"):
         make(tmp_path, np="4", hosts="h1:2,h2:1")
@@ -118,17 +119,62 @@ def test_the_settings_carry_every_run_field_by_name():
     assert cfg.repeat == 0          # the settings' repeat is a count, the configuration's an index
 
 
-def test_every_bench_setting_is_a_flag_with_help():
-    """The settings are listed once (BenchSettings); the task's signature and its help are
-    checked against them, so a setting cannot lack its flag or its help."""
+@pytest.mark.parametrize("option", options.OPTIONS, ids=lambda o: o.name)
+def test_each_option_of_the_table_is_derived_everywhere_it_belongs(option, tmp_path):
+    """One row of lab.common.options reaches every place derived from it: the flag and help
+    of each task that takes it, bench's settings (and invoke.yaml's keys), the resume key,
+    the report's setup. A new row is checked here without a line of its own."""
+    for task in (tasks.bench, tasks.sbatch, tasks.k8s):
+        params = inspect.signature(task.body).parameters
+        takes = task.name in option.tasks
+        assert (option.name in params) == takes or task.name != "bench", (task.name, option.name)
+        if takes:
+            assert option.name in params and option.flag in task.help, (task.name, option.name)
+    assert (option.name in BENCH_FLAGS) == option.setting
+    if option.setting:
+        assert getattr(BenchSettings(np=[1]), option.name) == (
+            [1] if option.name == "np" else option.value)
+    run = {"config": {}, "world": {"nodes": 1, "np": 2}}
+    other = {**run, "config": {option.name: changed(option)}}
+    assert (plans.record_key(run) != plans.record_key(other)) == option.key
+    if option.name == "repeat":
+        assert plans.record_key(other)[-1] == changed(option)
+    assert (option.name in records.SETUP_FIELDS) == option.setup
+
+
+def changed(option):
+    """A value other than the option's default, of its kind."""
+    if option.kind is int:
+        return option.value + 3
+    return option.choices[-1] if option.choices else f"x-{option.value}"
+
+
+def test_every_field_of_the_ranks_configuration_is_an_option_or_the_ranks_own():
+    fields = {f.name for f in dataclasses.fields(RunConfig)}
+    assert fields == (fields & set(options.BY_NAME)) | set(options.RANK_ONLY)
+    assert not set(options.RANK_ONLY) & set(options.BY_NAME)
+
+
+def test_every_flag_of_bench_is_an_option_of_the_table():
     params = set(inspect.signature(tasks.bench.body).parameters) - {"c"}
-    internal = {"where", "repeat_max"}         # set by --local / --image, --repeat auto[:N]
-    assert BENCH_FLAGS - internal <= params, BENCH_FLAGS - internal - params
-    # what the task does with the request, not part of it: --local (where), --resume
-    # (the plan), --profile-startup (what is printed after)
-    assert params - BENCH_FLAGS <= {"local", "resume", "profile_startup"}, params - BENCH_FLAGS
-    helps = {k.replace("-", "_") for k in tasks.BENCH_HELP}
-    assert params <= helps, params - helps
+    assert params == {o.name for o in options.of_task("bench")}
+    assert {k.replace("-", "_") for k in tasks.BENCH_HELP} == params
+
+
+def test_resume_in_a_run_folder_of_another_model_runs_it(tmp_path):
+    """The resume key holds every option that changes a run (the table's `key` column), not
+    only the sweep's lists: a folder with MNIST's runs does not make --model lstm's done."""
+    first = make(tmp_path, np="1", framework="ddp", run_id="r")
+    rfile = results.run_dir(str(tmp_path), "r") / results.RESULTS_FILE
+    rfile.parent.mkdir(parents=True)
+    cfg = dataclasses.replace(base_config(first.jobs[0].settings, "ddp"), expected_np=1)
+    results.append_record(rfile, results.make_record("ok", run_id="r", config=cfg.as_record(),
+                                                     np=1, nodes=1, started_at=results.now_iso(),
+                                                     figures={"throughput_img_s": 100.0}))
+    same = dict(results_dir=str(tmp_path), np="1", framework="ddp", run_id="r")
+    assert plans.make_plan(same, DEFAULTS, resume=True).jobs == ()
+    for other in (dict(model="lstm"), dict(batch_size="32"), dict(seed="7"), dict(max_steps="3")):
+        assert len(plans.make_plan({**same, **other}, DEFAULTS, resume=True).jobs) == 1, other
 
 
 def test_hosts_take_no_setting_of_the_simulated_cluster(tmp_path):
@@ -161,8 +207,8 @@ def test_a_resumed_combination_that_is_skipped_records_only_what_was_not_recorde
 def test_the_plan_holds_the_options_of_launcher_k8s(tmp_path):
     """invoke.yaml's k8s: section reaches the runner through the plan (no global)."""
     p = make(tmp_path, np="2", launcher="k8s", k8s={"api": "pytorchjob", "registry": "r.example/x"})
-    assert p.k8s.opts.api == "pytorchjob" and p.k8s.opts.registry == "r.example/x"
-    assert p.settings.stall_s == 0 and make(tmp_path, np="2").k8s is None   # watched over its log
+    assert p.place_options.opts.api == "pytorchjob" and p.place_options.opts.registry == "r.example/x"
+    assert p.settings.stall_s == 0 and make(tmp_path, np="2").place_options is None   # watched over its log
 
 
 def test_invoke_yamls_bench_switches_are_honoured(tmp_path):
@@ -198,13 +244,3 @@ def test_a_launcher_that_is_no_place_is_one_sentence(tmp_path):
         make(tmp_path, launcher="pbs")
 
 
-def test_sbatch_and_k8s_take_every_option_of_one_job():
-    """One list (flag_help.ONE_JOB_FLAGS) of the run options a script for another cluster
-    carries: both tasks take each of them, with its help."""
-    from lab.host.flag_help import ONE_JOB_FLAGS
-    for task in (tasks.sbatch, tasks.k8s):
-        params = set(inspect.signature(task.body).parameters)
-        wanted = {f.replace("-", "_") for f in ONE_JOB_FLAGS}
-        assert wanted <= params, (task.name, wanted - params)
-        assert wanted <= {k.replace("-", "_") for k in task.help}, task.name
-        assert wanted <= BENCH_FLAGS                     # each is a setting of the run

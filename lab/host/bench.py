@@ -19,7 +19,7 @@ from lab.common.config import RunConfig
 from lab.host import ceiling
 from lab.host.failures import StreamWatches, attribute_failure
 from lab.host.launch import HostsError, job_env
-from lab.host.places import choose_runner
+from lab.host.places import runner_for
 from lab.host.places.base import JobResult, Launch, Runner, RunnerError
 from lab.host.places.local import LocalRunner
 from lab.host.request import (
@@ -40,16 +40,11 @@ class Outcome:
     notes: list[str]
 
 
-def select_runner(s: BenchSettings, hosts=(), echo=print, k8s=None) -> tuple[Runner, str | None]:
-    """Where the ranks of `s` run: the plan's hosts (--hosts, --hostfile), else
-    lab.host.places.choose_runner (`k8s`: the plan's options of --launcher k8s); a refusal
-    as a BenchError."""
+def select_runner(s: BenchSettings, options=None, echo=print) -> tuple[Runner, str | None]:
+    """Where the ranks of `s` run (lab.host.places.runner_for, with the options the plan's
+    place made: Plan.place_options); a refusal as a BenchError."""
     try:
-        return choose_runner(hosts=tuple(hosts), where=s.where, nodes=s.nodes, image=s.image,
-                             frozen=s.frozen,
-                             device=s.device, framework=s.framework, backend=s.backend,
-                             results_dir=s.results_dir, data_dir=s.data_dir,
-                             launcher=s.launcher, partition=s.partition, k8s=k8s, echo=echo)
+        return runner_for(s, options, echo)
     except RunnerError as e:
         raise BenchError(str(e)) from None
 
@@ -121,7 +116,7 @@ def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
     s = jobs[0].settings
     nps = list(dict.fromkeys(j.np for j in jobs))
     if runner is None:
-        runner, where_note = select_runner(s, plan.hosts, echo, plan.k8s)
+        runner, where_note = select_runner(s, plan.place_options, echo)
         if where_note:
             echo(where_note)
     else:

@@ -25,7 +25,7 @@ def _results(dicts: list[dict]) -> dict:
 
 def with_link_reference(ranks: list[dict], topology: Result | None) -> None:
     """The GPU collectives' second reference: the host's GPU links (NVLink or PCIe, from
-    NVML: envcheck.gpu.link_reference), beside the GPU memory copy they carry."""
+    NVML: envcheck.gpu.interconnect_reference), beside the GPU memory copy they carry."""
     reference = (topology.value or {}).get("reference") if topology and topology.status == PASS else None
     if not reference:
         return
@@ -51,28 +51,28 @@ def across_sizes(link_gbs: float | None) -> list[int]:
     return fits or [4096]
 
 
-def check_across(nodes: int, link: str) -> None:
-    """What `--nodes`/`--link` need, checked before any probe runs: the cluster's nodes
-    up and the link spec one the place can shape (RunnerError, one sentence)."""
+def check_across(nodes: int, link: str):
+    """The cluster's runner on `nodes` nodes for `--nodes`/`--link`, checked before any
+    probe runs: its nodes up and the link spec one the place can shape (RunnerError, one
+    sentence). across_nodes runs on it."""
     from lab.host.places import choose_runner
     runner, _ = choose_runner(nodes=nodes)
     runner.check_link(link)
+    return runner
 
 
-def across_nodes(nodes: int, link: str = "", echo=print) -> dict:
-    """The five collectives over Gloo with one rank on each of the cluster's `nodes`
+def across_nodes(runner, link: str = "", echo=print) -> dict:
+    """The five collectives over Gloo with one rank on each of the cluster's nodes (`runner`:
+    check_across's)
     (envcheck.collectives under torch.distributed.run on every node), the links shaped
     by `link` while they run: a check row whose value carries two references, rank 0's
     node's memory copy and the shaped link's rate (none when unshaped: a veth pair has
     none). The checkout's envcheck runs on the nodes (compose.yaml mounts it)."""
     import uuid
 
-    from lab.host.places import choose_runner
-    row = {"where": f"cluster ({nodes} nodes)", "name": "collectives_across"}
+    row = {"where": f"cluster ({runner.nodes} nodes)", "name": "collectives_across"}
     lines: list[str] = []
     try:
-        runner, _ = choose_runner(nodes=nodes)
-        runner.check_link(link)
         reference = runner.link_reference(link)
         sizes = across_sizes(reference["gbs"] if reference else None)
         commands = runner.module_commands("envcheck.collectives", [
@@ -147,7 +147,10 @@ def _where_checked(where: str, image: str, frozen: bool, gpus: bool, scratch: st
 
 
 def run(np: int = 2, where: str = "auto", image: str = "", frozen: bool = False,
-        echo=print, nodes: int = 1, link: str = "") -> tuple[list[dict], float, list[str]]:
+        echo=print, cluster=None, link: str = "") -> tuple[list[dict], float, list[str]]:
+    """Doctor's checks: the host, the ranks' stack where they run (`where`), what the two
+    say together, and with `cluster` (check_across's runner) the collectives across its
+    nodes over `link`."""
     t0 = time.monotonic()
     notes = []
     host_results = host.collect()
@@ -180,6 +183,6 @@ def run(np: int = 2, where: str = "auto", image: str = "", frozen: bool = False,
             found = findings.find(host_by_name, _results(ranks), np, in_image=runner.in_container,
                                   visible=visible, cores=kit.cores())   # an image here: this machine's
             checks += _dicts(found, "both" + suffix)
-    if nodes > 1:
-        checks.append(across_nodes(nodes, link, echo))
+    if cluster is not None:
+        checks.append(across_nodes(cluster, link, echo))
     return checks, time.monotonic() - t0, notes

@@ -10,10 +10,10 @@ import dataclasses
 import itertools
 from dataclasses import dataclass
 
-from lab.common import results, stats
+from lab.common import options, results, stats
 from lab.common.config import FRAMEWORKS
 from lab.host.errors import RunnerError
-from lab.host.launch import Host, HostsError, ranks_per_node
+from lab.host.launch import HostsError, ranks_per_node
 from lab.host.request import (
     SWEEP_FIELDS,
     BenchError,
@@ -43,11 +43,12 @@ class Job:
 class Plan:
     combinations: tuple[BenchSettings, ...]
     jobs: tuple[Job, ...]                   # what runs, in order
-    hosts: tuple[Host, ...] = ()            # --hosts / --hostfile, parsed once
     already: tuple[str, ...] = ()           # --resume: combinations left out, as said
     # a sweep's runs that cannot run, and why: (combination, np) -> reason
     refused: tuple[tuple[tuple[int, int], str], ...] = ()
-    k8s: object = None                      # --launcher k8s: its options (lab.host.places.k8s.runner.Settings)
+    # what the request's place made of it (Runner.for_request): --hosts' servers parsed
+    # once, --launcher k8s's options (lab.host.places.k8s.runner.Settings); None: nothing
+    place_options: object = None
 
     @property
     def settings(self) -> BenchSettings:
@@ -76,10 +77,12 @@ def make_plan(flags: dict, defaults: dict, resume: bool = False, k8s: dict | Non
     from lab.host.places import for_request
     settings, lists = settings_from_flags(flags, defaults)
     try:
-        settings, options = for_request(settings, k8s, echo)
+        placed, options = for_request(settings, k8s, echo, lists)
     except RunnerError as e:
         raise BenchError(str(e)) from None
-    return dataclasses.replace(plan_of(settings, lists, resume), k8s=options)
+    if placed.nodes != settings.nodes:      # the place's own count (--hosts: its servers)
+        lists = {**lists, "nodes": [placed.nodes]}
+    return dataclasses.replace(plan_of(placed, lists, resume), place_options=options)
 
 
 def plan_of(s: BenchSettings, lists: dict | None = None, resume: bool = False) -> Plan:
@@ -87,19 +90,6 @@ def plan_of(s: BenchSettings, lists: dict | None = None, resume: bool = False) -
     the lists (each combination with all of --np), --repeat times, interleaved (every
     combination once, then every one again), less what --resume finds recorded."""
     check_settings(s)
-    hosts = tuple(host_list(s) or ())
-    if hosts:
-        if (lists or {}).get("nodes", [1]) != [1]:
-            raise BenchError("--hosts runs on your servers over SSH: leave out --nodes, --link and "
-                             "--launcher (they are the simulated cluster's)")
-        from lab.host.places.hosts import check_hosts, check_slots
-        try:
-            check_slots(list(hosts), list(s.np))
-            check_hosts(list(hosts))
-        except HostsError as e:
-            raise BenchError(str(e)) from None
-        s = dataclasses.replace(s, nodes=len(hosts))
-        lists = {**(lists or {}), "nodes": [len(hosts)]}
     if resume and not s.run_id:
         raise BenchError("--resume continues a sweep: give its --run-id (the results folder's name)")
     s = dataclasses.replace(s, run_id=s.run_id or results.new_run_id())
@@ -113,8 +103,8 @@ def plan_of(s: BenchSettings, lists: dict | None = None, resume: bool = False) -
     refused = {}
     for i, c in enumerate(combos):
         try:
-            check_combination(c, bool(hosts))
-            uneven = uneven_counts(c, bool(hosts))
+            check_link(c)
+            uneven = uneven_counts(c)
             if uneven and len(combos) == 1:
                 raise BenchError(next(iter(uneven.values())))
             refused.update({(i, np): why for np, why in uneven.items()})
@@ -132,7 +122,7 @@ def plan_of(s: BenchSettings, lists: dict | None = None, resume: bool = False) -
                            + (f", repeat {rep + 1}" if s.repeat > 1 else "")
                            + ": already recorded, not run again (--resume)")
         jobs += todo
-    return Plan(combos, tuple(jobs), hosts, tuple(already), tuple(sorted(refused.items())))
+    return Plan(combos, tuple(jobs), tuple(already), tuple(sorted(refused.items())))
 
 
 def combinations(base: BenchSettings, lists: dict) -> list[BenchSettings]:
@@ -160,19 +150,15 @@ def recorded(have: set, s: BenchSettings, np: int, repeat: int) -> str | None:
 
 
 def done_key(s: BenchSettings, np: int, repeat: int) -> tuple:
-    return key_of(s.strategy, s.framework, s.backend, s.compression, s.nodes, np, s.link, repeat)
-
-
-def key_of(strategy, framework, backend, compression, nodes, np, link, repeat) -> tuple:
-    return (strategy or "ddp", framework, backend, compression, int(nodes), int(np), link or "",
-            int(repeat))
+    """A planned run's key (lab.common.options.run_key): its settings' key options."""
+    return options.run_key(dataclasses.asdict(s), s.nodes, np, repeat)
 
 
 def record_key(r: dict) -> tuple:
-    """A record's run as done_key names it: combination, process count, repeat index."""
+    """A record's run as done_key names it: its configuration's key options, the nodes and
+    process count that ran, its repeat index."""
     c = r["config"]
-    return key_of(c.get("strategy", "ddp"), c["framework"], c["backend"], c["compression"],
-                  r["world"]["nodes"], r["world"]["np"], c.get("link", ""), c.get("repeat", 0))
+    return options.run_key(c, r["world"]["nodes"], r["world"]["np"], c.get("repeat", 0))
 
 
 def run_keys(plan: Plan) -> dict[tuple, tuple[int, int]]:
@@ -192,18 +178,16 @@ def finished(rfile) -> set:
     return {record_key(r) for r in results.read_records(rfile)[0] if r.get("status") == "ok"}
 
 
-def check_combination(c: BenchSettings, on_hosts: bool) -> None:
-    """What one combination of a sweep needs of itself: its link (a sweep skips and
-    records a combination that fails it; a single run is refused)."""
-    check_link(c)
-
-
-def uneven_counts(c: BenchSettings, on_hosts: bool) -> dict[int, str]:
+def uneven_counts(c: BenchSettings) -> dict[int, str]:
     """The process counts of a combination that do not spread evenly over its nodes, each
-    with its reason: a sweep skips those runs alone (np 1 on 2 nodes), and runs the rest
-    (np 2 on 2 nodes)."""
+    with its reason, where its place spreads them evenly (Runner.spreads_evenly): a sweep
+    skips those runs alone (np 1 on 2 nodes), and runs the rest (np 2 on 2 nodes)."""
+    from lab.host.places import place, place_of
+    name = place_of(c)
+    if c.nodes < 2 or (name and not place(name).spreads_evenly):
+        return {}
     out = {}
-    for np in c.np if c.nodes > 1 and not on_hosts else ():
+    for np in c.np:
         try:
             ranks_per_node(np, c.nodes)     # the even-spread rule
         except HostsError as e:
@@ -220,23 +204,3 @@ def check_link(s: BenchSettings) -> None:
             place(place_of(s) or "local").check_link(s.link)
         except RunnerError as e:
             raise BenchError(str(e)) from None
-
-
-def host_list(s: BenchSettings) -> list[Host] | None:
-    """--hosts or --hostfile as a host list (lab.host.launch.Host), or None."""
-    from lab.host.launch import parse_hosts
-    from lab.host.places.hosts import parse_hostfile
-    try:
-        if s.hosts:
-            return parse_hosts(s.hosts)
-        if s.hostfile:
-            try:
-                with open(s.hostfile) as f:
-                    text = f.read()
-            except OSError as e:
-                raise BenchError(f"--hostfile {s.hostfile} cannot be read ({e.strerror}): give a "
-                                 f"file of lines such as `node1 slots=4`") from None
-            return parse_hostfile(text, s.hostfile)
-    except HostsError as e:
-        raise BenchError(str(e)) from None
-    return None

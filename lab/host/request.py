@@ -7,19 +7,12 @@ import dataclasses
 import os
 import re
 import shutil
-from dataclasses import dataclass
 
 from lab import models
-from lab.common.config import (
-    BACKENDS,
-    COMPRESSIONS,
-    FRAMEWORKS,
-    STRATEGIES,
-    ConfigError,
-    RunConfig,
-    framework_of,
-)
+from lab.common import options
+from lab.common.config import ConfigError, RunConfig, framework_of
 from lab.common.kit import NO_MPI_IN_PIP_TORCH, horovod_gpu_path_problem
+from lab.common.options import AUTO_FIRST, AUTO_MAX
 from lab.common.stats import fewest_to_separate
 
 
@@ -28,48 +21,22 @@ class BenchError(Exception):
 
 
 _RUN = RunConfig()  # the run's own defaults live in RunConfig alone
-SWEEP_FIELDS = ("strategy", "framework", "backend", "compression", "nodes")
 
 
-@dataclass(frozen=True)
-class BenchSettings:
-    np: list[int]                    # process counts; invoke.yaml holds the task's default
-    framework: str = "auto"          # auto: horovod when it imports, else ddp
-    backend: str = _RUN.backend
-    model: str = _RUN.model
-    data: str = _RUN.data
-    data_dir: str = _RUN.data_dir
-    device: str = _RUN.device
-    epochs: int = _RUN.epochs
-    batch_size: int = _RUN.batch_size
-    compression: str = _RUN.compression
-    warmup_steps: int = _RUN.warmup_steps
-    max_steps: int = _RUN.max_steps
-    synthetic_size: int = _RUN.synthetic_size
-    threads: int = _RUN.threads
-    seed: int = _RUN.seed
-    results_dir: str = _RUN.results_dir
-    run_id: str = ""                 # empty: a new one
-    timeout_s: float = 0             # per run (0: none); invoke.yaml holds the task's default
-    ceiling: bool = False
-    fault: str = ""                  # RANK:STEP[:MODE], for tests of a dying or hanging rank
-    stall_s: float = 0               # --stall-s: no advance for this long stops the run (0: auto, -1: off)
-    debug: bool = False              # --debug: the frameworks' own debug output (TORCH_DISTRIBUTED_DEBUG)
-    where: str = "local"             # local | image | auto (invoke.yaml: auto)
-    image: str = ""                  # a tag; empty: the lab image that fits the device
-    frozen: bool = False             # in the image: its own copy of the kit, not the checkout
-    nodes: int = 1                   # >1: on the simulated cluster's nodes (compose.yaml)
-    link: str = ""                   # with nodes: shape each node's link, RATE[/DELAY]
-    repeat: int = 1                  # runs of each combination (invoke.yaml holds the default)
-    repeat_max: int = 0              # --repeat auto[:N]: at most N (0: exactly `repeat`), lab.host.repeat_auto
-    strategy: str = _RUN.strategy    # how the work is spread (lab.common.config.STRATEGIES)
-    micro_batches: int = _RUN.micro_batches
-    schedule: str = _RUN.schedule
-    zero_stage: int = _RUN.zero_stage
-    launcher: str = "direct"         # on the cluster: direct (over SSH / docker exec) or slurm
-    partition: str = ""              # with launcher slurm: the partition (empty: the default)
-    hosts: str = ""                  # the user's servers, h1:4,h2:4 (lab.host.places.hosts)
-    hostfile: str = ""               # or a file of "host slots=N" lines
+def _settings_class():
+    """bench's settings: one frozen field per setting of the option table
+    (lab.common.options), with its default (`np` has none: invoke.yaml holds the task's)."""
+    fields = [(o.name, o.kind if o.kind is not list else list[int],
+               dataclasses.field() if o.value is dataclasses.MISSING else dataclasses.field(default=o.value))
+              for o in options.SETTINGS]
+    cls = dataclasses.make_dataclass("BenchSettings", fields, frozen=True)
+    cls.__module__ = __name__
+    cls.__doc__ = "What one bench request asks for (lab.common.options declares each field)."
+    return cls
+
+
+BenchSettings = _settings_class()
+SWEEP_FIELDS = options.SWEEP_FIELDS
 
 
 def parse_np(spec) -> list[int]:
@@ -124,8 +91,7 @@ def whole(name: str, value) -> int:
         raise BenchError(f"--{name.replace('_', '-')} takes a whole number, not {value!r}") from None
 
 
-INT_FIELDS = ("epochs", "batch_size", "warmup_steps", "max_steps", "threads", "synthetic_size",
-              "seed", "repeat", "micro_batches", "zero_stage")
+INT_FIELDS = tuple(o.name for o in options.SETTINGS if o.kind is int and not o.sweeps)
 
 
 def settings_from_flags(flags: dict, defaults: dict) -> tuple[BenchSettings, dict[str, list]]:
@@ -154,14 +120,8 @@ def settings_from_flags(flags: dict, defaults: dict) -> tuple[BenchSettings, dic
             raise BenchError(f"--timeout-s takes a number of seconds, not {values['timeout_s']!r}") from None
     if "stall_s" in values:
         values["stall_s"] = parse_stall(values["stall_s"])
-    lists = {
-        "strategy": parse_list("strategy", values.pop("strategy", _RUN.strategy), STRATEGIES),
-        "framework": parse_list("framework", values.pop("framework", "auto"), ("auto", *FRAMEWORKS)),
-        "backend": parse_list("backend", values.pop("backend", _RUN.backend), BACKENDS),
-        "compression": parse_list("compression", values.pop("compression", _RUN.compression),
-                                  COMPRESSIONS),
-        "nodes": parse_list("nodes", values.pop("nodes", 1)),
-    }
+    lists = {k: parse_list(k, values.pop(k, options.BY_NAME[k].value),
+                           options.BY_NAME[k].choices or None) for k in SWEEP_FIELDS}
     values["where"] = "local" if local else ("image" if image else values.get("where", "auto"))
     values["image"] = image
     settings = BenchSettings(**values, **{k: v[0] for k, v in lists.items()})
@@ -172,14 +132,6 @@ BENCH_FLAGS = {f.name for f in dataclasses.fields(BenchSettings)}
 
 
 STALL_MAX_S = 86400.0       # a day: past it, a "bound" is no bound (and overflows the ranks' timers)
-
-
-# --repeat auto (lab.host.repeat_auto runs it): the first repeats of every combination
-# (an interval needs at least 2), and the most, unless auto:N says otherwise.
-AUTO_FIRST = 3
-AUTO_MAX = 10
-REPEAT_AUTO_HELP = (f"auto: {AUTO_FIRST} repeats, then more of the configurations whose intervals "
-                    f"still overlap, up to {AUTO_MAX} (auto:N: up to N, at least {fewest_to_separate()})")
 
 
 def parse_auto(value: str) -> tuple[int, int]:
@@ -252,11 +204,6 @@ def check_settings(s: BenchSettings) -> None:
     if s.timeout_s < 0:
         raise BenchError(f"--timeout-s is seconds per run, 0 for no limit: not {s.timeout_s:g}")
 
-    if s.hosts and s.hostfile:
-        raise BenchError("give the hosts once: --hosts or --hostfile")
-    if (s.hosts or s.hostfile) and (s.nodes > 1 or s.launcher != "direct" or s.link):
-        raise BenchError("--hosts runs on your servers over SSH: leave out --nodes, --link and "
-                         "--launcher (they are the simulated cluster's)")
     if s.partition and s.launcher != "slurm":
         raise BenchError("--partition is Slurm's: add --launcher slurm")
     check_run_id(s.run_id)

@@ -123,7 +123,7 @@ class Places:
     def __init__(self, plan: Plan, echo=print):
         self.plan, self.echo = plan, echo
         shared = [(c.nodes, place_of(c)) for c in plan.combinations
-                  if not plan.hosts and place_of(c) and place(place_of(c)).sweep_shares]
+                  if place_of(c) and place(place_of(c)).sweep_shares]
         self.shared_nodes, self.shared = max(shared) if shared else (0, None)
         self.made: dict = {}        # place (and nodes) -> (runner, stack)
 
@@ -138,7 +138,7 @@ class Places:
 
     def runner(self, s) -> tuple:
         """(runner, stack) for a combination, or (None, None) for bench to choose."""
-        if s.nodes == 1 and s.where == "local" and not self.plan.hosts:
+        if place_of(s) == "local":
             key = "local"
             if key not in self.made:
                 local = LocalRunner(self.plan.settings.results_dir, self.plan.settings.data_dir)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from lab.common import results
+from lab.common import options, results
 from lab.common.config import DATA_PARALLEL_STRATEGIES
 from lab.report import summary
 
@@ -40,7 +40,7 @@ def ok(records):
 
 # What makes runs comparable besides framework, back end, compression and workers:
 # runs that differ in any of these are never put in one group, curve or sentence.
-SETUP_FIELDS = ("model", "data", "device", "batch_size", "epochs", "max_steps", "threads")
+SETUP_FIELDS = options.SETUP_FIELDS     # the option table's `setup` column
 
 
 def setup_key(r: dict) -> tuple:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 
-from lab.common import metrics, stats
+from lab.common import metrics, options, stats
 from lab.report import markdown
 
 COLUMNS = ("model", "framework", "back end", "compression", "servers", "devices per server", "np",
@@ -13,8 +13,7 @@ COLUMNS = ("model", "framework", "back end", "compression", "servers", "devices 
 # Fields that make two runs "the same configuration" apart from the number of processes;
 # and the strategy, as strategy_name gives it: the fields that set a strategy apart, with
 # their defaults (micro_batches 0 is 4), and none of those that do not apply to it.
-_SAME = ("model", "framework", "backend", "device", "data", "batch_size", "compression",
-         "epochs", "max_steps", "threads")
+_SAME = (*options.SETUP_FIELDS, "framework", "backend", "compression")
 
 
 def accuracy(record: dict) -> float | None:

@@ -53,7 +53,7 @@ def place_of(s) -> str | None:
     return "image" if s.where == "image" or s.image else None
 
 
-def for_request(s, config: dict | None = None, echo=None) -> tuple:
+def for_request(s, config: dict | None = None, echo=None, sweep: dict | None = None) -> tuple:
     """(the request as it runs in its place, the place's options from `config`, its
     section of invoke.yaml): what cannot work there refused in one line (RunnerError), and
     a feature the place cannot offer turned off with its one line told (`echo`)."""
@@ -63,7 +63,7 @@ def for_request(s, config: dict | None = None, echo=None) -> tuple:
     if name is None:
         return s, None
     cls = place(name)
-    s, options = cls.for_request(s, config or {})
+    s, options = cls.for_request(s, config or {}, sweep)
     for line in told(cls, s):
         if echo:
             echo(line)
@@ -84,31 +84,32 @@ def told(cls: type[Runner], s) -> list[str]:
     return [cls.cannot(f) for f, asked in used.items() if asked and cls.cannot(f)]
 
 
+def runner_for(s, options=None, echo=print) -> tuple[Runner, str | None]:
+    """(the runner of request `s`, bench's settings; a line saying where its ranks run):
+    the place the request names makes it (Runner.from_request, with the options its
+    for_request made); where the engine decides (local processes or the image),
+    choose_runner."""
+    name = place_of(s)
+    if name in (None, "local", "image"):
+        return choose_runner(where=s.where, image=s.image, frozen=s.frozen, device=s.device,
+                             framework=s.framework, backend=s.backend,
+                             results_dir=s.results_dir, data_dir=s.data_dir, echo=echo)
+    runner = place(name).from_request(s, options, echo)
+    return runner, runner.describe()
+
+
 def choose_runner(*, where: str = "auto", nodes: int = 1, image: str = "", frozen: bool = False,
                   device: str = "cpu", framework: str = "auto", backend: str = "gloo",
                   results_dir: str = "results", data_dir: str | None = "data",
-                  check_gpu_code: bool = True, launcher: str = "direct", partition: str = "",
-                  k8s=None, hosts=(), echo=print) -> tuple[Runner, str | None]:
+                  check_gpu_code: bool = True, echo=print) -> tuple[Runner, str | None]:
     """(runner, a line saying where the ranks run or why not where asked). `nodes` > 1:
     the cluster's nodes. `auto`: the lab image when an engine and an image are there,
     else local processes with one line saying why; `image` (or a named image) insists on
     the image; `local` never looks. For GPU runs the image must have code for the
     host's GPUs (refused in one sentence, unless check_gpu_code is False: doctor
-    reports it as a finding instead). launcher "slurm": a batch job of the cluster's
-    Slurm, on `nodes` of its nodes; "k8s": a Kubeflow job on the kubeconfig's cluster
-    (`k8s`: its options, lab.host.places.k8s.runner.Settings). `hosts`: the user's servers
-    over SSH."""
+    reports it as a finding instead)."""
     if where not in WHERE:
         raise RunnerError(f"where the job runs must be one of {', '.join(WHERE)}, not {where!r}")
-    if hosts:       # --hosts, --hostfile: the plan's servers
-        runner = place("hosts")(list(hosts), results_dir, data_dir, echo=echo)
-        return runner, runner.describe()
-    if launcher == "k8s":
-        runner = place("k8s")(nodes, device, image, results_dir, data_dir, settings=k8s, backend=backend)
-        return runner, runner.describe()
-    if launcher == "slurm":
-        runner = place("slurm")(nodes, frozen=frozen, partition=partition, echo=echo)
-        return runner, runner.describe()
     if nodes > 1:
         runner = place("compose")(nodes, frozen=frozen, echo=echo)
         return runner, runner.describe()

@@ -76,6 +76,9 @@ class Runner:
     # A sweep makes one runner of this place (for_sweep, with the most nodes asked for)
     # and runs its combinations on fewer nodes on that runner's first nodes (on_nodes).
     sweep_shares = False
+    # --np spread evenly over the nodes (lab.host.launch.ranks_per_node): a count that does
+    # not divide is refused before any job; False: the place's own slots (--hosts)
+    spreads_evenly = True
     unsupported: dict[str, str] = {}    # feature -> the one line that says why it does not work here
     python = "python"
     tag = ""
@@ -113,13 +116,20 @@ class Runner:
         return cls.unsupported.get(feature)
 
     @classmethod
-    def for_request(cls, s, config: dict) -> tuple:
-        """(the request as it runs in this place, the place's options from invoke.yaml's
-        section of it, `config`), before any job: a feature asked for that does not work
-        here refused in its one line."""
+    def for_request(cls, s, config: dict, sweep: dict | None = None) -> tuple:
+        """(the request as it runs in this place, the place's options: from invoke.yaml's
+        section of it, `config`, or from the request), before any job: a feature asked for
+        that does not work here, or a list of the sweep (`sweep`: lab.host.request's lists)
+        the place cannot cross, refused in its one line."""
         if s.ceiling and cls.cannot("ceiling placement"):
             raise RunnerError(cls.cannot("ceiling placement"))
         return s, None
+
+    @classmethod
+    def from_request(cls, s, options, echo=print) -> "Runner":
+        """The runner of request `s` (bench's settings) in this place, with the options
+        its for_request made."""
+        raise NotImplementedError(f"{cls.kind}: the engine chooses it (choose_runner)")
 
     @classmethod
     def for_sweep(cls, nodes: int, s, echo=print) -> "Runner":

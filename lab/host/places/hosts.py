@@ -14,6 +14,7 @@ assumes) and the results folder at the same path; rank 0 (on the first host) wri
 record, and a failed rank's file lands on its own host unless the folder is shared."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -66,6 +67,19 @@ def parse_hostfile(text: str, name: str = "the hostfile") -> list[Host]:
     if not hosts:
         raise HostsError(f"{name} names no host (write one per line: node1 slots=4)")
     return hosts
+
+
+def host_list(s) -> list[Host]:
+    """--hosts or --hostfile (of request `s`) as a host list (lab.host.launch.Host)."""
+    if s.hosts:
+        return launch.parse_hosts(s.hosts)
+    try:
+        with open(s.hostfile) as f:
+            text = f.read()
+    except OSError as e:
+        raise HostsError(f"--hostfile {s.hostfile} cannot be read ({e.strerror}): give a "
+                         f"file of lines such as `node1 slots=4`") from None
+    return parse_hostfile(text, s.hostfile)
 
 
 def check_slots(hosts: list[Host], nps: list[int]) -> None:
@@ -149,6 +163,7 @@ class HostsRunner(Runner):
     # The ranks' results folder is each server's own unless the user shares it: their
     # heartbeats come back over the launchers' output (lab.common.heartbeat).
     heartbeat_channel = "stream"
+    spreads_evenly = False          # each server's slots (check_slots)
 
     def __init__(self, hosts: list[Host], results_dir: str, data_dir: str | None,
                  python: str = sys.executable, echo=print):
@@ -161,6 +176,29 @@ class HostsRunner(Runner):
         self._pattern = ""
         self._port = 29500
         self.stacks: dict[str, dict] = {}       # each host's stack, once probed
+
+    @classmethod
+    def for_request(cls, s, config: dict, sweep: dict | None = None) -> tuple:
+        """--hosts or --hostfile parsed once (the request's servers are this place's
+        options), each host's slots checked against --np and its name against SSH's
+        rules; the request's nodes are its servers."""
+        s, _ = super().for_request(s, config, sweep)
+        if s.hosts and s.hostfile:
+            raise RunnerError("give the hosts once: --hosts or --hostfile")
+        if s.nodes > 1 or (sweep or {}).get("nodes", [1]) != [1] or s.launcher != "direct" or s.link:
+            raise RunnerError("--hosts runs on your servers over SSH: leave out --nodes, --link "
+                              "and --launcher (they are the simulated cluster's)")
+        try:
+            hosts = host_list(s)
+            check_slots(hosts, list(s.np))
+            check_hosts(hosts)
+        except HostsError as e:
+            raise RunnerError(str(e)) from None
+        return dataclasses.replace(s, nodes=len(hosts)), tuple(hosts)
+
+    @classmethod
+    def from_request(cls, s, options, echo=print) -> "HostsRunner":
+        return cls(list(options), s.results_dir, s.data_dir, echo=echo)
 
     def describe(self) -> str:
         return f"running on {launch.format_hosts(self.hosts)} over SSH"

@@ -15,6 +15,10 @@ class LocalRunner(Runner):
     kind = "local"
     records_where_note = False
 
+    @classmethod
+    def from_request(cls, s, options, echo=print) -> "LocalRunner":
+        return cls(s.results_dir, s.data_dir)
+
     def __init__(self, results_dir: str = "results", data_dir: str | None = "data",
                  python: str = sys.executable):
         super().__init__(results_dir, data_dir)

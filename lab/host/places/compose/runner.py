@@ -105,6 +105,10 @@ class ClusterRunner(Runner):
     kind = "cluster"
     sweep_shares = True
 
+    @classmethod
+    def from_request(cls, s, options, echo=print) -> "ClusterRunner":
+        return cls(s.nodes, frozen=s.frozen, echo=echo)
+
     def __init__(self, n: int, frozen: bool = False, echo=print):
         self.n = self.nodes = n
         self.frozen = frozen

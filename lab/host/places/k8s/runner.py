@@ -89,8 +89,13 @@ class K8sRunner(Runner):
         self._streaming = False         # rank 0's pod runs and its log is read
 
     @classmethod
-    def for_request(cls, s, config: dict) -> tuple:
+    def for_request(cls, s, config: dict, sweep: dict | None = None) -> tuple:
         return for_bench(s, config)
+
+    @classmethod
+    def from_request(cls, s, options, echo=print) -> "K8sRunner":
+        return cls(s.nodes, s.device, s.image, s.results_dir, s.data_dir, settings=options,
+                   backend=s.backend)
 
     def describe(self) -> str:
         where = f"context {self.context}, " if self.context else ""

@@ -29,6 +29,10 @@ class SlurmClusterRunner(ClusterRunner):
     POLL_S = 1.0
     CONTROLLER_SILENCE_S = 60.0     # scontrol failing this long: the job's state is unknown
 
+    @classmethod
+    def from_request(cls, s, options, echo=print) -> "SlurmClusterRunner":
+        return cls(s.nodes, frozen=s.frozen, partition=s.partition, echo=echo)
+
     def __init__(self, n: int, frozen: bool = False, partition: str = "", echo=print):
         super().__init__(n, frozen=frozen, echo=echo)
         self.partition = partition

@@ -1,0 +1,172 @@
+"""The run options, each declared once: its name, default, help, the tasks that take it
+as a flag, and what it is to the kit (a list a sweep crosses, part of what tells one run
+from another in a run folder, part of the setup the report never compares across).
+
+Everything else is derived from this table: bench's settings (lab.host.request.BenchSettings),
+the signatures and help of `invoke bench`, `invoke sbatch` and `invoke k8s`
+(lab.host.flag_help), invoke.yaml's `bench:` keys, the resume key (lab.host.plan) and the
+report's setup (lab.report.records). A run's default is RunConfig's (what the ranks see),
+unless the row gives its own. Nothing here imports torch, so host and ranks share it."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from lab import models
+from lab.common.config import BACKENDS, COMPRESSIONS, FRAMEWORKS, STRATEGIES, RunConfig
+from lab.common.stats import fewest_to_separate
+
+RUN = object()                  # default: RunConfig's field of the same name
+BENCH = ("bench",)
+ONE_JOB = ("bench", "sbatch", "k8s")    # a script for another cluster carries it (one value)
+GROUPS = ("the experiment", "where it runs", "measurement and records", "parallel strategies",
+          "advanced")               # invoke bench --help's groups, in this order
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str                   # the setting; its flag is the name with '-' for '_'
+    help: str
+    group: str                  # one of GROUPS
+    default: object = RUN
+    kind: type = str            # str, int, float, bool; list: np
+    tasks: tuple = BENCH        # the tasks that take it as a flag (): a setting no flag sets
+    choices: tuple = ()         # with sweeps: what a comma list may hold
+    sweeps: bool = False        # a comma list sweeps (one combination per value)
+    key: bool = False           # tells one run from another in a run folder (--resume)
+    setup: bool = False         # runs that differ are never compared by the report
+    setting: bool = True        # a field of bench's settings (False: what the task does with them)
+
+    @property
+    def flag(self) -> str:
+        return self.name.replace("_", "-")
+
+    @property
+    def value(self):
+        """The default: the row's, or RunConfig's."""
+        return getattr(RunConfig, self.name) if self.default is RUN else self.default
+
+
+# --repeat auto (lab.host.repeat_auto runs it): the first repeats of every combination
+# (an interval needs at least 2), and the most, unless auto:N says otherwise.
+AUTO_FIRST = 3
+AUTO_MAX = 10
+REPEAT_AUTO_HELP = (f"auto: {AUTO_FIRST} repeats, then more of the configurations whose intervals "
+                    f"still overlap, up to {AUTO_MAX} (auto:N: up to N, at least {fewest_to_separate()})")
+
+_E, _W, _M, _S, _A = GROUPS
+OPTIONS = (
+    # the experiment
+    Option("np", "process counts, one or a comma list: 2 or 1,2,4 (a sweep)", _E,
+           default=dataclasses.MISSING, kind=list, tasks=ONE_JOB),
+    Option("framework", "auto (Horovod if installed, else DDP), horovod, ddp or none; a comma list sweeps",
+           _E, default="auto", tasks=ONE_JOB, choices=("auto", *FRAMEWORKS), sweeps=True, key=True),
+    Option("backend", "gloo, mpi or nccl; a comma list sweeps (what cannot run here is skipped and "
+           "recorded)", _E, tasks=ONE_JOB, choices=BACKENDS, sweeps=True, key=True),
+    Option("compression", "gradient compression: none, fp16, int8 (scaled, error feedback) or "
+           "int8-naive (a plain cast, the baseline that fails); a comma list sweeps", _E,
+           tasks=ONE_JOB, choices=COMPRESSIONS, sweeps=True, key=True),
+    Option("model", "; ".join(f"{n}: {models.get(n).about}" for n in models.names()), _E,
+           tasks=ONE_JOB, key=True, setup=True),
+    Option("data", "synthetic, mnist (downloaded once into --data-dir) or digits (offline)", _E,
+           tasks=ONE_JOB, key=True, setup=True),
+    Option("device", "cpu or cuda (one GPU per rank)", _E, tasks=ONE_JOB, key=True, setup=True),
+    Option("batch_size", "images per rank per step", _E, kind=int, tasks=ONE_JOB, key=True, setup=True),
+    Option("epochs", "epochs per run", _E, kind=int, tasks=ONE_JOB, key=True, setup=True),
+    Option("max_steps", "cap on steps per epoch (0: the whole shard)", _E, kind=int, tasks=ONE_JOB,
+           key=True, setup=True),
+    Option("seed", "the random seed of the model's weights and the data's order", _E, kind=int,
+           tasks=ONE_JOB, key=True),
+    # where it runs
+    Option("local", "run the ranks as local processes even when a lab image is built", _W,
+           default=False, kind=bool, setting=False),
+    Option("where", "local | image | auto (invoke.yaml: auto): set by --local and --image", _W,
+           default="local", tasks=()),
+    Option("image", "the lab image to run in (default: the built one that fits --device)", _W,
+           default=""),
+    Option("frozen", "in the image, run its own copy of the kit instead of the checkout's", _W,
+           default=False, kind=bool),
+    Option("nodes", "run on this many nodes of the simulated cluster (invoke up), --np spread "
+           "evenly; 1,2 sweeps", _W, default=1, kind=int, sweeps=True),
+    Option("link", "with --nodes: limit each node's link, RATE[/DELAY] such as 1gbit or 100mbit/1ms",
+           _W, key=True),
+    Option("launcher", "on the cluster: direct (the kit starts the launchers) or slurm (an sbatch "
+           "job; invoke up --scheduler slurm); k8s: a Kubeflow job on the kubeconfig's cluster "
+           "(invoke.yaml's k8s: options)", _W, default="direct"),
+    Option("partition", "with --launcher slurm: the partition to submit to (default: the cluster's "
+           "default)", _W, default=""),
+    Option("hosts", "your servers over SSH, HOST:SLOTS,...: h1:4,h2:4 (run from the first; same "
+           "kit, Python path and results folder on each)", _W, default=""),
+    Option("hostfile", "or a file of `host slots=N` lines (mpirun's and horovodrun's format)", _W,
+           default=""),
+    Option("threads", "CPU threads per rank", _W, kind=int, tasks=ONE_JOB, key=True, setup=True),
+    # measurement and records
+    Option("repeat", "runs of each combination, interleaved (all once, then all again); tables give "
+           f"medians and spread; {REPEAT_AUTO_HELP}", _M, default=1, kind=int, key=True),
+    Option("repeat_max", "--repeat auto[:N]: at most N (0: exactly --repeat)", _M, default=0,
+           kind=int, tasks=()),
+    Option("warmup_steps", "steps left out of the timing", _M, kind=int, tasks=ONE_JOB, key=True),
+    Option("results_dir", "where results/<run-id>/results.jsonl goes", _M, tasks=ONE_JOB),
+    Option("run_id", "append to this run instead of starting a new one", _M, default="",
+           tasks=ONE_JOB),
+    Option("resume", "with --run-id: run only the sweep's combinations that have no ok record yet",
+           _M, default=False, kind=bool, setting=False),
+    Option("ceiling", "also measure the compute ceiling (model steps, no framework) and compare", _M,
+           default=False, kind=bool),
+    Option("timeout_s", "seconds a run may take before it is stopped and recorded as failed", _M,
+           default=0.0, kind=float),
+    Option("stall_s", "seconds of silence outside steps before the run is stopped and recorded as "
+           "stalled (a step may take 10 x the slowest step, never less than this; auto: 60 s for "
+           "steps, 180 s in the rendezvous, 300 s elsewhere; off: no watch)", _M, default=0.0,
+           kind=float),
+    Option("profile_startup", "after the table, where each run's start-up went: the host's phases "
+           "(plan, runner, stack probe, checks), the launcher, the ranks' imports, rendezvous, data, "
+           "setup and warm-up (every record holds them)", _M, default=False, kind=bool,
+           setting=False),
+    # parallel strategies
+    Option("strategy", "how the work is spread: ddp (data parallel, the default), zero1, fsdp, "
+           "pipeline, model-parallel, deepspeed, rpc-pipeline or dataparallel (GPUs); a comma list "
+           "sweeps", _S, tasks=ONE_JOB, choices=STRATEGIES, sweeps=True, key=True),
+    Option("micro_batches", "pipeline, rpc-pipeline: micro-batches per batch (default 4)", _S,
+           kind=int, tasks=ONE_JOB, key=True),
+    Option("schedule", "pipeline: gpipe or 1f1b", _S, tasks=ONE_JOB, key=True),
+    Option("zero_stage", "deepspeed: ZeRO stage 0, 1, 2 or 3", _S, kind=int, tasks=ONE_JOB, key=True),
+    # advanced
+    Option("data_dir", "where MNIST is cached", _A, tasks=("bench", "sbatch")),
+    Option("synthetic_size", "samples of --data synthetic (0: a default per model)", _A, kind=int,
+           key=True),
+    Option("fault", "RANK:STEP[:MODE]: that rank raises (MODE kill: SIGKILLs itself; hang: stops "
+           "calling collectives; hang-data: sleeps in its data loading; slow: each step from then "
+           "on takes 50 ms longer) at that step, to see a failed, stalled or waited-for job", _A,
+           key=True),
+    Option("debug", "the frameworks' debug output: TORCH_DISTRIBUTED_DEBUG=DETAIL for DDP", _A,
+           default=False, kind=bool),
+)
+
+# RunConfig's fields that no option sets: the launcher's (expected_np, attempt,
+# launched_at) or the model spec's and the strategy's (test_batch_size, lr, momentum,
+# devices). Every other field of RunConfig is a row above (tests/test_plan.py checks).
+RANK_ONLY = ("test_batch_size", "lr", "momentum", "expected_np", "attempt", "launched_at", "devices")
+
+BY_NAME = {o.name: o for o in OPTIONS}
+SETTINGS = tuple(o for o in OPTIONS if o.setting)            # bench's settings, in this order
+SWEEP_FIELDS = tuple(o.name for o in OPTIONS if o.sweeps)
+# A run in a run folder: these of its configuration, its nodes and ranks, its repeat index.
+KEY_FIELDS = tuple(o.name for o in OPTIONS if o.key and o.name != "repeat")
+SETUP_FIELDS = tuple(o.name for o in OPTIONS if o.setup)
+
+
+def of_task(task: str) -> tuple[Option, ...]:
+    """The options a task takes as flags, in the table's order."""
+    return tuple(o for o in OPTIONS if task in o.tasks)
+
+
+def run_key(values: dict, nodes: int, np: int, repeat: int) -> tuple:
+    """What tells one run from another in a run folder (--resume, --repeat auto): the key
+    options' values (a record's configuration or bench's settings; a missing or empty one
+    is its default, as in records written before the option existed), the nodes, the
+    process count and, last, the repeat index."""
+    def value(name):
+        v = values.get(name)
+        return BY_NAME[name].value if v is None else v
+    return (*(value(k) for k in KEY_FIELDS), int(nodes), int(np), int(repeat))
