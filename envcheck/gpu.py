@@ -175,7 +175,7 @@ def _pcie(pynvml, h) -> dict | None:
     return {"generation": gen, "width": width, "gbs": round(PCIE_LANE_GBS[gen] * width, 1)}
 
 
-def link_reference(rates: list[dict], pairs: dict[str, str]) -> dict | None:
+def interconnect_reference(rates: list[dict], pairs: dict[str, str]) -> dict | None:
     """What a collective between these GPUs can reach per direction: where every pair
     talks over NVLink (direct or through NVSwitch), each GPU's active links times their
     rate, the slowest GPU's; else (some pair goes over PCIe, as on PCIe boards with
@@ -235,7 +235,7 @@ def probe_gpu_topology(gpus: Result) -> Result:
             nvlink = ({"links": len(links[i]), "gbs_per_link": per_link,
                        "gbs": round(len(links[i]) * per_link, 1)} if per_link else None)
             rates.append({"nvlink": nvlink, "pcie": _pcie(pynvml, h)})
-        reference = link_reference(rates, pairs)
+        reference = interconnect_reference(rates, pairs)
         summary = ", ".join(kinds)
         if reference:
             summary += f" ({reference['name']} = {reference['gbs']:g} GB/s per direction)"

@@ -183,3 +183,25 @@ def test_resnet50_runs_where_torchvision_does_not_import():
     stack = {k: v for k, v in CPU_STACK.items() if k != "torchvision"}
     stack["torchvision_error"] = "RuntimeError: operator torchvision::nms does not exist"
     assert check_request(BenchSettings(np=[1], model="resnet50", framework="ddp"), stack)[0] == "ddp"
+
+
+@pytest.mark.parametrize("package,refused", [("json", False), ("no_such_package_for_a_toy", True)])
+def test_a_model_that_needs_a_package_is_refused_where_it_does_not_import(monkeypatch, package, refused):
+    """ModelSpec.needs: the ranks' probe (lab.worker.capabilities, run here) imports what a
+    registered model needs, and the host refuses the model in one sentence where it does
+    not import. A toy model registered as a model folder would register it."""
+    from lab import models
+    from lab.common import config
+    from lab.worker import capabilities
+    toy = models.ModelSpec("toy", "a toy", synthetic=(1, 28, 10), most_stages=2, needs=(package,))
+    monkeypatch.setitem(models._SPECS, "toy", toy)
+    monkeypatch.setattr(config, "MODELS", models.names())
+    stack = capabilities.collect()
+    assert (f"{package}_error" in stack) == refused and (package in stack) != refused
+    s = BenchSettings(np=[1], model="toy", framework="ddp")
+    if refused:
+        with pytest.raises(BenchError, match=rf"--model toy needs {package}, which does not import "
+                                             rf"here \(ModuleNotFoundError: No module named"):
+            check_request(s, stack)
+    else:
+        assert check_request(s, stack)[0] == "ddp"

@@ -408,25 +408,42 @@ def test_an_h100_boards_links_are_the_reference_of_its_collectives(monkeypatch):
     assert v["reference"] == {"name": "PCIe gen 5 x16", "gbs": 63.0}
 
 
-def test_doctor_prints_a_gpu_collectives_share_of_the_links_and_leaves_the_cpu_ones():
+def test_doctor_prints_a_gpu_collectives_share_of_the_links_and_leaves_the_cpu_ones(tmp_path):
     """The link reference goes onto the NCCL collectives only, and the line then names
-    both references with each collective's two shares."""
+    both references with each collective's two shares. The sweep is the probe's own
+    (envcheck.collectives over Gloo on 2 ranks here, marked nccl as a GPU run writes it);
+    the GPUs' links are the H100 board's NVLink as gpu_topology reads it from NVML."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
     from envcheck.probes import PASS, Result
     from envcheck.report import collectives_line
     from lab.host.doctor import with_link_reference
-    rows = [{"size_bytes": 4096, "time_us": 30.0, "algbw_gbs": 0.1, "busbw_gbs": 0.1},
-            {"size_bytes": 2**24, "time_us": 100.0, "algbw_gbs": 200.0, "busbw_gbs": 239.0}]
-    value = {"backend": "nccl", "ranks": 8, "ops": {"allreduce": rows},
-             "reference": {"name": "GPU memory copy", "gbs": 2390.0}}
-    topo = Result("gpu_topology", PASS, {"reference": {"name": "NVLink, 18 links x 26.562 GB/s",
-                                                       "gbs": 478.1}}, "")
+    cp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                         "--standalone", "-m", "envcheck.collectives", "--backend", "gloo",
+                         "--sizes", "4096,65536", "--iters", "2", "--warmup", "1"],
+                        capture_output=True, text=True, timeout=180, cwd=tmp_path,
+                        env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent),
+                                 OMP_NUM_THREADS="1"))
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    value = json.loads([ln for ln in cp.stdout.splitlines() if ln.startswith("{")][-1])
+    value["backend"] = "nccl"
+    links = {"name": "NVLink, 18 links x 26.562 GB/s", "gbs": 478.1}
+    topo = Result("gpu_topology", PASS, {"reference": links}, "")
     ranks = [{"name": "collectives", "value": dict(value)},
              {"name": "collectives_mpi", "value": dict(value, backend="horovod")}]
     with_link_reference(ranks, topo)
-    assert "link" in ranks[0]["value"] and "link" not in ranks[1]["value"]
+    assert ranks[0]["value"]["link"] == links and "link" not in ranks[1]["value"]
     line = collectives_line(ranks[0]["value"])
-    assert "allreduce 239 (10%/50%)" in line
-    assert "share of the GPU memory copy, 2.39e+03 GB/s / of NVLink, 18 links x 26.562 GB/s, 478 GB/s" in line
+    big = value["ops"]["allreduce"][-1]["busbw_gbs"]
+    copy = value["reference"]["gbs"]
+    assert f"allreduce {big:.3g} ({big / copy:.0%}/{big / links['gbs']:.0%})" in line
+    assert (f"share of the memory copy, {copy:.3g} GB/s / of NVLink, 18 links x 26.562 GB/s, "
+            f"478 GB/s") in line
+    assert "NVLink" not in collectives_line(ranks[1]["value"])
 
 
 def test_without_an_image_the_runtime_probe_looks_for_the_hook(monkeypatch):

@@ -154,3 +154,16 @@ def test_auto_runs_real_ranks_until_the_two_separate_or_its_maximum(tmp_path):
     rounds = len(said) - 1
     assert sorted(by["none"]) == sorted(by["fp16"]) == list(range(6 if rounds else 3))
     assert rounds <= 1 and ("told apart" in said[-1] or "stopped" in said[-1]), said
+
+
+def test_a_configuration_repeated_first_in_a_later_round_goes_on_from_its_own_last_repeat(tmp_path):
+    """Repeat indices run on per configuration: one with 3 repeats, now compared with one
+    that already has 6, gets repeats 3, 4, ... (not 6, 7, ...: the sweep's highest)."""
+    p = make(tmp_path, framework="ddp", compression="none,fp16,int8", repeat="auto")
+    write(p, tmp_path, {0: [200, 201, 202, 203, 204, 205], 1: [100, 101, 102, 103, 104, 105],
+                        2: [103, 108, 112]})
+    run_sweep, ran = _sweep_writing(tmp_path, "failed", iter(()))
+    lines = []
+    repeat_auto.repeat_until_apart(p, run_sweep, lines.append)
+    assert lines[0].startswith("--repeat auto: up to 7 repeats"), lines
+    assert sorted(ran) == [(1, 6), (2, 3), (2, 4), (2, 5), (2, 6)]

@@ -3,7 +3,7 @@ or a stated maximum of repeats is reached.
 
 Compared are the configurations that ran at the same world (nodes and processes): the
 report's tables put them side by side. After the first repeats of every (3:
-lab.host.request.AUTO_FIRST)
+lab.common.options.AUTO_FIRST)
 combination, each round runs one more repeat of the configurations whose throughput
 interval (the report's own: lab.common.stats.summarize, the repeats' range below
 BOOTSTRAP_FROM and a 95% bootstrap interval from there) overlaps the interval of the one
@@ -43,6 +43,19 @@ def rows(plan, records: list[dict]) -> list[Row]:
     from lab.host.plan import label
     return [Row(i, np, plan.combinations[i].nodes, label(plan.combinations[i]), tuple(v))
             for (i, np), v in sorted(found.items())]
+
+
+def last_repeats(plan, records: list[dict]) -> dict[tuple[int, int], int]:
+    """Each configuration's (combination, np) highest repeat index in its records, ok or
+    not: its next repeat is the one after (indices run on without a gap per configuration)."""
+    from lab.host.plan import record_key, run_keys
+    keys = run_keys(plan)
+    last: dict[tuple[int, int], int] = {}
+    for r in records:
+        where = keys.get(record_key(r)[:-1])
+        if where is not None:
+            last[where] = max(last.get(where, -1), int(r.get("config", {}).get("repeat", 0)))
+    return last
 
 
 def undecided(table: list[Row]) -> list[tuple[Row, Row]]:
@@ -114,11 +127,11 @@ def repeat_until_apart(plan, run_sweep, echo) -> list:
         if not todo:
             return outcomes
         have = {(r.combination, r.np): len(r.values) for r in rows(plan, records)}
-        rep = 1 + max((r.get("config", {}).get("repeat", 0) for r in records), default=-1)
+        last = last_repeats(plan, records)
         jobs = []
         for k in range(max(target - have.get(key, 0) for key, target in todo.items())):
-            jobs += [Job(plan.combinations[i], i, np, rep + k) for (i, np), target in sorted(todo.items())
-                     if target - have.get((i, np), 0) > k]
+            jobs += [Job(plan.combinations[i], i, np, last.get((i, np), -1) + 1 + k)
+                     for (i, np), target in sorted(todo.items()) if target - have.get((i, np), 0) > k]
         ok_before = sum(have.values())
         outcomes += run_sweep(dataclasses.replace(plan, jobs=tuple(jobs), already=()), echo=echo)
         after = results.read_records(rfile)[0] if rfile.exists() else []

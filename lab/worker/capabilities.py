@@ -24,6 +24,13 @@ def _mpi_version() -> str | None:
     return (out.strip().splitlines() or [None])[0]
 
 
+def model_needs() -> list[str]:
+    """The packages the registered models need beyond torch (lab.models' ModelSpec.needs):
+    the host refuses a model whose package does not import here (request.check_request)."""
+    from lab import models
+    return sorted({p for n in models.names() for p in models.get(n).needs})
+
+
 def depends_on() -> list[str]:
     """What this answer was read from, for the host's cache of it (lab.host.stack_cache):
     the interpreter, the folders on the Python path (an installation adds or removes
@@ -36,7 +43,7 @@ def depends_on() -> list[str]:
     paths = [os.path.realpath(sys.executable)]
     paths += [p for p in sys.path if p and os.path.isdir(p)
               and os.path.realpath(p) != str(REPO_ROOT)]
-    for name in ("torch", "horovod", "torchvision", "deepspeed"):
+    for name in ("torch", "horovod", "torchvision", "deepspeed", *model_needs()):
         spec = importlib.util.find_spec(name)
         if spec is not None and spec.submodule_search_locations:
             folder = list(spec.submodule_search_locations)[0]
@@ -78,6 +85,12 @@ def collect() -> dict:
         out["torchvision"] = torchvision.__version__
     except Exception as e:
         out["torchvision_error"] = f"{type(e).__name__}: {e}".splitlines()[0]
+    for name in model_needs():      # what a registered model needs beyond torch (ModelSpec.needs)
+        if name not in out:
+            try:
+                out[name] = getattr(importlib.import_module(name), "__version__", "installed")
+            except Exception as e:
+                out[f"{name}_error"] = f"{type(e).__name__}: {e}".splitlines()[0]
     try:
         import torch.distributed.rpc as rpc
         out["rpc"] = bool(rpc.is_available())
