@@ -36,7 +36,7 @@ def bench(c, **flags):
     display = Display()
     try:
         plan = make_plan(flags, dict(c.config.get("bench", {})), resume=resume,
-                         k8s=dict(c.config.get("k8s", {})), echo=display.line)
+                         sections=c.config, echo=display.line)
         CLOCK.mark("plan")
         with terminate_as_interrupt():
             outcome = run_request(plan, echo=display.line)

@@ -170,3 +170,23 @@ def test_the_hosts_are_parsed_by_their_place_and_make_its_runner(tmp_path):
     assert runner.hosts == list(hosts)
     with pytest.raises(RunnerError, match="leave out --nodes"):
         places.for_request(request_for("hosts"), sweep={"nodes": [1, 2]})
+
+
+OWN = [(n, k) for n in places.PLACES for k in places.place(n).own_settings]
+
+
+@pytest.mark.parametrize("owner,setting", OWN)
+def test_a_setting_of_one_place_is_refused_elsewhere_with_its_line(owner, setting):
+    """Runner.own_settings: a setting only one place takes (--partition: Slurm's) is
+    refused in one line in every other place, and where the engine decides."""
+    line = places.place(owner).own_settings[setting]
+    others = [request_for(n) for n in places.PLACES if n != owner]
+    for s in [*others, BenchSettings(np=[1], where="auto")]:
+        with pytest.raises(RunnerError, match=line.replace("'", ".")):
+            places.for_request(dataclasses.replace(s, **{setting: "x"}))
+    s, _ = places.for_request(dataclasses.replace(request_for(owner), **{setting: "x"}))
+    assert getattr(s, setting) == "x"
+
+
+def test_slurms_partition_is_its_own_setting():
+    assert OWN == [("slurm", "partition")]

@@ -17,7 +17,7 @@ DEFAULTS = {"np": "2", "timeout_s": 3600}
 
 
 def make(tmp_path, k8s=None, **flags):
-    return plans.make_plan({"results_dir": str(tmp_path), **flags}, DEFAULTS, k8s=k8s)
+    return plans.make_plan({"results_dir": str(tmp_path), **flags}, DEFAULTS, sections={"k8s": k8s})
 
 
 def test_the_jobs_are_every_combination_and_process_count_repeats_interleaved(tmp_path):

@@ -70,14 +70,15 @@ class Plan:
         return self.settings
 
 
-def make_plan(flags: dict, defaults: dict, resume: bool = False, k8s: dict | None = None,
+def make_plan(flags: dict, defaults: dict, resume: bool = False, sections=None,
               echo=None) -> Plan:
-    """The task's flags (None where not given) over invoke.yaml's `bench` section (and,
-    with --launcher k8s, its `k8s` section: lab.host.places.k8s.runner.for_bench)."""
+    """The task's flags (None where not given) over invoke.yaml's `bench` section; the
+    request's place reads its own section of `sections` (invoke's Config: --launcher k8s
+    its `k8s:` options, lab.host.places.k8s.runner.for_bench)."""
     from lab.host.places import for_request
     settings, lists = settings_from_flags(flags, defaults)
     try:
-        placed, options = for_request(settings, k8s, echo, lists)
+        placed, options = for_request(settings, sections, echo, lists)
     except RunnerError as e:
         raise BenchError(str(e)) from None
     if placed.nodes != settings.nodes:      # the place's own count (--hosts: its servers)

@@ -204,8 +204,6 @@ def check_settings(s: BenchSettings) -> None:
     if s.timeout_s < 0:
         raise BenchError(f"--timeout-s is seconds per run, 0 for no limit: not {s.timeout_s:g}")
 
-    if s.partition and s.launcher != "slurm":
-        raise BenchError("--partition is Slurm's: add --launcher slurm")
     check_run_id(s.run_id)
     try:
         os.makedirs(s.results_dir, exist_ok=True)

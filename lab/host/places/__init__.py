@@ -53,17 +53,24 @@ def place_of(s) -> str | None:
     return "image" if s.where == "image" or s.image else None
 
 
-def for_request(s, config: dict | None = None, echo=None, sweep: dict | None = None) -> tuple:
-    """(the request as it runs in its place, the place's options from `config`, its
-    section of invoke.yaml): what cannot work there refused in one line (RunnerError), and
-    a feature the place cannot offer turned off with its one line told (`echo`)."""
+def for_request(s, sections=None, echo=None, sweep: dict | None = None) -> tuple:
+    """(the request as it runs in its place, the place's options: from its section of
+    invoke.yaml, `sections` (invoke's Config or a dict, by place name), or from the
+    request): what cannot work there refused in one line (RunnerError), a setting of
+    another place refused with that place's line (Runner.own_settings), and a feature the
+    place cannot offer turned off with its one line told (`echo`)."""
     if s.launcher not in launchers():
         raise RunnerError(f"--launcher is one of {', '.join(launchers())}, not {s.launcher!r}")
     name = place_of(s)
+    for other in PLACES:
+        if other != name:
+            for setting, line in place(other).own_settings.items():
+                if getattr(s, setting):
+                    raise RunnerError(line)
     if name is None:
         return s, None
     cls = place(name)
-    s, options = cls.for_request(s, config or {}, sweep)
+    s, options = cls.for_request(s, dict((sections or {}).get(name, {}) or {}), sweep)
     for line in told(cls, s):
         if echo:
             echo(line)
