@@ -868,3 +868,33 @@ def test_each_ddp_launch_on_the_cluster_has_its_own_rendezvous():
     a, b = rendezvous("r1", "000-ddp-np4"), rendezvous("r1", "001-ddp-np4")
     assert a["--rdzv-id"] == "r1-000-ddp-np4" and a["--rdzv-id"] != b["--rdzv-id"]
     assert a["--rdzv-endpoint"].startswith("node1:") and a != rendezvous("r2", "000-ddp-np4")
+
+
+def test_the_lab_refuses_a_cluster_that_is_partly_up(tmp_path, monkeypatch):
+    """Only node1 of the checkout's cluster runs (here a container that Compose's labels
+    and the kit's make this checkout's node1, in a project of its own): the lab would bring
+    node2 up beside it and take both down after, so it refuses before any part runs."""
+    why = _engine_and_image()
+    if why:
+        pytest.skip(why)
+    import uuid
+
+    import docker
+    from lab.common.docker_api import CLUSTER
+    from lab.host import course
+    project = f"labtest-partly-{uuid.uuid4().hex[:6]}"
+    monkeypatch.setenv("COMPOSE_PROJECT_NAME", project)
+    client = docker.from_env(timeout=60)
+    node1 = client.containers.run(IMAGE, ["sleep", "120"], detach=True, hostname="node1",
+                                  labels={CLUSTER: "node", cluster.WORKING_DIR: str(REPO),
+                                          cluster.PROJECT: project})
+    try:
+        plan = course.make(str(tmp_path), True, course.Machine(0, ("gloo",), "", False))
+        with pytest.raises(course.CourseError, match=r"the cluster is partly up \(node1 runs, node2 "
+                                                     r"does not\): take it down with `invoke down`"):
+            course.check_cluster_folder(plan)
+        node1.stop(timeout=1)
+        course.check_cluster_folder(plan)       # nothing running: the lab brings it up
+    finally:
+        node1.remove(force=True)
+    assert not list(tmp_path.iterdir())

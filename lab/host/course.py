@@ -148,10 +148,18 @@ def part_outcome(result) -> str:
 
 def running_cluster_results(cli) -> str | None:
     """The folder a running two-node cluster of this checkout mounts at /results, or None
-    when it is not running."""
+    when it is not running. A cluster partly up is refused (CourseError): the lab would
+    bring the rest up beside what runs there, and take all of it down after."""
     from lab.host.places.compose import cluster
     found = cluster.nodes(cli)
-    if not all(h in found and found[h].status == "running" for h in cluster.node_names(2)):
+    names = cluster.node_names(2)
+    running = [h for h in names if h in found and found[h].status == "running"]
+    if len(running) == 1:
+        stopped = next(h for h in names if h not in running)
+        raise CourseError(f"the cluster is partly up ({running[0]} runs, {stopped} does not): take it down "
+                          f"with `invoke down` (the lab brings it up with its own folder), or "
+                          f"bring it all up with `invoke up`, then run the lab again")
+    if len(running) < 2:
         return None
     mounts = {m["Destination"]: m["Source"] for m in found["node1"].attrs.get("Mounts", [])}
     return mounts.get("/results", "")
@@ -164,6 +172,8 @@ def check_cluster_folder(plan: Plan) -> None:
     from lab.host.places.compose import cluster
     try:
         there = running_cluster_results(cluster.engine())
+    except CourseError:
+        raise
     except Exception:       # no engine, or an engine error: the part says so when it comes
         return
     want = os.path.realpath(plan.results_dir)
