@@ -186,7 +186,7 @@ DOCTOR_HELP = {
     "wide": "print every value and fix in full on its row (default: 120 columns, long ones as notes)",
     "local": "check the stack as local processes even when a lab image is built",
     "image": "the lab image to check (default: the one bench would use)",
-    "frozen": "in the image, check its own copy of the kit instead of the checkout's",
+    "frozen": "in the image (and with --nodes on the cluster's nodes), check its own copy of the kit instead of the checkout's",
     "all": "show every check on its row (default: the checks skipped for want of a GPU in one line)",
     "nodes": "also time the five collectives with one rank on each of the cluster's N nodes (invoke up first)",
     "link": "with --nodes: shape the links as bench --link does while they run, RATE[/DELAY]",
@@ -214,7 +214,7 @@ def doctor(c, np=None, json=False, local=False, image=None, frozen=False, wide=F
         if link and across < 2:
             raise BenchError("--link shapes the links between the cluster's nodes: add --nodes 2 or more")
         # before the probes: one sentence, at once; the collectives across run on it
-        cluster = doc.check_across(across, link or "") if across > 1 else None
+        cluster = doc.check_across(across, link or "", frozen) if across > 1 else None
         width = None if wide else report.WIDTH
         checks, seconds, notes = doc.run(ranks, where=where, image=image or "", frozen=frozen,
                                          echo=(lambda line: None) if json else

@@ -311,6 +311,9 @@ def test_doctor_times_the_collectives_across_the_nodes_against_the_shaped_link(u
     rc, out = cluster.exec_out(cluster.nodes(up)["node1"], ["tc", "qdisc", "show", "dev", "eth0"],
                                user="root")
     assert "tbf" not in out, out
+    # --frozen: the image's own copy of the kit on the nodes, not the checkout's
+    assert "PYTHONPATH" in doctor.check_across(2, "").env({})
+    assert "PYTHONPATH" not in doctor.check_across(2, "", frozen=True).env({})
 
 
 def test_the_compute_ceiling_is_measured_on_every_node(up):

@@ -51,23 +51,23 @@ def across_sizes(link_gbs: float | None) -> list[int]:
     return fits or [4096]
 
 
-def check_across(nodes: int, link: str):
+def check_across(nodes: int, link: str, frozen: bool = False):
     """The cluster's runner on `nodes` nodes for `--nodes`/`--link`, checked before any
     probe runs: its nodes up and the link spec one the place can shape (RunnerError, one
-    sentence). across_nodes runs on it."""
+    sentence). across_nodes runs on it: the checkout's envcheck (compose.yaml mounts it),
+    or with `frozen` the image's own copy, as bench --frozen runs there."""
     from lab.host.places import choose_runner
-    runner, _ = choose_runner(nodes=nodes)
+    runner, _ = choose_runner(nodes=nodes, frozen=frozen)
     runner.check_link(link)
     return runner
 
 
 def across_nodes(runner, link: str = "", echo=print) -> dict:
     """The five collectives over Gloo with one rank on each of the cluster's nodes (`runner`:
-    check_across's)
-    (envcheck.collectives under torch.distributed.run on every node), the links shaped
+    check_across's; envcheck.collectives under torch.distributed.run on every node), the links shaped
     by `link` while they run: a check row whose value carries two references, rank 0's
     node's memory copy and the shaped link's rate (none when unshaped: a veth pair has
-    none). The checkout's envcheck runs on the nodes (compose.yaml mounts it)."""
+    none)."""
     import uuid
 
     row = {"where": f"cluster ({runner.nodes} nodes)", "name": "collectives_across"}
