@@ -172,15 +172,12 @@ def test_the_hosts_are_parsed_by_their_place_and_make_its_runner(tmp_path):
         places.for_request(request_for("hosts"), sweep={"nodes": [1, 2]})
 
 
-OWN = [(n, k) for n in places.PLACES for k in places.place(n).own_settings]
-
-
-@pytest.mark.parametrize("owner,setting", OWN)
-def test_a_setting_of_one_place_is_refused_elsewhere_with_its_line(owner, setting):
-    """Runner.own_settings: a setting only one place takes (--partition: Slurm's) is
-    refused in one line in every other place, and where the engine decides."""
-    line = places.place(owner).own_settings[setting]
-    others = [request_for(n) for n in places.PLACES if n != owner]
+@pytest.mark.parametrize("setting", places.OWN_SETTINGS)
+def test_a_setting_of_one_place_is_refused_elsewhere_with_its_line(setting):
+    """OWN_SETTINGS: a setting only one place takes (--partition: Slurm's) is refused in
+    one line in every other place, and where the engine decides."""
+    owner, line = places.OWN_SETTINGS[setting]
+    others = [request_for(n) for n in places.PLACES if n not in (owner, "hosts")]
     for s in [*others, BenchSettings(np=[1], where="auto")]:
         with pytest.raises(RunnerError, match=line.replace("'", ".")):
             places.for_request(dataclasses.replace(s, **{setting: "x"}))
@@ -188,5 +185,11 @@ def test_a_setting_of_one_place_is_refused_elsewhere_with_its_line(owner, settin
     assert getattr(s, setting) == "x"
 
 
-def test_slurms_partition_is_its_own_setting():
-    assert OWN == [("slurm", "partition")]
+def test_the_hosts_own_refusal_comes_before_another_places_setting():
+    """--hosts with --launcher slurm --partition p: the hosts' line (leave out --launcher),
+    not Slurm's (add --launcher slurm) to someone who gave it."""
+    s = dataclasses.replace(request_for("hosts"), launcher="slurm", partition="p")
+    with pytest.raises(RunnerError, match="--hosts runs on your servers over SSH: leave out --nodes"):
+        places.for_request(s)
+    with pytest.raises(RunnerError, match="--partition is Slurm's"):
+        places.for_request(dataclasses.replace(request_for("hosts"), partition="p"))

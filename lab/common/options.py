@@ -33,7 +33,8 @@ class Option:
     tasks: tuple = BENCH        # the tasks that take it as a flag (): a setting no flag sets
     choices: tuple = ()         # with sweeps: what a comma list may hold
     sweeps: bool = False        # a comma list sweeps (one combination per value)
-    key: bool = False           # tells one run from another in a run folder (--resume)
+    key: bool = False           # tells one run from another in a run folder (--resume): the
+                                # record's configuration must hold it (RunConfig.as_record)
     setup: bool = False         # runs that differ are never compared by the report
     setting: bool = True        # a field of bench's settings (False: what the task does with them)
 
@@ -137,8 +138,7 @@ OPTIONS = (
            key=True),
     Option("fault", "RANK:STEP[:MODE]: that rank raises (MODE kill: SIGKILLs itself; hang: stops "
            "calling collectives; hang-data: sleeps in its data loading; slow: each step from then "
-           "on takes 50 ms longer) at that step, to see a failed, stalled or waited-for job", _A,
-           key=True),
+           "on takes 50 ms longer) at that step, to see a failed, stalled or waited-for job", _A),
     Option("debug", "the frameworks' debug output: TORCH_DISTRIBUTED_DEBUG=DETAIL for DDP", _A,
            default=False, kind=bool),
 )
@@ -168,5 +168,5 @@ def run_key(values: dict, nodes: int, np: int, repeat: int) -> tuple:
     process count and, last, the repeat index."""
     def value(name):
         v = values.get(name)
-        return BY_NAME[name].value if v is None else v
+        return BY_NAME[name].value if v in (None, "") else v
     return (*(value(k) for k in KEY_FIELDS), int(nodes), int(np), int(repeat))

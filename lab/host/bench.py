@@ -101,10 +101,18 @@ def _duration(seconds: float) -> str:
 
 def run(s: BenchSettings, echo=print, stack: dict | None = None, runner: Runner | None = None,
         progress: Progress | None = None) -> Outcome:
-    """One combination (`s`, with all its process counts and repeats): its plan
-    (lab.host.plan.plan_of, where every check of the request is made), then its jobs."""
+    """One combination (`s`, with all its process counts and repeats): its place's view of
+    it (lab.host.places.for_request, unless a `runner` is given: the caller's), its plan
+    (lab.host.plan.plan_of, the checks that need nothing but the request), then its jobs."""
+    from lab.host.places import for_request
     from lab.host.plan import plan_of
-    plan = plan_of(s)
+    options = None
+    if runner is None:
+        try:
+            s, options = for_request(s, echo=echo)
+        except RunnerError as e:
+            raise BenchError(str(e)) from None
+    plan = dataclasses.replace(plan_of(s), place_options=options)
     return run_jobs(plan, plan.jobs, echo, stack, runner, progress)
 
 

@@ -3,6 +3,7 @@ derived from the option table (lab.common.options): bench's, and the one-value s
 the batch script and the Kubernetes manifest take, each of which writes one run."""
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 
@@ -23,7 +24,9 @@ def one_value(task: str) -> dict[str, str]:
 def takes(task: str):
     """A task body `def t(c, own=..., **run)` gets the signature invoke reads its flags
     from: its own parameters, then every option of the table that `task` takes (not
-    given: None, or False for a switch). The body receives them in `run`."""
+    given: None, or False for a switch). The body receives each of them in `run`, given
+    or not, and a name it does not take is a TypeError, as for any function (a call from
+    Python too, not only invoke's parser)."""
     def wrap(body):
         sig = inspect.signature(body)
         own = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
@@ -31,8 +34,15 @@ def takes(task: str):
         table = [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY,
                                    default=False if o.kind is bool else None)
                  for o in options.of_task(task) if o.name not in names]
-        body.__signature__ = sig.replace(parameters=own + table)
-        return body
+        signature = sig.replace(parameters=own + table)
+
+        @functools.wraps(body)
+        def with_every_flag(*args, **kwargs):
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            return body(*bound.args, **bound.kwargs)
+        with_every_flag.__signature__ = signature
+        return with_every_flag
     return wrap
 
 

@@ -22,6 +22,12 @@ PLACES = {
     "k8s": "lab.host.places.k8s.runner:K8sRunner",
 }
 
+# Settings only one place takes: the place, and the line a request run elsewhere is told
+# (here, not on the class: asking must not import every place).
+OWN_SETTINGS = {
+    "partition": ("slurm", "--partition is Slurm's: add --launcher slurm"),
+}
+
 # The places other flags choose (--local, --image or where: auto, --nodes, --hosts);
 # every other place above is a launcher of its own, which --launcher names.
 CHOSEN_BY_FLAGS = ("local", "image", "compose", "hosts")
@@ -56,21 +62,21 @@ def place_of(s) -> str | None:
 def for_request(s, sections=None, echo=None, sweep: dict | None = None) -> tuple:
     """(the request as it runs in its place, the place's options: from its section of
     invoke.yaml, `sections` (invoke's Config or a dict, by place name), or from the
-    request): what cannot work there refused in one line (RunnerError), a setting of
-    another place refused with that place's line (Runner.own_settings), and a feature the
-    place cannot offer turned off with its one line told (`echo`)."""
+    request): what cannot work there refused in one line (RunnerError), then a setting of
+    another place (OWN_SETTINGS) with that place's line, and a feature the place cannot
+    offer turned off with its one line told (`echo`)."""
     if s.launcher not in launchers():
         raise RunnerError(f"--launcher is one of {', '.join(launchers())}, not {s.launcher!r}")
     name = place_of(s)
-    for other in PLACES:
-        if other != name:
-            for setting, line in place(other).own_settings.items():
-                if getattr(s, setting):
-                    raise RunnerError(line)
-    if name is None:
+    cls = place(name) if name else None
+    options = None
+    if cls is not None:
+        s, options = cls.for_request(s, dict((sections or {}).get(name, {}) or {}), sweep)
+    for setting, (owner, line) in OWN_SETTINGS.items():
+        if owner != name and getattr(s, setting):
+            raise RunnerError(line)
+    if cls is None:
         return s, None
-    cls = place(name)
-    s, options = cls.for_request(s, dict((sections or {}).get(name, {}) or {}), sweep)
     for line in told(cls, s):
         if echo:
             echo(line)

@@ -76,8 +76,6 @@ class Runner:
     # A sweep makes one runner of this place (for_sweep, with the most nodes asked for)
     # and runs its combinations on fewer nodes on that runner's first nodes (on_nodes).
     sweep_shares = False
-    # settings only this place takes -> the line that says so to a request run elsewhere
-    own_settings: dict = {}
     # --np spread evenly over the nodes (lab.host.launch.ranks_per_node): a count that does
     # not divide is refused before any job; False: the place's own slots (--hosts)
     spreads_evenly = True

@@ -180,8 +180,8 @@ class HostsRunner(Runner):
     @classmethod
     def for_request(cls, s, config: dict, sweep: dict | None = None) -> tuple:
         """--hosts or --hostfile parsed once (the request's servers are this place's
-        options), each host's slots checked against --np and its name against SSH's
-        rules; the request's nodes are its servers."""
+        options), the slots checked against --np and the names (check_hosts: not this
+        machine's own names); the request's nodes are its servers."""
         s, _ = super().for_request(s, config, sweep)
         if s.hosts and s.hostfile:
             raise RunnerError("give the hosts once: --hosts or --hostfile")

@@ -23,7 +23,6 @@ class SlurmClusterRunner(ClusterRunner):
     and asks `scontrol` for the job's state every second until it is final. Stopping it
     (Ctrl-C, --timeout-s) is `scancel`."""
 
-    own_settings = {"partition": "--partition is Slurm's: add --launcher slurm"}
     sweep_shares = False        # each combination its own batch jobs: bench's choice
 
     launcher = "slurm"
