@@ -153,7 +153,7 @@ import sys  # noqa: E402
 import time  # noqa: E402
 
 from lab.common.docker_api import MANAGED_BY as LABEL_KEY  # noqa: E402
-from lab.host.places.image import LABEL_VALUE  # noqa: E402
+from lab.host.places.image import LABEL_VALUE, RESULTS_IN  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -163,8 +163,24 @@ def bench_cli(*args, timeout=600, **kw):
                           capture_output=True, text=True, timeout=timeout, **kw)
 
 
+_MINE: list[str] = []      # this test process's base temp folder (set below)
+
+
+@pytest.fixture(autouse=True)
+def _this_worker(tmp_path_factory):
+    _MINE[:] = [os.path.realpath(tmp_path_factory.getbasetemp())]
+
+
 def bench_containers(client):
-    return client.containers.list(all=True, filters={"label": f"{LABEL_KEY}={LABEL_VALUE}"})
+    """The bench containers of this test process: those whose results folder is in its
+    temporary folders (another xdist worker's bench in the image may run meanwhile; the
+    engine lists its container too)."""
+    def mine(c):
+        return any(m.get("Destination") == RESULTS_IN
+                   and os.path.realpath(m.get("Source", "")).startswith(_MINE[0] + os.sep)
+                   for m in c.attrs.get("Mounts", []))
+    found = client.containers.list(all=True, filters={"label": f"{LABEL_KEY}={LABEL_VALUE}"})
+    return [c for c in found if mine(c)]
 
 
 @pytest.mark.parametrize("framework,backend", [("horovod", "gloo"), ("horovod", "mpi")])
