@@ -7,6 +7,7 @@ ResNet-50 step is never cut by --stall-s."""
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -168,6 +169,21 @@ LAUNCHERS = {
 }
 
 
+TAG = re.compile(r"(\[[\w,]+\](?:<std(?:out|err)>)?:)")
+
+
+def by_tag(lines: list[str]) -> dict[str | None, str]:
+    """Each launcher tag's text, its pieces put together, whitespace left out (None: the
+    text of a launcher that tags nothing)."""
+    out: dict[str | None, str] = {}
+    for line in lines:
+        parts = TAG.split(line)
+        out[None] = out.get(None, "") + "".join(parts[0].split())
+        for tag, text in zip(parts[1::2], parts[2::2]):
+            out[tag] = out.get(tag, "") + "".join(text.split())
+    return out
+
+
 @pytest.mark.parametrize("launcher", [
     "torchrun", "torchrun --tee", pytest.param("horovodrun", marks=requires_horovod),
     pytest.param("mpirun", marks=requires_mpirun)])
@@ -176,9 +192,15 @@ def test_marker_lines_are_read_behind_each_launchers_prefix(tmp_path, launcher):
     markers = [line for line in lines if "@lab-" in line]
     assert len(markers) == 4, lines
     w = StallWatch(str(tmp_path), 2, 20, 7.5, stop=lambda: None, channel="stream")
-    kept = [line for line in lines if not w.line(line)]
+    kept = [own for line in lines if (own := w.line(line)) is not None]
     assert not [line for line in kept if "@lab-" in line], lines
-    assert sum("hello from" in line for line in kept) == 2       # the rest is echoed as before
+    # The rest is echoed as before: each rank's text, put together from the pieces its
+    # launcher tagged (mpirun --tag-output tags each piece it reads: a rank's line can come
+    # in pieces between other ranks' lines, MPIRUN_MERGED below).
+    texts = by_tag(kept)
+    tagged = sorted(v for k, v in texts.items() if k)
+    assert tagged == ["hellofrom0", "hellofrom1"] or (
+        not tagged and all(f"hellofrom{r}" in texts[None] for r in (0, 1))), lines
     beats = w.beats()
     assert {r: (b["step"], b["where"]) for r, b in beats.items()} == {0: (4, "backward"), 1: (4, "backward")}
     assert w._stream_stacks == {0: ["train.py:1 in x"], 1: ["train.py:1 in x"]}
@@ -186,10 +208,36 @@ def test_marker_lines_are_read_behind_each_launchers_prefix(tmp_path, launcher):
         assert all(not line.startswith("@lab-") for line in markers), markers
 
 
+# mpirun --tag-output's stdout as this machine printed it for PRINT_MARKER under load
+# (Open MPI 4.1.4, 2 ranks): rank 1's "hello from 1", written in pieces, read in three, with
+# rank 0's marker after its first piece.
+MPIRUN_MERGED = [
+    '[1,0]<stdout>:hello from 0',
+    '[1,1]<stdout>:hello from[1,0]<stdout>:@lab-beat {"rank":0,"seq":3,"launch":7.5,"phase":"step",'
+    '"step":4,"where":"backward","bound_s":20}',
+    '[1,0]<stdout>:@lab-stack {"rank":0,"seq":3,"launch":7.5,"frames":["train.py:1 in x"]}',
+    '[1,1]<stdout>: [1,1]<stdout>:1',
+    '[1,1]<stdout>:@lab-beat {"rank":1,"seq":3,"launch":7.5,"phase":"step","step":4,"where":"backward",'
+    '"bound_s":20}',
+]
+
+
+def test_a_ranks_text_before_another_ranks_marker_is_echoed_without_the_marker(tmp_path):
+    w = StallWatch(str(tmp_path), 2, 20, 7.5, stop=lambda: None, channel="stream")
+    assert [w.line(line) for line in MPIRUN_MERGED] == [
+        MPIRUN_MERGED[0], "[1,1]<stdout>:hello from", None, MPIRUN_MERGED[3], None]
+    assert {r: b["step"] for r, b in w.beats().items()} == {0: 4, 1: 4}
+    # behind the other launchers' tags, nothing of the rank's is left to echo
+    beat = heartbeat.marker_line(heartbeat.BEAT_MARK, {"rank": 1, "seq": 4, "launch": 7.5, "phase": "step"})
+    for tag in ("[1]<stderr>:", "[default1]:", "1: ", ""):
+        assert w.line(tag + beat) is None, tag
+    assert w.line("[default1]:loss 0.5[default0]:" + beat) == "[default1]:loss 0.5"
+
+
 def test_a_marker_of_another_launch_or_cut_short_is_not_a_heartbeat(tmp_path):
     w = StallWatch(str(tmp_path), 2, 20, 7.5, stop=lambda: None, channel="stream")
     line = heartbeat.marker_line(heartbeat.BEAT_MARK, {"rank": 0, "seq": 1, "launch": 1.0, "phase": "step"})
-    assert w.line(line) is True and w.beats() == {0: None, 1: None}      # kept out, not ours
+    assert w.line(line) is None and w.beats() == {0: None, 1: None}      # kept out, not ours
     assert heartbeat.parse_marker(line[:-3]) is None
     assert heartbeat.parse_marker("[1,0]<stdout>:" + line)[1]["launch"] == 1.0
 

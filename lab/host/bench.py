@@ -283,8 +283,9 @@ def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, ec
                        started=runner.ranks_started, channel=runner.heartbeat_channel).start()
 
     def line(text: str) -> None:
-        if not stall.line(text):
-            watch.line(text)
+        own = stall.line(text)
+        if own is not None:
+            watch.line(own)
     try:
         try:
             res = runner.run(commands, env, s.timeout_s, line,

@@ -35,6 +35,9 @@ DUMP_WAIT_S = 10.0     # how long to wait for the ranks' stacks once a stall is 
 # HOROVOD_STALL_SHUTDOWN_TIME_SECONDS). Under horovodrun the lines carry "[0]<stderr>:".
 _HVD_START = re.compile(r"waiting for remainder of ranks for more than (\d+) seconds")
 _HVD_MISSING = re.compile(r"(?:^|[:>\]\s])(\d+)!?: \[(.*)\]\s*$")
+# The tag a launcher puts before a rank's output: mpirun --tag-output "[1,0]<stdout>:",
+# horovodrun "[0]<stdout>:", torch.distributed.run --tee "[default0]:", srun --label "0: ".
+_TAG_AT_END = re.compile(r"(?:\[[\w,]+\](?:<std(?:out|err)>)?:|^\s*\d+: ?)$")
 
 
 class StallWatch:
@@ -72,12 +75,18 @@ class StallWatch:
         if self._thread.is_alive():
             self._thread.join()
 
-    def line(self, text: str) -> bool:
-        """One line of the job's output: a rank's heartbeat or stack marker (True: bench
-        keeps it out of what it echoes and records), or Horovod's stall report."""
+    def line(self, text: str) -> str | None:
+        """One line of the job's output: a rank's heartbeat or stack marker, or Horovod's
+        stall report. Returns what of it is the job's own output for bench to echo and
+        record: the line, or None for a marker. A launcher that forwards each rank's output
+        as it reads it can put another rank's unfinished line before a marker
+        ("[1,1]<stdout>:hello from[1,0]<stdout>:@lab-beat {...}", mpirun --tag-output, seen
+        here): that text is returned, without the marker and its own rank's tag."""
         marker = heartbeat.parse_marker(text)
         if marker:
             kind, fields = marker
+            before = _TAG_AT_END.sub("", text[:text.find(heartbeat.BEAT_MARK if kind == "beat"
+                                                         else heartbeat.STACK_MARK)])
             if fields.get("launch") == self.launch:
                 with self._lock:
                     if kind == "beat":
@@ -86,21 +95,21 @@ class StallWatch:
                             self._streamed[fields["rank"]] = fields
                     else:
                         self._stream_stacks[fields["rank"]] = list(fields.get("frames") or [])
-            return True
+            return before if before.strip() else None
         m = _HVD_START.search(text)
         if m:
             self._in_hvd = True
             self.horovod = {"after_s": int(m.group(1)), "missing": {}}
-            return False
+            return text
         if self._in_hvd:
             if "Missing ranks:" in text:
-                return False
+                return text
             m = _HVD_MISSING.search(text)
             if m:
                 self.horovod["missing"][int(m.group(1))] = [t.strip() for t in m.group(2).split(",")][:3]
             else:
                 self._in_hvd = False
-        return False
+        return text
 
     def beats(self) -> dict[int, dict | None]:
         """Each rank's heartbeat of this launch (None: none yet): the newer of its file in
