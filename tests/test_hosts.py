@@ -3,6 +3,7 @@ against --np, the stacks of the hosts compared, and the ssh commands of a DDP la
 The launch itself runs for real from node1 of the simulated cluster
 (tests/test_cluster.py::test_bench_on_a_list_of_hosts_runs_from_the_first_over_ssh)."""
 import shlex
+import types
 
 import pytest
 
@@ -11,6 +12,7 @@ from lab.host.places.hosts import (
     check_hosts,
     check_slots,
     ddp_commands,
+    host_list,
     parse_hostfile,
     remote,
     rendezvous_port,
@@ -32,6 +34,14 @@ def test_hostfiles_in_mpiruns_format():
 def test_bad_hostfiles_are_one_sentence(text, words):
     with pytest.raises(HostsError, match=words):
         parse_hostfile(text)
+
+
+def test_a_hostfile_that_cannot_be_read_is_one_sentence(tmp_path):
+    binary = tmp_path / "hosts.bin"
+    binary.write_bytes(b"\xff\xfenode1 slots=2\n")
+    for path, why in ((binary, "not text"), (tmp_path / "none", "No such file")):
+        with pytest.raises(HostsError, match=rf"--hostfile {path} cannot be read \({why}.*node1 slots=4"):
+            host_list(types.SimpleNamespace(hosts="", hostfile=str(path)))
 
 
 def test_slots_must_add_up_to_np():

@@ -10,7 +10,7 @@ import tasks
 from lab.common import options, results
 from lab.common.config import RunConfig
 from lab.host import plan as plans
-from lab.host.request import BENCH_FLAGS, BenchError, BenchSettings, base_config
+from lab.host.request import BENCH_FLAGS, BenchError, BenchSettings, base_config, settings_from_flags
 from lab.report import records
 
 DEFAULTS = {"np": "2", "timeout_s": 3600}
@@ -135,6 +135,13 @@ def test_each_option_of_the_table_is_derived_everywhere_it_belongs(option, tmp_p
     if option.setting:
         assert getattr(BenchSettings(np=[1]), option.name) == (
             [1] if option.name == "np" else option.value)
+        # invoke.yaml's `bench:` default is honoured, and a flag given wins over it
+        default, _ = settings_from_flags({}, {"np": 1})
+        given = changed(option)
+        from_yaml, _ = settings_from_flags({}, {"np": 1, option.name: given})
+        assert getattr(from_yaml, option.name) != getattr(default, option.name), option.name
+        from_flag, _ = settings_from_flags({option.name: given}, {"np": 1, option.name: option.value})
+        assert getattr(from_flag, option.name) == getattr(from_yaml, option.name), option.name
     # records as the kit writes them: the ranks' configuration, as_record
     config = RunConfig()
     if option.name in {f.name for f in dataclasses.fields(RunConfig)}:
@@ -144,13 +151,21 @@ def test_each_option_of_the_table_is_derived_everywhere_it_belongs(option, tmp_p
     assert (plans.record_key(run) != plans.record_key(other)) == option.key, option.name
     if option.name == "repeat":
         assert plans.record_key(other)[-1] == changed(option)
-    assert (option.name in records.SETUP_FIELDS) == option.setup
+    # the report never compares runs whose setup differs (the strategy enters the setup by
+    # its name, summary.strategy_name, with the settings that make it)
+    assert (records.setup_key(run) != records.setup_key(other)) == (
+        option.setup or option.name == "strategy"), option.name
 
 
 def changed(option):
-    """A value other than the option's default (and RunConfig's), of its kind."""
-    if option.kind is int:
+    """A value other than the option's default (and RunConfig's), of its kind, as invoke.yaml
+    or a flag gives it."""
+    if option.kind is list:
+        return "1,2"
+    if option.kind in (int, float):
         return option.value + 3
+    if option.kind is bool:
+        return not option.value
     other = [c for c in option.choices if c not in (option.value, getattr(RunConfig, option.name, None))]
     return other[-1] if other else f"x-{option.value}"
 
@@ -266,3 +281,35 @@ def test_a_task_body_receives_every_flag_of_the_table_given_or_not():
     assert run["seed"] is None
     with pytest.raises(TypeError, match="bogus"):
         body(None, bogus=1)
+
+
+# A value other than the default for every option a script for another cluster carries.
+# (the value, with the other flags it needs)
+ONE_JOB_VALUES = {"framework": "horovod", "backend": ("mpi", {"framework": "horovod"}), "compression": "fp16", "model": "lstm",
+                  "data": "digits", "device": "cuda", "batch_size": "36", "epochs": "3",
+                  "max_steps": "7", "seed": "9", "threads": "2", "warmup_steps": "3",
+                  "run_id": "rid-1", "strategy": "zero1", "micro_batches": "6", "schedule": "1f1b",
+                  "zero_stage": "2", "data_dir": "elsewhere"}
+
+
+@pytest.mark.parametrize("task", ["sbatch", "k8s"])
+def test_each_option_of_a_script_for_another_cluster_reaches_its_ranks(task, tmp_path):
+    """Every option `invoke sbatch` and `invoke k8s` take (the table's ONE_JOB rows) is in
+    the ranks' command of the script or manifest they write, with its value."""
+    from lab.host.places.k8s import manifest as kube
+    from lab.host.places.slurm.script import script_for_request
+    taken = [o.name for o in options.of_task(task) if o.name not in ("np", "results_dir")]
+    assert set(taken) <= set(ONE_JOB_VALUES), set(taken) - set(ONE_JOB_VALUES)
+    for name in taken:
+        value, others = ONE_JOB_VALUES[name], {}
+        if isinstance(value, tuple):
+            value, others = value
+        flags = {"results_dir": str(tmp_path), "np": "1", **others, name: value}
+        s = plans.make_plan(flags, {"np": "2", "timeout_s": 3600}).single(task)
+        if task == "sbatch":
+            text = script_for_request(s)[0]
+        else:
+            text = str(kube.manifest_for_request(s, kube.options({"registry": "r.example/x"})).body)
+        # the framework is the launcher's choice (horovodrun, torch.distributed.run)
+        flag = f"--{options.BY_NAME[name].flag} " if name != "framework" else ""
+        assert re.search(re.escape(flag) + r"(\S*/)?" + re.escape(value) + r"\b", text), (task, name)

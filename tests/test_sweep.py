@@ -30,6 +30,15 @@ def test_the_plan_is_the_cross_product():
         (f, b, c) for f in ("horovod", "ddp") for b in ("gloo", "mpi", "nccl") for c in ("none", "int8")}
 
 
+def test_a_sweep_crosses_the_strategy_first_and_the_nodes_last():
+    """The order the runs happen in (and the report's rows first appear): the strategy varies
+    slowest, then the framework, back end, compression, and the nodes fastest."""
+    plans = plan.combinations(request.BenchSettings(np=[1]), {
+        "nodes": [1, 2], "compression": ["none", "fp16"], "strategy": ["ddp", "zero1"]})
+    assert [(p.strategy, p.compression, p.nodes) for p in plans] == [
+        (s, c, n) for s in ("ddp", "zero1") for c in ("none", "fp16") for n in (1, 2)]
+
+
 def sweep(tmp_path, *args):
     cp = subprocess.run([sys.executable, "-m", "invoke", "bench", "--local", "--np", "1", "--framework",
                          "ddp", "--max-steps", "8", "--warmup-steps", "2", "--results-dir", str(tmp_path),

@@ -150,7 +150,10 @@ RANK_ONLY = ("test_batch_size", "lr", "momentum", "expected_np", "attempt", "lau
 
 BY_NAME = {o.name: o for o in OPTIONS}
 SETTINGS = tuple(o for o in OPTIONS if o.setting)            # bench's settings, in this order
-SWEEP_FIELDS = tuple(o.name for o in OPTIONS if o.sweeps)
+# The options a comma list sweeps, in the order a sweep crosses them (the first varies
+# slowest): the order the runs happen in and the report's rows first appear.
+SWEEP_FIELDS = ("strategy", "framework", "backend", "compression", "nodes")
+assert set(SWEEP_FIELDS) == {o.name for o in OPTIONS if o.sweeps}, "a sweeping option without its place"
 # A run in a run folder: these of its configuration, its nodes and ranks, its repeat index.
 KEY_FIELDS = tuple(o.name for o in OPTIONS if o.key and o.name != "repeat")
 SETUP_FIELDS = tuple(o.name for o in OPTIONS if o.setup)

@@ -20,7 +20,6 @@ class BenchError(Exception):
     """Bad input or a missing piece: one sentence that says what to do."""
 
 
-_RUN = RunConfig()  # the run's own defaults live in RunConfig alone
 
 
 def _settings_class():

@@ -25,7 +25,7 @@ PLACES = {
 # Settings only one place takes: the place, and the line a request run elsewhere is told
 # (here, not on the class: asking must not import every place).
 OWN_SETTINGS = {
-    "partition": ("slurm", "--partition is Slurm's: add --launcher slurm"),
+    "partition": ("slurm", "--partition is Slurm's (--launcher slurm): leave it out here"),
 }
 
 # The places other flags choose (--local, --image or where: auto, --nodes, --hosts);

@@ -76,8 +76,9 @@ def host_list(s) -> list[Host]:
     try:
         with open(s.hostfile) as f:
             text = f.read()
-    except OSError as e:
-        raise HostsError(f"--hostfile {s.hostfile} cannot be read ({e.strerror}): give a "
+    except (OSError, UnicodeDecodeError) as e:
+        why = e.strerror if isinstance(e, OSError) else "not text"
+        raise HostsError(f"--hostfile {s.hostfile} cannot be read ({why}): give a "
                          f"file of lines such as `node1 slots=4`") from None
     return parse_hostfile(text, s.hostfile)
 
