@@ -325,6 +325,7 @@ def test_invoke_k8s_writes_the_manifest_and_the_apply_line(tmp_path):
     (["--np", "4", "--nodes", "2", "--strategy", "fsdp", "--api", "mpijob"], "torchrun"),
     (["--np", "4", "--nodes", "2", "--registry", ""], "give --registry"),
     (["--np", "2,4", "--registry", "r"], "one process count"),
+    (["--np", "2", "--max-steps", "4", "--registry", "r"], "--warmup-steps 5 leaves none to time"),
 ])
 def test_invoke_k8s_bad_input_is_one_line(tmp_path, args, words):
     cp = invoke(*args, "--results-dir", str(tmp_path), cwd=tmp_path)

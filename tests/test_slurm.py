@@ -239,6 +239,10 @@ def test_invoke_sbatch_writes_a_script_for_a_real_cluster(tmp_path):
     (["--np", "2", "--nodes", "2", "--framework", "horovod", "--container", "pyxis:x"], "pyxis"),
     (["--np", "2", "--nodes", "2", "--container", "kubernetes:x"], "--container takes"),
     (["--np", "2", "--nodes", "2", "--gpus-per-node", "two"], "whole number"),
+    (["--np", "2", "--device", "cuda", "--backend", "nccl", "--gpus-per-node", "1"],
+     "puts 2 ranks on each node, each needing a GPU of its own, and --gpus-per-node is 1"),
+    (["--np", "2", "--gpus-per-node", "1"], "--gpus-per-node is for --device cuda"),
+    (["--np", "2", "--max-steps", "4"], "--warmup-steps 5 leaves none to time"),
 ])
 def test_invoke_sbatch_bad_input_is_one_sentence(args, words):
     cp = invoke_sbatch(*args)
@@ -275,3 +279,18 @@ def test_invoke_sbatch_takes_the_seed_and_its_help_promises_no_sweep():
     assert "--seed 7" in cp.stdout
     helps = invoke_sbatch("--help").stdout
     assert "comma list" not in helps and "sweep" not in helps and "--seed" in helps
+
+
+def test_each_rank_gets_its_threads_cpus_and_srun_is_given_them(tmp_path):
+    """--threads T: a DDP node's task asks for its ranks x T CPUs, a Horovod-MPI rank's task
+    for T, and srun is told itself (Slurm 22.05 to 23.02 do not pass sbatch's on)."""
+    ddp = script(env={"OMP_NUM_THREADS": "4"}, threads=4).replace(" \\\n    ", " ")
+    assert sbatch_options(ddp)["cpus-per-task"] == "8" and "srun --ntasks-per-node=1 --cpus-per-task=8 " in ddp
+    mpi = script(framework="horovod", backend="mpi", threads=3).replace(" \\\n    ", " ")
+    assert sbatch_options(mpi)["cpus-per-task"] == "3"
+    assert "srun --mpi=pmix --cpus-per-task=3 --kill-on-bad-exit=1 python -m lab.worker.train" in mpi
+    cp = invoke_sbatch("--np", "2", "--nodes", "2", "--threads", "4", "--results-dir", str(tmp_path),
+                       "--data-dir", str(tmp_path))
+    assert cp.returncode == 0 and sbatch_options(cp.stdout)["cpus-per-task"] == "4", cp.stderr
+    assert "left at the default" not in cp.stderr
+    assert "--results-dir and --data-dir left at the default" in invoke_sbatch("--np", "2").stderr

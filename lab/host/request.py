@@ -317,6 +317,27 @@ def attempt_name(s: BenchSettings, framework: str, np: int, index: int = 0, repe
             f"-n{s.nodes}-np{np}-r{repeat}")
 
 
+def gpus_per_node(s: BenchSettings, np: int, given: int | None) -> int:
+    """The GPUs a script for another cluster asks of each node (Slurm's --gres, a pod's
+    nvidia.com/gpu): one per rank on the node unless `given` (--gpus-per-node); fewer than
+    the node's ranks, or any for CPU ranks, is refused in one sentence."""
+    from lab.host.launch import HostsError, ranks_per_node
+    try:
+        per = ranks_per_node(np, s.nodes)       # the even-spread rule
+    except HostsError as e:
+        raise BenchError(str(e)) from None
+    if s.device != "cuda":
+        if given:
+            raise BenchError("--gpus-per-node is for --device cuda: add it, or leave out --gpus-per-node")
+        return 0
+    gpus = per if given is None else given
+    if gpus < per:
+        raise BenchError(f"--np {np} over {s.nodes} node(s) puts {per} ranks on each node, "
+                         f"each needing a GPU of its own, and --gpus-per-node is {gpus}: "
+                         f"lower --np, add --nodes, or raise --gpus-per-node")
+    return gpus
+
+
 def script_config(s: BenchSettings, framework: str, np: int) -> RunConfig:
     """The one run a script for another cluster holds (invoke sbatch, invoke k8s): its
     run id checked or made, its configuration checked as a rank would, as a BenchError."""
@@ -327,6 +348,9 @@ def script_config(s: BenchSettings, framework: str, np: int) -> RunConfig:
     try:
         cfg.check()
         cfg.check_world(np)
+        # at least one timed step, as bench checks before its ranks start (MNIST's size
+        # as its model's spec holds it: the files are on the cluster, not necessarily here)
+        cfg.check_timing(cfg.train_size() or models.get("mnist").synthetic_samples, np)
     except ConfigError as e:
         raise BenchError(str(e)) from None
     return cfg

@@ -104,6 +104,7 @@ class ClusterRunner(Runner):
 
     kind = "cluster"
     sweep_shares = True
+    up_flags = ""          # what `invoke up` needs beside --nodes to bring this place up
 
     @classmethod
     def from_request(cls, s, options, echo=print) -> "ClusterRunner":
@@ -117,8 +118,9 @@ class ClusterRunner(Runner):
         missing = [h for h in node_names(n) if h not in found or found[h].status != "running"]
         if missing:
             raise ClusterError(f"this checkout's cluster has no running {', '.join(missing)}: bring "
-                               f"it up with `invoke up --nodes {n}`"
-                               + (f", or `docker compose up -d` in {REPO_ROOT}" if n == 2 else ""))
+                               f"it up with `invoke up --nodes {n}{self.up_flags}`"
+                               + (f", or `docker compose up -d` in {REPO_ROOT}"
+                                  if n == 2 and not self.up_flags else ""))
         self.found = {h: found[h] for h in node_names(n)}
         wait_ssh(self.client, n, echo=echo)
         node1 = self.found["node1"]

@@ -27,7 +27,7 @@ from lab.host.places.k8s.jobs import (  # noqa: F401 (the job objects' facts, us
     pytorchjob,
     trainjob,
 )
-from lab.host.request import BenchError, resolve_framework, script_config
+from lab.host.request import BenchError, gpus_per_node, resolve_framework, script_config
 
 APIS = ("auto", "mpijob", "trainjob", "pytorchjob")
 RUN_ID_LABEL = LABEL_PREFIX + "run-id"
@@ -139,20 +139,8 @@ def manifest_for_request(s, opts: K8sOptions, run=None, env: dict | None = None)
         # what bench's check says of a stack without it (lab.host.request.check_request):
         # the image's torch is pip's, whose every pod would fail at init_process_group
         raise BenchError(f"the lab image's torch has no mpi back end for DDP: {NO_MPI_IN_PIP_TORCH}")
-    from lab.host.launch import HostsError, ranks_per_node
-    try:
-        per = ranks_per_node(np, s.nodes)       # the even-spread rule
-    except HostsError as e:
-        raise BenchError(str(e)) from None
-    gpus = 0
-    if s.device == "cuda":
-        gpus = per if opts.gpus_per_node is None else opts.gpus_per_node
-        if gpus < per:
-            raise BenchError(f"--np {np} over {s.nodes} node(s) puts {per} ranks on each node, "
-                             f"each needing a GPU of its own, and --gpus-per-node is {gpus}: "
-                             f"lower --np, add --nodes, or raise --gpus-per-node")
-    elif opts.gpus_per_node:
-        raise BenchError("--gpus-per-node is for --device cuda: add it, or leave out --gpus-per-node")
+    gpus = gpus_per_node(s, np, opts.gpus_per_node)
+    per = np // s.nodes
     inside = dataclasses.replace(s, results_dir=RESULTS_IN_POD, data_dir=DATA_IN_POD)
     cfg = run or script_config(inside, framework, np)
     run_id = cfg.run_id

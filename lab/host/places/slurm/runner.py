@@ -23,6 +23,8 @@ class SlurmClusterRunner(ClusterRunner):
     and asks `scontrol` for the job's state every second until it is final. Stopping it
     (Ctrl-C, --timeout-s) is `scancel`."""
 
+    up_flags = " --scheduler slurm"
+
     sweep_shares = False        # each combination its own batch jobs: bench's choice
 
     launcher = "slurm"

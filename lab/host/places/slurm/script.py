@@ -71,6 +71,7 @@ class SlurmJob:
     python: str = "python"
     partition: str = ""
     gpus_per_node: int = 0            # --gres=gpu:N
+    threads: int = 1                  # CPU threads per rank (--threads): each rank's CPUs
     container: str = ""               # "", pyxis:IMAGE, apptainer:FILE.sif or venv:DIR
     mounts: list[str] = field(default_factory=list)   # folders a container must see
     comment: str = ""
@@ -121,8 +122,8 @@ def job_script(job: SlurmJob) -> str:
                          "pyxis container cannot do: use --backend mpi, DDP, or apptainer:/venv:")
     ddp = job.framework == "ddp"
     # DDP: one task per node (torchrun starts the node's ranks, and gets their CPUs);
-    # Horovod: one task (slot) per rank.
-    tasks, cpus = (1, per) if ddp else (per, 1)
+    # Horovod: one task (slot) per rank. Each rank gets its --threads CPUs.
+    tasks, cpus = (1, per * job.threads) if ddp else (per, job.threads)
     lines = ["#!/bin/bash"]
     if job.comment:
         lines += [f"# {c}" if c else "#" for c in job.comment.splitlines()]
@@ -157,7 +158,7 @@ def job_script(job: SlurmJob) -> str:
             srun_extra.append("--container-mounts=" + ",".join(f"{m}:{m}" for m in job.mounts))
     worker = [*python, "-m", "lab.worker.train", *job.worker_args]
     if ddp:
-        cmd = ["srun", "--ntasks-per-node=1", f"--cpus-per-task={per}", "--kill-on-bad-exit=1",
+        cmd = ["srun", "--ntasks-per-node=1", f"--cpus-per-task={cpus}", "--kill-on-bad-exit=1",
                *srun_extra, *python, "-m", "torch.distributed.run", f"--nnodes={job.nodes}",
                f"--nproc-per-node={per}", "--rdzv-backend=c10d", Raw('--rdzv-id="$SLURM_JOB_ID"'),
                Raw(f'--rdzv-endpoint="${{hosts[0]}}:$(({RDZV_PORT} + SLURM_JOB_ID % 500))"'),
@@ -166,7 +167,10 @@ def job_script(job: SlurmJob) -> str:
         lines.append(f'slots=$(printf "%s:{per}," "${{hosts[@]}}")')
         cmd = ["horovodrun", "-np", str(job.np), "-H", Raw('"${slots%,}"'), "--gloo", *worker]
     else:
-        cmd = ["srun", "--mpi=pmix", "--kill-on-bad-exit=1", *srun_extra, *worker]
+        # srun is given the CPUs of a task itself: Slurm 22.05 to 23.02 do not pass sbatch's
+        # --cpus-per-task on to srun (as for DDP above)
+        threads = [f"--cpus-per-task={cpus}"] if cpus > 1 else []
+        cmd = ["srun", "--mpi=pmix", *threads, "--kill-on-bad-exit=1", *srun_extra, *worker]
     lines.append(_join(cmd))
     return "\n".join(lines) + "\n"
 
@@ -269,6 +273,7 @@ def script_for_request(s, partition: str = "", gpus_per_node: int | None = None,
 
     from lab.common import results
     from lab.host.request import BenchError, resolve_framework, script_config
+    from lab.host.request import gpus_per_node as gpus_for
     nps = s.np if isinstance(s.np, list) else [s.np]
     if len(nps) != 1:
         raise BenchError("a batch script runs one process count: give --np one number")
@@ -280,16 +285,20 @@ def script_for_request(s, partition: str = "", gpus_per_node: int | None = None,
              "installed there is not known here)"] if s.framework == "auto" else []
     # Absolute folders: a container (pyxis) starts in its image's working folder, not
     # where the job was submitted.
+    from lab.common.options import BY_NAME
+    left = [f"--{o.flag}" for o in (BY_NAME["results_dir"], BY_NAME["data_dir"])
+            if getattr(s, o.name) == o.value]
+    if left:
+        notes.append(f"{' and '.join(left)} left at the default: the script names this "
+                     f"checkout's folders, which the nodes must see at the same paths; give "
+                     f"folders on the cluster's shared storage")
     results_dir, data_dir = os.path.abspath(s.results_dir), os.path.abspath(s.data_dir)
     s = dataclasses.replace(s, results_dir=results_dir, data_dir=data_dir)
     cfg = script_config(s, framework, np)
     run_id = cfg.run_id
-    try:
-        gpus = gpus_per_node if gpus_per_node is not None else (
-            ranks_per_node(np, s.nodes) if s.device == "cuda" else 0)
-    except SlurmError as e:
-        raise BenchError(str(e)) from None
+    gpus = gpus_for(s, np, gpus_per_node)
     job = SlurmJob(framework, s.backend, np, s.nodes, cfg.to_args(), job_name=f"lab-{run_id}",
+                   threads=s.threads,
                    time_limit_s=time_limit_s, output=f"lab-{run_id}-%j.out",
                    env=launch.job_env(s), partition=partition, gpus_per_node=gpus, container=container,
                    mounts=sorted({results_dir, data_dir}),
