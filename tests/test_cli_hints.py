@@ -44,6 +44,18 @@ def test_other_parse_errors_are_left_as_invoke_says_them():
     assert hint("No idea what 'bnech' is!", None) == "No idea what 'bnech' is!"
 
 
+def test_a_flag_before_a_tasks_argument_is_the_unknown_flag():
+    """`invoke report --results-dir DIR`: invoke takes the flag for the folder and DIR for a
+    task; the line names the flag and the command meant."""
+    cp = invoke("report", "--results-dir", "/tmp/x")
+    assert cp.returncode == 1 and len(cp.stderr.strip().splitlines()) == 1, cp.stderr
+    assert cp.stderr.startswith("error: `invoke report` has no flag --results-dir: ") and \
+        cp.stderr.rstrip().endswith("; the path is given without a flag (`invoke report PATH`; "
+                                    "`invoke report --help` lists them)"), cp.stderr
+    cp = invoke("report", "--formt", "html", "/tmp/x")
+    assert "has no flag --formt: did you mean --format?" in cp.stderr, cp.stderr
+
+
 def test_an_unknown_task_names_the_closest():
     cp = invoke("bnech", "--np", "2")
     assert cp.returncode == 1 and cp.stderr.strip() == "error: no task 'bnech': did you mean `invoke bench`?"

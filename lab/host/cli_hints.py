@@ -26,6 +26,15 @@ def hint(message: str, context, tasks=()) -> str:
     m = UNKNOWN.match(str(message))
     flags = sorted(getattr(context, "flags", {}) or {}) if context is not None else []
     task = getattr(context, "name", None)
+    # `invoke report --results-dir DIR`: invoke gives the task's positional argument the
+    # unknown flag and finds DIR left over; the flag is what the user got wrong.
+    taken = [a for a in getattr(context, "positional_args", None) or []
+             if isinstance(a.value, str) and a.value.startswith("-")] if task else []
+    if m and taken and not m.group("token").startswith("-"):
+        line = hint(f"No idea what '{taken[0].value}' is!", context)
+        name = taken[0].name
+        return line.replace(" (`invoke", f"; the {name} is given without a flag (`invoke {task} "
+                                         f"{name.upper()}`; `invoke", 1)
     if m and not m.group("token").startswith("-") and tasks:
         close = difflib.get_close_matches(m.group("token"), sorted(tasks), n=1)
         say = f"did you mean `invoke {close[0]}`?" if close else "`invoke --list` lists them"
