@@ -136,11 +136,13 @@ def test_each_option_of_the_table_is_derived_everywhere_it_belongs(option, tmp_p
         assert getattr(BenchSettings(np=[1]), option.name) == (
             [1] if option.name == "np" else option.value)
         # invoke.yaml's `bench:` default is honoured, and a flag given wins over it
-        default, _ = settings_from_flags({}, {"np": 1})
+        # (a strategy's own setting with the first strategy that reads it)
+        base = {"np": 1, **({"strategy": option.strategies[0]} if option.strategies else {})}
+        default, _ = settings_from_flags({}, base)
         given = changed(option)
-        from_yaml, _ = settings_from_flags({}, {"np": 1, option.name: given})
+        from_yaml, _ = settings_from_flags({}, {**base, option.name: given})
         assert getattr(from_yaml, option.name) != getattr(default, option.name), option.name
-        from_flag, _ = settings_from_flags({option.name: given}, {"np": 1, option.name: option.value})
+        from_flag, _ = settings_from_flags({option.name: given}, {**base, option.name: option.value})
         assert getattr(from_flag, option.name) == getattr(from_yaml, option.name), option.name
     # records as the kit writes them: the ranks' configuration, as_record
     config = RunConfig()
@@ -288,8 +290,10 @@ def test_a_task_body_receives_every_flag_of_the_table_given_or_not():
 ONE_JOB_VALUES = {"framework": "horovod", "backend": ("mpi", {"framework": "horovod"}), "compression": "fp16", "model": "lstm",
                   "data": "digits", "device": "cuda", "batch_size": "36", "epochs": "3",
                   "max_steps": "7", "seed": "9", "threads": "2", "warmup_steps": "3",
-                  "run_id": "rid-1", "strategy": "zero1", "micro_batches": "6", "schedule": "1f1b",
-                  "zero_stage": "2", "data_dir": "elsewhere"}
+                  "run_id": "rid-1", "strategy": "zero1",
+                  "micro_batches": ("8", {"strategy": "pipeline", "framework": "ddp"}),
+                  "schedule": ("1f1b", {"strategy": "pipeline", "framework": "ddp"}),
+                  "zero_stage": ("2", {"strategy": "deepspeed"}), "data_dir": "elsewhere"}
 
 
 @pytest.mark.parametrize("task", ["sbatch", "k8s"])
@@ -313,3 +317,18 @@ def test_each_option_of_a_script_for_another_cluster_reaches_its_ranks(task, tmp
         # the framework is the launcher's choice (horovodrun, torch.distributed.run)
         flag = f"--{options.BY_NAME[name].flag} " if name != "framework" else ""
         assert re.search(re.escape(flag) + r"(\S*/)?" + re.escape(value) + r"\b", text), (task, name)
+
+
+def test_a_strategys_own_setting_without_that_strategy_is_refused():
+    """--zero-stage 2 with ddp would be recorded and change nothing: refused in one line;
+    in a sweep where one strategy reads it, it is taken."""
+    with pytest.raises(BenchError, match="--zero-stage is for the deepspeed strategy, and this runs ddp: "
+                                         "add --strategy deepspeed, or leave out --zero-stage"):
+        settings_from_flags({"zero_stage": 2}, {"np": 1})
+    with pytest.raises(BenchError, match="--schedule is for the pipeline strategy, and this runs ddp, zero1"):
+        settings_from_flags({"schedule": "1f1b", "strategy": "ddp,zero1"}, {"np": 1})
+    s, lists = settings_from_flags({"zero_stage": 2, "strategy": "ddp,deepspeed"}, {"np": 1})
+    assert s.zero_stage == 2 and lists["strategy"] == ["ddp", "deepspeed"]
+    assert settings_from_flags({"micro_batches": 8, "strategy": "rpc-pipeline"}, {"np": 1})[0].micro_batches == 8
+    for o in options.OPTIONS:           # every strategy named is one
+        assert set(o.strategies) <= set(options.BY_NAME["strategy"].choices), o.name

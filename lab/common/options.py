@@ -37,6 +37,7 @@ class Option:
                                 # record's configuration must hold it (RunConfig.as_record)
     setup: bool = False         # runs that differ are never compared by the report
     setting: bool = True        # a field of bench's settings (False: what the task does with them)
+    strategies: tuple = ()      # the strategies that read it (): all of them
 
     @property
     def flag(self) -> str:
@@ -128,10 +129,12 @@ OPTIONS = (
     Option("strategy", "how the work is spread: ddp (data parallel, the default), zero1, fsdp, "
            "pipeline, model-parallel, deepspeed, rpc-pipeline or dataparallel (GPUs); a comma list "
            "sweeps", _S, tasks=ONE_JOB, choices=STRATEGIES, sweeps=True, key=True),
-    Option("micro_batches", "pipeline, rpc-pipeline: micro-batches per batch (default 4)", _S,
-           kind=int, tasks=ONE_JOB, key=True),
-    Option("schedule", "pipeline: gpipe or 1f1b", _S, tasks=ONE_JOB, key=True),
-    Option("zero_stage", "deepspeed: ZeRO stage 0, 1, 2 or 3", _S, kind=int, tasks=ONE_JOB, key=True),
+    Option("micro_batches", "pipeline, rpc-pipeline: micro-batches per batch (default: 4)", _S,
+           kind=int, tasks=ONE_JOB, key=True, strategies=("pipeline", "rpc-pipeline", "model-parallel")),
+    Option("schedule", "pipeline: gpipe (the default) or 1f1b", _S, tasks=ONE_JOB, key=True,
+           strategies=("pipeline",)),
+    Option("zero_stage", "deepspeed: ZeRO stage 0, 1, 2 or 3 (default: 0)", _S, kind=int, tasks=ONE_JOB,
+           key=True, strategies=("deepspeed",)),
     # advanced
     Option("data_dir", "where MNIST is cached", _A, tasks=("bench", "sbatch")),
     Option("synthetic_size", "samples of --data synthetic (0: a default per model)", _A, kind=int,
