@@ -332,3 +332,14 @@ def test_a_strategys_own_setting_without_that_strategy_is_refused():
     assert settings_from_flags({"micro_batches": 8, "strategy": "rpc-pipeline"}, {"np": 1})[0].micro_batches == 8
     for o in options.OPTIONS:           # every strategy named is one
         assert set(o.strategies) <= set(options.BY_NAME["strategy"].choices), o.name
+
+
+@pytest.mark.parametrize("task", ["sbatch", "k8s"])
+def test_a_scripts_help_says_the_defaults_bench_would_take(task):
+    """invoke sbatch and invoke k8s take bench's defaults (invoke.yaml's `bench:`): their
+    help says them, as bench's does."""
+    helps = {"sbatch": tasks.SBATCH_HELP, "k8s": tasks.K8S_HELP}[task]
+    for flag in ("backend", "batch-size", "model", "np"):
+        assert re.search(r"\(default: \S+\)", helps[flag]), (task, flag, helps[flag])
+    assert helps["np"].endswith("(default: 2)") and helps["batch-size"].endswith(f"(default: {RunConfig.batch_size})")
+    assert "(default: 3600)" not in helps["timeout-s"]      # the script's own: no limit unless given

@@ -46,21 +46,21 @@ def takes(task: str):
     return wrap
 
 
-SBATCH_HELP = one_value("sbatch")
-SBATCH_HELP.update({
-    "nodes": "nodes the job asks for; --np spreads evenly over them",
+SBATCH_OWN = {
+    "nodes": "nodes the job asks for; --np spreads evenly over them (default: 1)",
     "timeout-s": "the job's time limit in seconds (sbatch --time, rounded up to minutes; 0: none)",
     "partition": "the Slurm partition (sbatch --partition)",
     "gpus-per-node": "GPUs per node (--gres=gpu:N); default with --device cuda: the ranks per node",
     "container": "where the ranks run: pyxis:IMAGE (srun --container-image), apptainer:FILE.sif "
                  "or venv:DIR (a virtual environment on shared storage); default: the job's PATH",
     "output": "write the script to this file instead of printing it",
-})
+}
 
 
-K8S_HELP = one_value("k8s")
-K8S_HELP.update({
-    "nodes": "pods (one per node) the job asks for; --np spreads evenly over them",
+K8S_OWN = {
+    "nodes": "pods (one per node) the job asks for; --np spreads evenly over them (default: 1)",
+    "results-dir": "where the manifest is written: <results-dir>/<run-id>/k8s/ (default: results); "
+                   "in the pods the record goes to the job's log, or to --pvc",
     "timeout-s": "the job's activeDeadlineSeconds (0: none)",
     "api": "auto (MPIJob for Horovod, TrainJob for DDP and the torch strategies), mpijob, "
            "trainjob or pytorchjob (training-operator v1 clusters)",
@@ -70,7 +70,7 @@ K8S_HELP.update({
     "pvc": "a PersistentVolumeClaim for results and data (default: none; the record is printed "
            "in the log)",
     "namespace": "the namespace of the job (default: kubectl's)",
-})
+}
 
 
 # `invoke bench --help` in groups, in the table's order (lab.host.cli_hints prints them).
@@ -112,3 +112,6 @@ def with_defaults(helps: dict[str, str]) -> dict[str, str]:
 
 
 BENCH_HELP = with_defaults(BENCH_HELP)
+# a script's run options take bench's defaults (invoke.yaml's `bench:`); its own flags say theirs
+SBATCH_HELP = {**with_defaults(one_value("sbatch")), **SBATCH_OWN}
+K8S_HELP = {**with_defaults(one_value("k8s")), **K8S_OWN}
