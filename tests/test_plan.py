@@ -98,7 +98,7 @@ def test_hosts_are_parsed_once_and_fill_their_slots(tmp_path):
 
 def test_a_script_holds_one_job(tmp_path):
     assert make(tmp_path, np="4").single("a batch script").np == [4]
-    with pytest.raises(BenchError, match="a batch script runs one combination: give one value per flag"):
+    with pytest.raises(BenchError, match="a batch script runs one combination: give --backend one value"):
         make(tmp_path, np="4", backend="gloo,mpi").single("a batch script")
     with pytest.raises(BenchError, match="a Kubernetes job runs one process count"):
         make(tmp_path, np="2,4").single("a Kubernetes job")

@@ -233,7 +233,7 @@ def test_invoke_sbatch_writes_a_script_for_a_real_cluster(tmp_path):
 
 @pytest.mark.parametrize("args,words", [
     (["--np", "1,2"], "one process count"),
-    (["--np", "2", "--backend", "gloo,mpi"], "one combination"),
+    (["--np", "2", "--backend", "gloo,mpi"], "runs one combination: give --backend one value"),
     (["--np", "3", "--nodes", "2"], "does not spread evenly"),
     (["--np", "3", "--nodes", "2", "--device", "cuda"], "does not spread evenly"),   # GPUs per node
     (["--np", "2", "--nodes", "2", "--framework", "horovod", "--container", "pyxis:x"], "pyxis"),

@@ -62,7 +62,9 @@ class Plan:
     def single(self, what: str) -> BenchSettings:
         """The one job a script for another cluster holds (invoke sbatch, invoke k8s)."""
         if self.sweep:
-            raise BenchError(f"{what} runs one combination: give one value per flag")
+            varied = [f"--{options.BY_NAME[k].flag}" for k in SWEEP_FIELDS
+                      if len({getattr(c, k) for c in self.combinations}) > 1]
+            raise BenchError(f"{what} runs one combination: give {' and '.join(varied)} one value")
         if len(self.settings.np) != 1:
             raise BenchError(f"{what} runs one process count: give --np one number")
         if self.settings.repeat_max:
