@@ -443,6 +443,21 @@ def test_the_analysis_does_not_call_overlapping_intervals_a_difference():
     assert "its interval is above every other ranked configuration's" in best
 
 
+def test_an_analysis_with_nothing_to_rank_says_what_is_missing():
+    """Runs without their 1-worker baseline (bench's default --np 2): the analysis says so,
+    with the --np that would give one, instead of an empty section."""
+    a = an.analysis(repeats("ddp", 2, [1800.0]) + repeats("horovod", 2, [1900.0]))
+    assert a.ranking == [] and len(a.left_out) == 1
+    assert a.left_out[0].startswith("Nothing to rank: a speedup needs the same "
+                                    "configuration with 1 worker, and ") and \
+        a.left_out[0].endswith(" ran without one: add 1 to --np (--np 1,2).")
+    assert "ddp" in a.left_out[0] and "horovod" in a.left_out[0]
+    assert an.analysis(repeats("ddp", 1, [1000.0])).left_out == ["Nothing to rank: a speedup needs runs of more than 1 worker beside the 1-worker one (--np 1,2)."]
+    # with a baseline, nothing of the kind
+    full = an.analysis(repeats("ddp", 1, [1000.0]) + repeats("ddp", 2, [1800.0]))
+    assert full.ranking and not [s for s in full.left_out if s.startswith("Nothing to rank")]
+
+
 def test_the_curves_have_a_panel_per_setup_and_back_end_with_error_bars():
     """Read from the figures' artists: panels, colours by framework, line styles by
     compression, error bars as wide as the repeats' spread, an ideal line per panel."""

@@ -213,6 +213,17 @@ def analysis(records: list[dict]) -> Analysis:
                             "they are ranked on speed alone.")
     out.rest = _compression(records, set(not_learned)) \
         + _did_not_finish(records)
+    if not out.sentences() and not ranked:      # say why, rather than an empty section
+        ok = [row for row in table if "failed" not in row and data_parallel(row["record"])]
+        unscaled = sorted({label[id(row)] for row in ok if row["np"] > 1
+                           and summary.config_key(row["record"]) not in base})
+        if unscaled:
+            out.left_out.append(f"Nothing to rank: a speedup needs the same configuration with 1 "
+                                f"worker, and {_listing(unscaled)} ran without one: add 1 to --np "
+                                f"(--np 1,2).")
+        elif ok and all(row["np"] == 1 for row in ok):
+            out.left_out.append("Nothing to rank: a speedup needs runs of more than 1 worker beside "
+                                "the 1-worker one (--np 1,2).")
     return out
 
 
