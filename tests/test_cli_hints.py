@@ -25,7 +25,7 @@ def invoke(*args):
 ])
 def test_an_unknown_flag_names_the_closest(args, words):
     cp = invoke(*args)
-    assert cp.returncode == 1 and "Traceback" not in cp.stderr
+    assert cp.returncode == 2 and "Traceback" not in cp.stderr
     assert len(cp.stderr.strip().splitlines()) == 1 and words in cp.stderr, cp.stderr
     assert f"`invoke {args[0]} --help` lists them" in cp.stderr
 
@@ -48,7 +48,7 @@ def test_a_flag_before_a_tasks_argument_is_the_unknown_flag():
     """`invoke report --results-dir DIR`: invoke takes the flag for the folder and DIR for a
     task; the line names the flag and the command meant."""
     cp = invoke("report", "--results-dir", "/tmp/x")
-    assert cp.returncode == 1 and len(cp.stderr.strip().splitlines()) == 1, cp.stderr
+    assert cp.returncode == 2 and len(cp.stderr.strip().splitlines()) == 1, cp.stderr
     assert cp.stderr.startswith("error: `invoke report` has no flag --results-dir: ") and \
         cp.stderr.rstrip().endswith("; the path is given without a flag (`invoke report PATH`; "
                                     "`invoke report --help` lists them)"), cp.stderr
@@ -58,7 +58,7 @@ def test_a_flag_before_a_tasks_argument_is_the_unknown_flag():
 
 def test_an_unknown_task_names_the_closest():
     cp = invoke("bnech", "--np", "2")
-    assert cp.returncode == 1 and cp.stderr.strip() == "error: no task 'bnech': did you mean `invoke bench`?"
+    assert cp.returncode == 2 and cp.stderr.strip() == "error: no task 'bnech': did you mean `invoke bench`?"
 
 
 def test_bench_help_groups_every_flag_shows_defaults_and_ends_with_examples():

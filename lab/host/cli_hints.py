@@ -2,7 +2,8 @@
 "No idea what '--gpus' is!" (invoke/parser/parser.py, Parser.parse_argv, invoke 2.2);
 Program.run prints a ParseError's message and exits 1 (invoke/program.py). Installed
 from tasks.py, this wraps Program.parse_tasks so that the message names the task, the
-closest flag (difflib) or what a flag of other tools means here, and its --help."""
+closest flag (difflib) or what a flag of other tools means here, and its --help; it
+exits 2, as the tasks' own refusals of bad input do (an Exit, which Program.run prints)."""
 from __future__ import annotations
 
 import difflib
@@ -111,6 +112,10 @@ def install() -> None:
             original(self)
         except ParseError as e:
             tasks = getattr(getattr(self, "collection", None), "task_names", {}) or {}
-            raise ParseError(hint(str(e), e.context, tasks), e.context) from None
+            line = hint(str(e), e.context, tasks)
+            if line.startswith("error: "):      # ours: bad input, exit 2 as every task's
+                from invoke.exceptions import Exit
+                raise Exit(line, code=2) from None
+            raise ParseError(line, e.context) from None
     parse_tasks.lab_hints = True
     Program.parse_tasks = parse_tasks
