@@ -56,6 +56,12 @@ def test_a_flag_before_a_tasks_argument_is_the_unknown_flag():
     assert "has no flag --formt: did you mean --format?" in cp.stderr, cp.stderr
 
 
+def test_a_flag_without_its_value_is_one_line():
+    cp = invoke("bench", "--np")
+    assert cp.returncode == 2 and cp.stderr.strip() == (
+        "error: `invoke bench` --np needs a value (`invoke bench --help` says what it takes)")
+
+
 def test_an_unknown_task_names_the_closest():
     cp = invoke("bnech", "--np", "2")
     assert cp.returncode == 2 and cp.stderr.strip() == "error: no task 'bnech': did you mean `invoke bench`?"

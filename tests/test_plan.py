@@ -327,6 +327,8 @@ def test_a_strategys_own_setting_without_that_strategy_is_refused():
         settings_from_flags({"zero_stage": 2}, {"np": 1})
     with pytest.raises(BenchError, match="--schedule is for the pipeline strategy, and this runs ddp, zero1"):
         settings_from_flags({"schedule": "1f1b", "strategy": "ddp,zero1"}, {"np": 1})
+    # invoke.yaml's default for the strategy that reads it holds for the others' runs
+    assert settings_from_flags({}, {"np": 1, "schedule": "1f1b"})[0].schedule == "1f1b"
     s, lists = settings_from_flags({"zero_stage": 2, "strategy": "ddp,deepspeed"}, {"np": 1})
     assert s.zero_stage == 2 and lists["strategy"] == ["ddp", "deepspeed"]
     assert settings_from_flags({"micro_batches": 8, "strategy": "rpc-pipeline"}, {"np": 1})[0].micro_batches == 8
@@ -342,4 +344,5 @@ def test_a_scripts_help_says_the_defaults_bench_would_take(task):
     for flag in ("backend", "batch-size", "model", "np"):
         assert re.search(r"\(default: \S+\)", helps[flag]), (task, flag, helps[flag])
     assert helps["np"].endswith("(default: 2)") and helps["batch-size"].endswith(f"(default: {RunConfig.batch_size})")
-    assert "(default: 3600)" not in helps["timeout-s"]      # the script's own: no limit unless given
+    # sbatch asks for a wall time only when given; a Kubernetes job has bench's limit
+    assert ("(default: 3600)" in helps["timeout-s"]) == (task == "k8s")

@@ -453,6 +453,8 @@ def test_an_analysis_with_nothing_to_rank_says_what_is_missing():
         a.left_out[0].endswith(" ran without one: add 1 to --np (--np 1,2).")
     assert "ddp" in a.left_out[0] and "horovod" in a.left_out[0]
     assert an.analysis(repeats("ddp", 1, [1000.0])).left_out == ["Nothing to rank: a speedup needs runs of more than 1 worker beside the 1-worker one (--np 1,2)."]
+    across = [rec("ddp", "gloo", 2, 0.02, 1800.0, 0.9, nodes=2)]
+    assert an.analysis(across).left_out[0].endswith("add 1 to --np and to --nodes (--nodes 1,2 --np 1,2).")
     # with a baseline, nothing of the kind
     full = an.analysis(repeats("ddp", 1, [1000.0]) + repeats("ddp", 2, [1800.0]))
     assert full.ranking and not [s for s in full.left_out if s.startswith("Nothing to rank")]

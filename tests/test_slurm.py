@@ -292,5 +292,7 @@ def test_each_rank_gets_its_threads_cpus_and_srun_is_given_them(tmp_path):
     cp = invoke_sbatch("--np", "2", "--nodes", "2", "--threads", "4", "--results-dir", str(tmp_path),
                        "--data-dir", str(tmp_path))
     assert cp.returncode == 0 and sbatch_options(cp.stdout)["cpus-per-task"] == "4", cp.stderr
-    assert "left at the default" not in cp.stderr
-    assert "--results-dir and --data-dir left at the default" in invoke_sbatch("--np", "2").stderr
+    assert "must see at the same path" not in cp.stderr
+    assert "--results-dir results is a folder under " in invoke_sbatch("--np", "2").stderr
+    mnist = invoke_sbatch("--np", "2", "--data", "mnist", "--data-dir", "d").stderr
+    assert "--results-dir results and --data-dir d are folders under " in mnist

@@ -70,7 +70,7 @@ OPTIONS = (
            tasks=ONE_JOB, choices=COMPRESSIONS, sweeps=True, key=True),
     Option("model", "; ".join(f"{n}: {models.get(n).about}" for n in models.names()), _E,
            tasks=ONE_JOB, key=True, setup=True),
-    Option("data", "synthetic, mnist (downloaded once, before the ranks start) or digits (offline)", _E,
+    Option("data", "synthetic, mnist (downloaded into the data folder when it is not there) or digits (offline)", _E,
            tasks=ONE_JOB, key=True, setup=True),
     Option("device", "cpu or cuda (one GPU per rank)", _E, tasks=ONE_JOB, key=True, setup=True),
     Option("batch_size", "images per rank per step", _E, kind=int, tasks=ONE_JOB, key=True, setup=True),

@@ -19,6 +19,8 @@ SYNONYMS = {
     "--dataset": "use --data", "--batch": "use --batch-size", "--steps": "use --max-steps",
 }
 UNKNOWN = re.compile(r"^No idea what '(?P<token>[^']+)' is!$")
+# invoke/parser/parser.py (ParseMachine.complete_flag): a flag at the end of the line
+NO_VALUE = re.compile(r"^Flag <Argument: (?P<name>[\w-]+)[^>]*> needed value and was not given one!$")
 
 
 def hint(message: str, context, tasks=()) -> str:
@@ -27,6 +29,10 @@ def hint(message: str, context, tasks=()) -> str:
     m = UNKNOWN.match(str(message))
     flags = sorted(getattr(context, "flags", {}) or {}) if context is not None else []
     task = getattr(context, "name", None)
+    needs = NO_VALUE.match(str(message))
+    if needs and task:
+        flag = "--" + needs.group("name").replace("_", "-")
+        return f"error: `invoke {task}` {flag} needs a value (`invoke {task} --help` says what it takes)"
     # `invoke report --results-dir DIR`: invoke gives the task's positional argument the
     # unknown flag and finds DIR left over; the flag is what the user got wrong.
     taken = [a for a in getattr(context, "positional_args", None) or []
@@ -113,9 +119,8 @@ def install() -> None:
         except ParseError as e:
             tasks = getattr(getattr(self, "collection", None), "task_names", {}) or {}
             line = hint(str(e), e.context, tasks)
-            if line.startswith("error: "):      # ours: bad input, exit 2 as every task's
-                from invoke.exceptions import Exit
-                raise Exit(line, code=2) from None
-            raise ParseError(line, e.context) from None
+            # bad input: one line, exit 2, as every task's own refusal
+            from invoke.exceptions import Exit
+            raise Exit(line if line.startswith("error: ") else f"error: {line}", code=2) from None
     parse_tasks.lab_hints = True
     Program.parse_tasks = parse_tasks

@@ -113,5 +113,7 @@ def with_defaults(helps: dict[str, str]) -> dict[str, str]:
 
 BENCH_HELP = with_defaults(BENCH_HELP)
 # a script's run options take bench's defaults (invoke.yaml's `bench:`); its own flags say theirs
+# (sbatch asks for a wall time only when --timeout-s is given; a Kubernetes job always has
+# bench's limit as its activeDeadlineSeconds)
 SBATCH_HELP = {**with_defaults(one_value("sbatch")), **SBATCH_OWN}
-K8S_HELP = {**with_defaults(one_value("k8s")), **K8S_OWN}
+K8S_HELP = with_defaults({**one_value("k8s"), **K8S_OWN})

@@ -124,15 +124,18 @@ def settings_from_flags(flags: dict, defaults: dict) -> tuple[BenchSettings, dic
     values["where"] = "local" if local else ("image" if image else values.get("where", "auto"))
     values["image"] = image
     settings = BenchSettings(**values, **{k: v[0] for k, v in lists.items()})
-    check_strategy_options(settings, lists["strategy"])
+    check_strategy_options(settings, lists["strategy"], {k for k, v in flags.items()
+                                                         if v is not None and v is not False})
     return settings, lists
 
 
-def check_strategy_options(s: BenchSettings, strategies: list[str]) -> None:
-    """A strategy's own setting given (not its default) where no strategy of the request
-    reads it (--zero-stage 2 with ddp) is refused: it would be recorded and change nothing."""
+def check_strategy_options(s: BenchSettings, strategies: list[str], given: set[str]) -> None:
+    """A strategy's own flag given (not its default) where no strategy of the request reads
+    it (--zero-stage 2 with ddp) is refused: it would be recorded and change nothing. (A
+    default in invoke.yaml is not: it is there for the runs of the strategy that reads it.)"""
     for o in options.OPTIONS:
-        if o.strategies and getattr(s, o.name) != o.value and not set(strategies) & set(o.strategies):
+        if o.strategies and o.name in given and getattr(s, o.name) != o.value \
+                and not set(strategies) & set(o.strategies):
             which = " or ".join(o.strategies)
             raise BenchError(f"--{o.flag} is for the {which} strategy, and this runs "
                              f"{', '.join(strategies)}: add --strategy {o.strategies[0]}, "

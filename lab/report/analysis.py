@@ -218,9 +218,10 @@ def analysis(records: list[dict]) -> Analysis:
         unscaled = sorted({label[id(row)] for row in ok if row["np"] > 1
                            and summary.config_key(row["record"]) not in base})
         if unscaled:
+            across = any(row["servers"] > 1 for row in ok)
             out.left_out.append(f"Nothing to rank: a speedup needs the same configuration with 1 "
                                 f"worker, and {_listing(unscaled)} ran without one: add 1 to --np "
-                                f"(--np 1,2).")
+                                + ("and to --nodes (--nodes 1,2 --np 1,2)." if across else "(--np 1,2)."))
         elif ok and all(row["np"] == 1 for row in ok):
             out.left_out.append("Nothing to rank: a speedup needs runs of more than 1 worker beside "
                                 "the 1-worker one (--np 1,2).")

@@ -89,6 +89,7 @@ class SlurmClusterRunner(ClusterRunner):
             job.framework, job.backend, job.np, self.n, list(job.worker_args), partition=self.partition,
             job_name=f"lab-{job.attempt or 'job'}"[:64], time_limit_s=job.timeout_s,
             output=f"{inside}/slurm-%j.out", env=self.env(job.environment),
+            threads=job.config.threads if job.config else 1,
             comment=f"dl-lab-kit: {job.framework} over {job.backend}, {job.np} rank(s) on {self.n} "
                     f"node(s).\nSubmit with: sbatch job.sbatch")
         slurm.job_script(dataclasses.replace(self._job))   # refuses what Slurm cannot run, first

@@ -286,11 +286,11 @@ def script_for_request(s, partition: str = "", gpus_per_node: int | None = None,
     # Absolute folders: a container (pyxis) starts in its image's working folder, not
     # where the job was submitted.
     from lab.common.options import BY_NAME
-    left = [f"--{o.flag}" for o in (BY_NAME["results_dir"], BY_NAME["data_dir"])
-            if getattr(s, o.name) == o.value]
-    if left:
-        notes.append(f"{' and '.join(left)} left at the default: the script names this "
-                     f"checkout's folders, which the nodes must see at the same paths; give "
+    read = [BY_NAME["results_dir"]] + ([BY_NAME["data_dir"]] if s.data == "mnist" else [])
+    here = [f"--{o.flag} {getattr(s, o.name)}" for o in read if not os.path.isabs(getattr(s, o.name))]
+    if here:
+        notes.append(f"{' and '.join(here)} {'are folders' if len(here) > 1 else 'is a folder'} "
+                     f"under {os.getcwd()} here, which the nodes must see at the same path: give "
                      f"folders on the cluster's shared storage")
     results_dir, data_dir = os.path.abspath(s.results_dir), os.path.abspath(s.data_dir)
     s = dataclasses.replace(s, results_dir=results_dir, data_dir=data_dir)
