@@ -296,3 +296,19 @@ def test_each_rank_gets_its_threads_cpus_and_srun_is_given_them(tmp_path):
     assert "--results-dir results is a folder under " in invoke_sbatch("--np", "2").stderr
     mnist = invoke_sbatch("--np", "2", "--data", "mnist", "--data-dir", "d").stderr
     assert "--results-dir results and --data-dir d are folders under " in mnist
+
+
+def test_bench_on_the_clusters_slurm_gives_each_rank_its_threads(tmp_path):
+    """`bench --launcher slurm --threads 2` writes the script sbatch would: each rank gets
+    its threads' CPUs (the runner made without an engine: only its script is looked at)."""
+    from lab.common.config import RunConfig
+    from lab.host.places.base import Launch
+    from lab.host.places.slurm.runner import SlurmClusterRunner
+    r = SlurmClusterRunner.__new__(SlurmClusterRunner)
+    r.image = type("Img", (), {"id": "sha256:x", "labels": {}})()
+    r.frozen, r.n, r.partition = True, 2, ""
+    r.results_dir, r.results_in, r.run_dir = str(tmp_path), "/results", str(tmp_path / "run")
+    cfg = RunConfig(framework="horovod", backend="mpi", threads=2)
+    r.commands(Launch("horovod", "mpi", 4, tuple(cfg.to_args()), attempt="a", config=cfg))
+    text = slurm.job_script(r._job)
+    assert sbatch_options(text)["cpus-per-task"] == "2" and "srun --mpi=pmix --cpus-per-task=2 " in text
