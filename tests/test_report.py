@@ -100,6 +100,22 @@ def test_environment_table(written):
     assert env["image"].startswith("sha256:abcdef012345") and "torch_version=2.13.0" in env["image"]
 
 
+def test_cuda_of_torchs_build_on_cpu_ranks_is_said_to_be_unused():
+    """pip's default torch is a CUDA build that runs on CPUs: its CUDA and cuDNN versions
+    beside "none (CPU ranks)" are said to be the build's; on GPU ranks they are plain."""
+    from lab.report.environment import environment
+    cpu = rec("ddp", "gloo", 1, 0.02, 1000.0, 0.9)
+    cpu["manifest"].update(cuda="13.0", cudnn=92000, gpus={"count": 0, "devices": []})
+    env = dict(environment([cpu]))
+    assert env["CUDA"] == "13.0 (torch's build; the ranks used no GPU)"
+    assert env["cuDNN"] == "9.20.0 (torch's build; the ranks used no GPU)"
+    gpu = rec("ddp", "nccl", 1, 0.02, 1000.0, 0.9)
+    gpu["manifest"].update(cuda="13.0", cudnn=92000, gpus={"count": 1, "devices": [{"name": "H100"}]})
+    assert dict(environment([gpu]))["CUDA"] == "13.0"
+    cpu["manifest"].update(cuda=None, cudnn=None)
+    assert dict(environment([cpu]))["CUDA"] == "n/a (CPU build of torch)"
+
+
 def notes_under(text, title):
     return [ln for ln in section(text, title).splitlines() if ln.startswith("[")]
 

@@ -30,12 +30,22 @@ def environment(records: list[dict]) -> list[tuple[str, str]]:
         *by_place("OS", good, lambda m: str(m.get("os"))),
         *by_place("GPU driver", good, lambda m: m.get("driver") or "n/a"),
         *by_place("framework packages", good, packages),
-        *by_place("CUDA", good, lambda m: m.get("cuda") or "n/a (CPU build of torch)"),
-        *by_place("cuDNN", good, lambda m: cudnn_version_text(m["cudnn"]) if m.get("cudnn") else "n/a"),
+        *by_place("CUDA", good, lambda m: built_for(m, m.get("cuda")) or "n/a (CPU build of torch)"),
+        *by_place("cuDNN", good, lambda m: built_for(m, cudnn_version_text(m["cudnn"]) if m.get("cudnn")
+                                                     else None) or "n/a"),
         *by_place("NCCL", good, lambda m: str(m.get("nccl") or "n/a")),
         *by_place("MPI", good, mpi_text),
         *by_place("image", good, image_text),
     ]
+
+
+def built_for(m: dict, version: str | None) -> str | None:
+    """A CUDA library's version as torch reports it; on CPU ranks, said to be torch's build
+    only (pip's default torch is a CUDA build that also runs on a CPU)."""
+    gpus = m.get("gpus")
+    if version and not (isinstance(gpus, dict) and gpus.get("devices")):
+        return f"{version} (torch's build; the ranks used no GPU)"
+    return version
 
 
 def differing(rows: list[tuple[str, str]]) -> list[str]:
