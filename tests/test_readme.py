@@ -73,7 +73,7 @@ COVERED = {   # command -> the test that runs it, or ".ci/run runs `what .ci/run
         "tests/test_cluster.py::test_the_slurm_launcher_runs_each_framework_as_a_batch_job",
     "invoke sbatch --nodes 2 --np 8 --model resnet50 --framework ddp --backend nccl --device cuda "
     "--partition gpu --container pyxis:registry.example.org/me/dl-lab-kit:gpu-nccl "
-    "--results-dir /scratch/me/results --data-dir /scratch/me/data --timeout-s 1800 "
+    "--max-steps 50 --results-dir /scratch/me/results --data-dir /scratch/me/data --timeout-s 1800 "
     "--run-id resnet-2x4 --output job.sbatch":
         "tests/test_slurm.py::test_the_readmes_script_is_what_invoke_sbatch_writes",
     "invoke bench --hosts node1:1,node2:1 --np 2 --framework ddp --results-dir /results --data-dir /data":
