@@ -20,8 +20,6 @@ class BenchError(Exception):
     """Bad input or a missing piece: one sentence that says what to do."""
 
 
-
-
 def _settings_class():
     """bench's settings: one frozen field per setting of the option table
     (lab.common.options), with its default (`np` has none: invoke.yaml holds the task's)."""

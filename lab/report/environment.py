@@ -42,8 +42,7 @@ def environment(records: list[dict]) -> list[tuple[str, str]]:
 def built_for(m: dict, version: str | None) -> str | None:
     """A CUDA library's version as torch reports it; on CPU ranks, said to be torch's build
     only (pip's default torch is a CUDA build that also runs on a CPU)."""
-    gpus = m.get("gpus")
-    if version and not (isinstance(gpus, dict) and gpus.get("devices")):
+    if version and not gpu_devices(m):
         return f"{version} (torch's build; the ranks used no GPU)"
     return version
 
@@ -110,11 +109,17 @@ def nics(good: list[dict]) -> str:
     return "none reported"
 
 
-def gpu_text(m: dict) -> str:
+def gpu_devices(m: dict) -> list:
+    """The GPUs a manifest reports its ranks saw (none: CPU ranks)."""
     gpus = m.get("gpus")
-    if isinstance(gpus, dict) and gpus.get("devices"):
-        names = sorted({d["name"] for d in gpus["devices"]})
-        return f"{gpus['count']} x {', '.join(names)} per server"
+    return list(gpus.get("devices") or []) if isinstance(gpus, dict) else []
+
+
+def gpu_text(m: dict) -> str:
+    devices = gpu_devices(m)
+    if devices:
+        names = sorted({d["name"] for d in devices})
+        return f"{m['gpus']['count']} x {', '.join(names)} per server"
     return "none (CPU ranks)"
 
 
