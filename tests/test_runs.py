@@ -303,7 +303,8 @@ def test_a_rank_killed_from_outside_is_named_with_its_signal(tmp_path, framework
             os.killpg(proc.pid, sig.SIGKILL)
         _kill_job(run_id)
     assert proc.returncode == 1, out[-3000:]
-    assert took < 10, f"the job took {took:.1f} s to end after the kill"
+    # Ends in 1-2 s; without its handling it would wait for the rendezvous (minutes).
+    assert took < 20, f"the job took {took:.1f} s to end after the kill"
     data = rfile.read_bytes()
     assert data.startswith(before)
     failed = results.read_records(rfile)[0][-1]

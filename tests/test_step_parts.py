@@ -148,9 +148,11 @@ def test_a_slow_rank_is_waited_for_by_the_other(framework, tmp_path):
     assert r["status"] == "ok", r.get("error")
     zero, one = (x["parts_s"] for x in r["figures"]["step_parts"]["ranks"])
     from lab.common.config import SLOW_FAULT_S
-    assert zero["waiting"] > 0.6 * SLOW_FAULT_S, zero
-    assert one["waiting"] < 0.3 * SLOW_FAULT_S, one
-    assert one["other"] >= SLOW_FAULT_S            # where its delay is spent
+    # Checked on its structure, not its speed (a loaded 2-core machine stretches and
+    # shifts every wait): the delay is spent in rank 1's "other" part, and rank 0 waits
+    # for it inside the collective more than rank 1 waits for rank 0.
+    assert one["other"] >= SLOW_FAULT_S, one       # the sleep itself: a lower bound
+    assert zero["waiting"] - one["waiting"] > 0.1 * SLOW_FAULT_S, (zero, one)
 
 
 def test_a_strategy_whose_step_is_not_split_says_so(tmp_path):
