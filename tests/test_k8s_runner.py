@@ -189,6 +189,15 @@ def test_the_hosts_forwarded_variables_reach_the_pods(tmp_path, cluster, monkeyp
         assert "UCX_NET_DEVICES" not in env and "CUDA_VISIBLE_DEVICES" not in env
 
 
+def test_a_forwarded_nccl_debug_wins_over_the_gpu_default():
+    """On GPUs the pods get NCCL_DEBUG=WARN unless the user's own value was forwarded."""
+    from lab.common.forwarded_env import forwarded
+    from lab.host.places.k8s.manifest import job_env
+    given = forwarded({"NCCL_DEBUG": "INFO"}, own_network=True)
+    assert job_env(None, "cuda", given)["NCCL_DEBUG"] == "INFO"
+    assert job_env(None, "cuda", {})["NCCL_DEBUG"] == "WARN"
+
+
 def test_each_launch_is_a_job_of_its_own(tmp_path, cluster):
     """--np 1,2: two jobs one after the other, each deleted when it ended and each of its
     own name (a deleted job stays visible while its pods go: the fake server refuses a

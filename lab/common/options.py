@@ -115,7 +115,8 @@ OPTIONS = (
            _M, default=False, kind=bool, setting=False),
     Option("ceiling", "also measure the compute ceiling (model steps, no framework) and compare", _M,
            default=False, kind=bool),
-    Option("timeout_s", "seconds a run may take before it is stopped and recorded as failed", _M,
+    Option("timeout_s", "seconds a run may take before it is stopped and recorded as failed "
+           "(0: no limit)", _M,
            default=0.0, kind=float),
     Option("stall_s", "seconds of silence outside steps before the run is stopped and recorded as "
            "stalled (a step may take 10 x the slowest step, never less than this; auto: 60 s for "

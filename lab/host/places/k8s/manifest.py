@@ -100,7 +100,10 @@ def job_env(s, device: str, given: dict | None = None) -> dict[str, str]:
     if device == "cuda":
         # NCCL says why it failed (NCCL's docs: NCCL_DEBUG=WARN prints an error's cause),
         # and talks over the pod's interface (eth0 on the common CNIs) rather than guessing.
-        env.update(NCCL_DEBUG="WARN", NCCL_SOCKET_IFNAME="eth0")
+        # Defaults only: a value the user forwarded (NCCL_DEBUG=INFO, say) wins, as on
+        # every other place.
+        for k, v in (("NCCL_DEBUG", "WARN"), ("NCCL_SOCKET_IFNAME", "eth0")):
+            env.setdefault(k, v)
     return env
 
 
