@@ -12,6 +12,25 @@
 #   HOROVOD_WITHOUT_MPI=1   build without the MPI controller (default: with it when mpicxx exists)
 #   CUDA_HOME               CUDA toolkit root; found from nvcc when torch is a CUDA build
 #   JOBS                    parallel compile jobs (default: number of cores)
+#   HOROVOD_CMAKE           the cmake Horovod's setup.py runs (default: cmake on the PATH)
+#   HOROVOD_CONFIGURE_ONLY=1  stop after Horovod's CMake configure step (seconds, no
+#                           compile, nothing installed): checks this machine's CMake,
+#                           compilers and torch the way the build would meet them
+#
+# Horovod's Python requirements (its setup.py install_requires for 0.28.1: cloudpickle,
+# psutil, pyyaml, packaging, and cffi>=1.4.0 unless HOROVOD_WITHOUT_PYTORCH) are checked
+# in the target Python before anything is compiled, always: a missing one is installed
+# with pip first, so that on a machine whose package index is unreachable (no network,
+# PIP_NO_INDEX=1, --no-index) the script stops at once naming it and the pip line that
+# installs it, instead of pip's resolver stopping later with no word from this script.
+#
+# CMake 4.0 removed compatibility with cmake_minimum_required(VERSION < 3.5), which
+# Horovod 0.28.1's bundled third_party/gloo/CMakeLists.txt declares (2.8.12; the one
+# bundled project its CMakeLists.txt adds with add_subdirectory). The script always exports
+# CMAKE_POLICY_VERSION_MINIMUM=3.5 (unless set already): CMake 4.0 added that variable,
+# whose environment form initialises the cache entry of a new build tree and raises those
+# projects' policy version (cmake.org, variable CMAKE_POLICY_VERSION_MINIMUM, "Added in
+# version 4.0"); CMake 3.x does not read it, so it changes nothing there.
 #
 # Horovod 0.28.1 is its last release. Changes made to its source, each checked to
 # apply to the text it expects:
@@ -44,11 +63,41 @@ die() { say "error: $*"; exit 1; }
 "$PYTHON" -c 'import torch' 2>/dev/null \
     || die "torch is not importable from $PYTHON; install torch==$TORCH_VERSION first"
 
+# Horovod's Python requirements (see above), as pip requirement strings, each one this
+# Python lacks or has too old.
+requirements_missing() {
+    "$PYTHON" - <<'EOF'
+import importlib.metadata as md, os, re
+reqs = ["cloudpickle", "psutil", "pyyaml", "packaging"]
+if not os.environ.get("HOROVOD_WITHOUT_PYTORCH"):
+    reqs.append("cffi>=1.4.0")
+number = lambda v: tuple(int(x) for x in re.findall(r"\d+", v)[:3])
+for req in reqs:
+    name, _, least = req.partition(">=")
+    try:
+        have = md.version(name)
+    except md.PackageNotFoundError:
+        print(req)
+        continue
+    if least and number(have) < number(least):
+        print(req)
+EOF
+}
+mapfile -t missing < <(requirements_missing)
+if ((${#missing[@]})); then
+    say "installing Horovod's requirements first: ${missing[*]}"
+    if "$PYTHON" -m pip install --quiet "${missing[@]}" 2>"$work/requirements.log"; then
+        mapfile -t missing < <(requirements_missing)
+    fi
+    ((${#missing[@]} == 0)) || die "Horovod $HOROVOD_VERSION needs ${missing[*]}, which $PYTHON lacks and pip could not install (is the package index reachable?): run $PYTHON -m pip install$(printf " '%s'" "${missing[@]}") (offline: add --no-index --find-links DIR with its wheels), then this script again"
+fi
+
 sdist="${HOROVOD_SDIST:-}"
 if [[ -z "$sdist" ]]; then
     say "downloading horovod==$HOROVOD_VERSION source"
     "$PYTHON" -m pip download --quiet --no-deps --no-binary :all: \
-        "horovod==$HOROVOD_VERSION" -d "$work"
+        "horovod==$HOROVOD_VERSION" -d "$work" 2>"$work/download.log" \
+        || die "could not download horovod==$HOROVOD_VERSION's source (is the package index reachable?): set HOROVOD_SDIST to a local horovod-$HOROVOD_VERSION.tar.gz"
     sdist="$work/horovod-$HOROVOD_VERSION.tar.gz"
 fi
 [[ -f "$sdist" ]] || die "no source archive at $sdist"
@@ -127,6 +176,23 @@ elif [[ -n "${HOROVOD_GPU_OPERATIONS:-}" ]]; then
     die "HOROVOD_GPU_OPERATIONS=$HOROVOD_GPU_OPERATIONS needs a CUDA build of torch; this one is CPU-only"
 fi
 
+# CMake 4 refuses the bundled gloo's cmake_minimum_required(2.8.12) without it; CMake 3.x
+# ignores it (see above).
+export CMAKE_POLICY_VERSION_MINIMUM="${CMAKE_POLICY_VERSION_MINIMUM:-3.5}"
+cmake_bin="${HOROVOD_CMAKE:-cmake}"
+cmake_version="$("$cmake_bin" --version 2>/dev/null | sed -n '1s/^cmake version //p' || true)"
+[[ -z "$cmake_version" ]] || say "CMake $cmake_version ($(command -v "$cmake_bin"))"
+if [[ "${HOROVOD_CONFIGURE_ONLY:-0}" == 1 ]]; then
+    # The configure command of Horovod's setup.py (build_extensions), in a throwaway tree.
+    say "configuring horovod $HOROVOD_VERSION only (HOROVOD_CONFIGURE_ONLY=1)"
+    mkdir -p "$work/configure"
+    (cd "$work/configure" && "$cmake_bin" "$src" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+        "-DCMAKE_LIBRARY_OUTPUT_DIRECTORY_RELWITHDEBINFO=$work/configure/lib" \
+        "-DPYTHON_EXECUTABLE:FILEPATH=$("$PYTHON" -c 'import sys; print(sys.executable)')") \
+        || die "Horovod's CMake configure step failed (above)"
+    say "configured; nothing built or installed"
+    exit 0
+fi
 say "building horovod $HOROVOD_VERSION with $JOBS jobs (takes minutes)"
 # No build isolation: Horovod must compile against the torch installed here,
 # not a fresh one pip would fetch into an isolated build environment.

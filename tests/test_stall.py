@@ -309,6 +309,38 @@ def test_the_report_lists_a_stalled_run_with_its_diagnosis(tmp_path):
     assert reason in render([rec], [], "results/r")
 
 
+@pytest.mark.parametrize("torch_version, buffer, dump_file", [
+    ("2.10.0+cu128", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"),
+    ("2.4.1", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"),
+    (None, "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"),      # not probed
+    ("unknown", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"),
+    ("2.11.0+cu130", "TORCH_FR_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE"),   # warned of the old names
+    ("2.13.0", "TORCH_FR_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE"),
+    ("3.0.0a0", "TORCH_FR_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE"),
+])
+def test_the_flight_recorder_variables_are_named_as_the_ranks_torch_reads_them(torch_version, buffer, dump_file):
+    """torch 2.11 warned that TORCH_NCCL_TRACE_BUFFER_SIZE and TORCH_NCCL_DEBUG_INFO_TEMP_FILE
+    are deprecated: from it on the new names, before it (and when the ranks' torch is not
+    known) the old ones, which every release reads; never both."""
+    from lab.host.stall import flight_recorder
+    gpu = RunConfig(framework="ddp", backend="nccl", device="cuda", run_id="r", attempt="a")
+    env, _ = flight_recorder(gpu, "nccl", {}, "/results", "/runs/r", torch_version)
+    assert set(env) == {buffer, dump_file, "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"}
+    assert env[buffer] == "2000" and env[dump_file] == "/results/r/flight/a/rank-"
+
+
+def test_the_rank_makes_the_dump_folder_under_either_name(tmp_path, monkeypatch):
+    """lab.worker.heartbeat makes the Flight Recorder's folder from whichever dump-file
+    variable bench set (torch writes there and makes no folder)."""
+    from lab.worker.heartbeat import Heartbeat
+    for name in ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"):
+        monkeypatch.delenv("TORCH_FR_DUMP_TEMP_FILE", raising=False)
+        monkeypatch.delenv("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", raising=False)
+        monkeypatch.setenv(name, str(tmp_path / name / "flight" / "a" / "rank-"))
+        Heartbeat(str(tmp_path / "run"), "a", 0)
+        assert (tmp_path / name / "flight" / "a").is_dir()
+
+
 def test_the_flight_recorder_is_for_gpu_runs_of_ddp_over_nccl_and_asked_through_its_pipe(tmp_path):
     """The host's half only (no GPU here: the ranks' half is verified by reading): the
     variables, and a write to each rank's FIFO, read by a real reader as ProcessGroupNCCL's
@@ -317,10 +349,10 @@ def test_the_flight_recorder_is_for_gpu_runs_of_ddp_over_nccl_and_asked_through_
     cpu = RunConfig(framework="ddp", run_id="r", attempt="a")
     assert flight_recorder(cpu, "gloo", {"X": "1"}, "/results", tmp_path) == ({"X": "1"}, None)
     gpu = RunConfig(framework="ddp", backend="nccl", device="cuda", run_id="r", attempt="a")
-    env, folder = flight_recorder(gpu, "nccl", {}, "/results", tmp_path / "r")
-    assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/results/r/flight/a/rank-"
-    assert env["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] == env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"]
-    assert int(env["TORCH_NCCL_TRACE_BUFFER_SIZE"]) > 0 and folder == str(tmp_path / "r" / "flight" / "a")
+    env, folder = flight_recorder(gpu, "nccl", {}, "/results", tmp_path / "r", "2.13.0+cu130")
+    assert env["TORCH_FR_DUMP_TEMP_FILE"] == "/results/r/flight/a/rank-"
+    assert env["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] == env["TORCH_FR_DUMP_TEMP_FILE"]
+    assert int(env["TORCH_FR_BUFFER_SIZE"]) > 0 and folder == str(tmp_path / "r" / "flight" / "a")
     os.makedirs(folder)
     os.mkfifo(os.path.join(folder, "rank-1.pipe"))
     reader = os.open(os.path.join(folder, "rank-1.pipe"), os.O_RDONLY | os.O_NONBLOCK)

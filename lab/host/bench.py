@@ -196,7 +196,7 @@ def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
             load["place"] = runner.kind
             if line:
                 echo(line)
-            failed += run_one(s, cfg, np, runner, rfile, echo, load)
+            failed += run_one(s, cfg, np, runner, rfile, echo, load, torch_version=stack.get("torch"))
     finally:
         if shaped:
             runner.unshape_links()
@@ -247,8 +247,9 @@ def check_steps(s: BenchSettings, framework: str, nps: list[int]) -> None:
 
 
 def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, echo,
-            load: dict | None = None) -> int:
-    """One launch of `np` ranks; 0 when it wrote its record, 1 when it failed (recorded)."""
+            load: dict | None = None, torch_version: str | None = None) -> int:
+    """One launch of `np` ranks; 0 when it wrote its record, 1 when it failed (recorded).
+    `torch_version`: the ranks' torch (the stack probe), for the Flight Recorder's names."""
     ceiling_before = ceiling.measure(s, np, runner) if s.ceiling else None
     # The launch time goes to the ranks, which measure their start-up against it.
     cfg = dataclasses.replace(cfg, launched_at=round(time.time(), 3))
@@ -259,7 +260,7 @@ def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, ec
     shutil.rmtree(rfile.parent / "failures" / cfg.attempt, ignore_errors=True)
     # The ranks' heartbeats reach the stall watch over the place's channel.
     env = {**job_env(s), heartbeat.CHANNEL_VAR: runner.heartbeat_channel}
-    env, flight = flight_recorder(cfg, s.backend, env, inside.results_dir, rfile.parent)
+    env, flight = flight_recorder(cfg, s.backend, env, inside.results_dir, rfile.parent, torch_version)
     try:
         commands = runner.commands(Launch(cfg.framework, s.backend, cfg.expected_np,
                                           tuple(inside.to_args()), tuple(env.items()),

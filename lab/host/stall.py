@@ -226,8 +226,8 @@ class StallWatch:
         """Write to each rank's Flight Recorder pipe, which makes its ProcessGroupNCCL dump
         its trace to <flight>/rank-N (torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp,
         struct DumpPipe: a FIFO named TORCH_NCCL_DEBUG_INFO_PIPE_FILE + rank + ".pipe",
-        made when TORCH_NCCL_TRACE_BUFFER_SIZE > 0; the dump goes to
-        TORCH_NCCL_DEBUG_INFO_TEMP_FILE + rank). The ranks asked. Verified by reading
+        made when the buffer size is > 0; the dump goes to the dump file's prefix + rank:
+        flight_recorder_names). The ranks asked. Verified by reading
         only: no GPU here."""
         asked = []
         for r in range(self.np) if self.flight else ():
@@ -278,24 +278,56 @@ def stall_env(stall_s: float, environ) -> dict[str, str]:
     return {HOROVOD_STALL_VAR: str(max(1, int(quarter)))}
 
 
-def flight_recorder(cfg, backend: str, env: dict, results_inside: str, run_dir) -> tuple[dict, str | None]:
+def flight_recorder(cfg, backend: str, env: dict, results_inside: str, run_dir,
+                    torch_version: str | None = None) -> tuple[dict, str | None]:
     """(the job's environment, the Flight Recorder's folder as bench sees it, or None):
-    the recorder is switched on for GPU runs of DDP over NCCL only."""
+    the recorder is switched on for GPU runs of DDP over NCCL only. `torch_version`: the
+    ranks' torch (the stack probe's "torch"), which decides the variables' names."""
     if not (cfg.device == "cuda" and cfg.framework == "ddp" and backend == "nccl"):
         return env, None
     inside = os.path.join(results_inside, cfg.run_id)
-    return ({**env, **flight_recorder_env(inside, cfg.attempt)},
+    return ({**env, **flight_recorder_env(inside, cfg.attempt, torch_version)},
             os.path.join(str(run_dir), "flight", cfg.attempt))
 
 
-def flight_recorder_env(run_dir_inside: str, attempt: str) -> dict[str, str]:
+# The first torch whose Flight Recorder reads TORCH_FR_BUFFER_SIZE and TORCH_FR_DUMP_TEMP_FILE
+# (and warns "Environment variable TORCH_NCCL_TRACE_BUFFER_SIZE is deprecated; use
+# TORCH_FR_BUFFER_SIZE instead" for the old names) that this kit has seen do so: 2.11.0
+# printed both warnings on a GPU host; torch 2.13.0's torch/csrc/distributed/c10d/
+# FlightRecorder.hpp (shipped in its wheel) reads getCvarInt({"TORCH_FR_BUFFER_SIZE",
+# "TORCH_NCCL_TRACE_BUFFER_SIZE"}, 2000), and pytorch's FlightRecorder.cpp reads
+# getCvarString({"TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"}, ...) (both
+# strings are in 2.13.0's libtorch_cpu.so). getCvar* (Utils.hpp): the first name wins, a
+# later one is still read, with that warning. The new names came in upstream's
+# "Make FR vendor neutral" change of May 2025, so a release or two before 2.11 may read them
+# too: those get the old names, which every release so far still reads, at the cost of the
+# warning. TORCH_NCCL_DUMP_ON_TIMEOUT and TORCH_NCCL_DEBUG_INFO_PIPE_FILE are not renamed
+# (ProcessGroupNCCL.hpp/.cpp of 2.13.0).
+FR_NAMES_FROM = (2, 11)
+OLD_NAMES = {"buffer": "TORCH_NCCL_TRACE_BUFFER_SIZE", "dump_file": "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"}
+NEW_NAMES = {"buffer": "TORCH_FR_BUFFER_SIZE", "dump_file": "TORCH_FR_DUMP_TEMP_FILE"}
+# Where a rank finds the dump file's prefix, whichever name bench used (lab.worker.heartbeat).
+DUMP_FILE_VARS = (NEW_NAMES["dump_file"], OLD_NAMES["dump_file"])
+
+
+def flight_recorder_names(torch_version: str | None) -> dict[str, str]:
+    """The names of the buffer-size and dump-file variables that `torch_version` reads
+    without a deprecation warning; the old names when the version is unknown or unreadable
+    (every release still reads them)."""
+    m = re.match(r"(\d+)\.(\d+)", torch_version or "")
+    return NEW_NAMES if m and (int(m[1]), int(m[2])) >= FR_NAMES_FROM else OLD_NAMES
+
+
+def flight_recorder_env(run_dir_inside: str, attempt: str, torch_version: str | None = None) -> dict[str, str]:
     """PyTorch's NCCL Flight Recorder for a GPU run of DDP over NCCL: a ring of the last
-    2,000 collectives per rank (TORCH_NCCL_TRACE_BUFFER_SIZE), dumped when NCCL's watchdog
-    times out (TORCH_NCCL_DUMP_ON_TIMEOUT) or when the stall watch writes to a rank's pipe
+    2,000 collectives per rank (the buffer size), dumped when NCCL's watchdog times out
+    (TORCH_NCCL_DUMP_ON_TIMEOUT) or when the stall watch writes to a rank's pipe
     (TORCH_NCCL_DEBUG_INFO_PIPE_FILE), into <run>/flight/<attempt>/rank-N beside the
-    record (TORCH_NCCL_DEBUG_INFO_TEMP_FILE; PyTorch docs, "Flight Recorder for
-    Debugging Stuck Jobs"). The paths are as the ranks see the run's folder; the rank
+    record (the dump file's prefix; PyTorch docs, "Flight Recorder for Debugging Stuck
+    Jobs"). The buffer and dump-file variables are named as `torch_version` reads them
+    (flight_recorder_names). The paths are as the ranks see the run's folder; the rank
     makes the folder (lab.worker.heartbeat). Verified by reading only: no GPU here."""
     stem = os.path.join(run_dir_inside, "flight", attempt, "rank-")
-    return {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": stem, "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": stem}
+    names = flight_recorder_names(torch_version)
+    return {names["buffer"]: "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+            names["dump_file"]: stem, "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": stem}

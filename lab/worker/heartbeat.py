@@ -35,7 +35,9 @@ class Heartbeat:
         self.rank, self.stall_s = rank, stall_s
         self.path = heartbeat.beat_path(run_dir, attempt, rank)
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        flight = os.environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")   # bench's, GPU runs: lab.host.stall
+        # bench's, GPU runs: the dump file's prefix under the name this torch reads
+        # (lab.host.stall.flight_recorder_names).
+        flight = os.environ.get("TORCH_FR_DUMP_TEMP_FILE") or os.environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
         if flight:
             os.makedirs(os.path.dirname(flight), exist_ok=True)
         self.state = {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(),
