@@ -205,7 +205,9 @@ def test_doctor_on_this_machine_without_a_gpu(tmp_path):
     line = report.short("collectives", sweep)
     assert "share of the memory copy" in line and all(f"{op} " in line for op in collectives.OPS)
     over_mpi = checks[("local", "collectives_mpi")]["value"]     # Horovod's, under mpirun
-    assert over_mpi["backend"] == "mpi (Horovod)" and list(over_mpi["ops"]) == list(collectives.OPS)
+    # Horovod has no reduce to a root: the others
+    assert over_mpi["backend"] == "mpi (Horovod)" and list(over_mpi["ops"]) == [
+        op for op in collectives.OPS if op != "reduce"]
     assert all(r["busbw_gbs"] > 0 for rows in over_mpi["ops"].values() for r in rows)
     assert doc["counts"]["FAIL"] == 0 and doc["seconds"] > 0
     # on the terminal the checks skipped for want of a GPU are one line with the cause
