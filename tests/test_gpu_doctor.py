@@ -313,11 +313,18 @@ def test_on_the_captured_h100_host_the_collectives_go_over_nccl_on_its_one_gpu(m
     assert re.search(r"nccl_all_reduce_perf\s+SKIP", H100_DOCTOR)
     torch_r = _captured_torch(H100_DOCTOR)
     assert torch_r.value["device_count"] == 1 and torch_r.value["cuda_available"]
-    argv, r = _probe_argv(monkeypatch, torch_r, np=2)
+    # what the sweep printed there (tests/fixtures/README.md: the H100's device copy)
+    printed = (FIX / "collectives-1x-h100-copy.json").read_text().strip()
+    argv, r = _probe_argv(monkeypatch, torch_r, np=2, printed=printed)
     assert "--nproc-per-node=1" in argv and argv[argv.index("--backend") + 1] == "nccl"
     assert r.status == PASS and "nccl_tests" not in r.value
     one = collectives.plan("cuda", 1)
     assert one["measure"] == "copy" and max(one["sizes"]) == 2**30 and min(one["sizes"]) == 4096
+    assert r.value["ops"] == {} and [c["size_bytes"] for c in r.value["copy"]] == one["sizes"]
+    from envcheck import report
+    line = report.short("collectives", r.value)
+    assert line.startswith("nccl, one rank: no collective timed") and "device-to-device copy" in line
+    assert f"{r.value['copy'][-1]['gbs']:.3g} GB/s at 1 GiB (read + written)" in line
     # eight GPUs (an HGX H100, tests/fixtures/nvidia-smi-8x-h100.txt): eight NCCL ranks, all
     # collectives, the same sizes
     eight = len(re.findall(r"H100 80GB HBM3", (FIX / "nvidia-smi-8x-h100.txt").read_text()))
@@ -354,6 +361,22 @@ def test_nccl_tests_rides_along_as_the_reference_where_it_ran(monkeypatch):
     _, r = _probe_argv(monkeypatch, _captured_torch(H100_DOCTOR), printed=json.dumps(sweep),
                        nccl_tests=Result("nccl_all_reduce_perf", SKIP, None, "not installed"))
     assert "nccl_tests" not in r.value and "nccl-tests" not in report.collectives_line(r.value)
+
+
+def test_one_rank_of_nccl_times_no_transfer_for_the_in_place_collectives():
+    """Why one GPU gets its copy, not collectives: NCCL's sweep forced at one rank on the
+    H100 (tests/fixtures/README.md). All-reduce, broadcast and reduce (in place) cost the
+    same at 1 GiB as at 4 KiB, nothing being moved; the out-of-place ones are a device copy."""
+    import json
+    v = json.loads((FIX / "collectives-1x-h100-nccl-one-rank.json").read_text())
+    assert v["ranks"] == 1
+    for op, rows in v["ops"].items():
+        assert all(r["busbw_gbs"] == 0 for r in rows), op                # n = 1: factor 0
+    for op in ("allreduce", "broadcast", "reduce"):
+        small, big = v["ops"][op][0], v["ops"][op][-1]
+        assert big["size_bytes"] == 2**30 and big["time_us"] < 2 * small["time_us"], op
+    for op in ("allgather", "reducescatter", "alltoall"):
+        assert v["ops"][op][-1]["time_us"] > 10 * v["ops"][op][0]["time_us"], op
 
 
 def test_one_gpus_row_is_its_copy_and_says_why():
