@@ -66,7 +66,7 @@ def size_text(nbytes: int) -> str:
 # Why one rank gets a copy instead of collectives (nccl-tests doc/PERFORMANCE.md: the bus
 # factors are 0 at n = 1, all-reduce's 2(n-1)/n and the gathers' (n-1)/n).
 ONE_RANK = ("one rank: no collective timed, since nothing crosses a bus and nccl-tests' bus "
-            "bandwidth is 0 by definition; its device copy instead")
+            "bandwidth is 0 by definition; its copy instead")
 
 
 def collectives_line(value: dict) -> str:

@@ -386,7 +386,7 @@ def test_one_gpus_row_is_its_copy_and_says_why():
                       {"size_bytes": 2**30, "time_us": 700.0, "gbs": 3067.0}]}
     line = report.short("collectives", value)
     assert line.startswith("nccl, one rank: no collective timed, since nothing crosses a bus and "
-                           "nccl-tests' bus bandwidth is 0 by definition; its device copy instead: "
+                           "nccl-tests' bus bandwidth is 0 by definition; its copy instead: "
                            "device-to-device copy 3.07e+03 GB/s at 1 GiB (read + written), 7 us at 4 KiB")
     assert "memory copy 1.2" in report.short("collectives", dict(value, backend="gloo",
                                                                   copy=value["copy"][:1]))
@@ -418,19 +418,38 @@ def test_bus_factors_and_bandwidths_are_nccl_tests_own():
             assert bw["busbw_gbs"] == pytest.approx(row["busbw_gbs"], rel=0.01, abs=0.01), row
 
 
-def _sweep(tmp_path, ranks, *args):
-    import json
+def _run_rank(rank, n, port, out, args):
     import os
-    import subprocess
     import sys
-    cp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
-                         "--standalone", "-m", "envcheck.collectives", "--backend", "gloo",
-                         "--sizes", "4096,65536", "--iters", "2", "--warmup", "1", *args],
-                        capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                        env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent),
-                                 OMP_NUM_THREADS="1"))
-    assert cp.returncode == 0, cp.stderr[-2000:]
-    return json.loads([ln for ln in cp.stdout.splitlines() if ln.startswith("{")][-1])
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    with open(out, "w") as f:
+        sys.stdout = f
+        from envcheck import collectives
+        code = collectives.main(["--backend", "gloo", "--sizes", "4096,65536", "--iters", "2",
+                                 "--warmup", "1", *args])
+    os._exit(code)
+
+
+def _sweep(tmp_path, ranks, *args):
+    """envcheck.collectives.main on `ranks` ranks over Gloo, as torch.distributed.run starts
+    them (RANK, WORLD_SIZE, MASTER_ADDR/PORT), in processes forked from this one (torch
+    already imported: seconds, not a launcher's start-up); rank 0's JSON line."""
+    import json
+    import multiprocessing
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_run_rank, args=(r, ranks, port, str(tmp_path / f"rank{r}.out"), args))
+             for r in range(ranks)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0] * ranks, (tmp_path / "rank0.out").read_text()[-2000:]
+    return json.loads([ln for ln in (tmp_path / "rank0.out").read_text().splitlines() if ln.startswith("{")][-1])
 
 
 def test_the_sweep_runs_every_collective_over_gloo_at_two_ranks(tmp_path):
