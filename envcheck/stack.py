@@ -248,8 +248,9 @@ def probe_collectives(torch_r: Result, np: int = 2, timeout: float = 300,
 
 @probe("collectives_mpi")
 def probe_collectives_mpi(hvd: Result, np: int = 2, timeout: float = 240) -> Result:
-    """The five collectives through Horovod under mpirun (MPI's, on host memory), with
-    the same reference (envcheck.collectives --backend horovod)."""
+    """The collectives through Horovod (all but reduce, which it lacks) under mpirun
+    (MPI's, on host memory), with the same reference (envcheck.collectives --backend
+    horovod)."""
     if hvd.status != PASS or "MPI" not in (hvd.value or {}).get("controllers", []):
         return Result("collectives_mpi", SKIP, None, "Horovod is not built with MPI here: the "
                       "collectives over MPI are measured through Horovod")
