@@ -64,10 +64,10 @@ def check_across(nodes: int, link: str, frozen: bool = False):
 
 def across_nodes(runner, link: str = "", echo=print) -> dict:
     """The collectives (lab.common.collectives.OPS) over Gloo with one rank on each of the
-    cluster's nodes (`runner`: check_across's; envcheck.collectives under torch.distributed.run on every node), the links shaped
-    by `link` while they run: a check row whose value carries two references, rank 0's
-    node's memory copy and the shaped link's rate (none when unshaped: a veth pair has
-    none)."""
+    cluster's nodes (`runner`: check_across's; envcheck.collectives under
+    torch.distributed.run on every node), the links shaped by `link` while they run: a
+    check row whose value carries two references, rank 0's node's memory copy and the
+    shaped link's rate (none when unshaped: a veth pair has none)."""
     import uuid
 
     row = {"where": f"cluster ({runner.nodes} nodes)", "name": "collectives_across"}
