@@ -188,7 +188,7 @@ DOCTOR_HELP = {
     "image": "the lab image to check (default: the one bench would use)",
     "frozen": "in the image (and with --nodes on the cluster's nodes), check its own copy of the kit instead of the checkout's",
     "all": "show every check on its row (default: the checks skipped for want of a GPU in one line)",
-    "nodes": "also time the five collectives with one rank on each of the cluster's N nodes (invoke up first)",
+    "nodes": "also time the collectives with one rank on each of the cluster's N nodes (invoke up first)",
     "link": "with --nodes: shape the links as bench --link does while they run, RATE[/DELAY]",
 }
 

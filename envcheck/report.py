@@ -55,10 +55,31 @@ def short(name: str, value) -> str:
     return str(value)
 
 
+def size_text(nbytes: int) -> str:
+    """4 KiB, 16 MiB, 1 GiB: a message size as nccl-tests' sweeps name them."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes / 1024:g} KiB"
+
+
+# Why one rank gets a copy instead of collectives (nccl-tests doc/PERFORMANCE.md: the bus
+# factors are 0 at n = 1, all-reduce's 2(n-1)/n and the gathers' (n-1)/n).
+ONE_RANK = ("one rank: no collective timed, since nothing crosses a bus and nccl-tests' bus "
+            "bandwidth is 0 by definition; its copy instead")
+
+
 def collectives_line(value: dict) -> str:
     """Each collective's bus bandwidth at the largest size, as a share of the reference
     (the memory copy bandwidth; on GPUs also their links, NVLink or PCIe), and the
-    all-reduce's time at the smallest size."""
+    all-reduce's time at the smallest size; nccl-tests' all-reduce beside, where it ran.
+    One rank: its copy's bandwidth at the largest size and time at the smallest, and why."""
+    if not value["ops"] and value.get("copy"):
+        big, small = value["copy"][-1], value["copy"][0]
+        what = "device-to-device copy" if value["backend"] == "nccl" else "memory copy"
+        return (f"{value['backend']}, {ONE_RANK}: {what} {big['gbs']:.3g} GB/s at "
+                f"{size_text(big['size_bytes'])} (read + written), {small['time_us']:.0f} us at "
+                f"{size_text(small['size_bytes'])}")
     refs = [r for r in (value.get("reference"), value.get("link")) if r and r.get("gbs")]
     parts = []
     for op, rows in value["ops"].items():
@@ -67,11 +88,16 @@ def collectives_line(value: dict) -> str:
         parts.append(f"{op} {big['busbw_gbs']:.3g}" + (f" ({share})" if share else ""))
     big = next(iter(value["ops"].values()))[-1]
     small = value["ops"].get("allreduce", next(iter(value["ops"].values())))[0]
-    head = f"{value['backend']}, {value['ranks']} ranks, busbw GB/s at {big['size_bytes'] / 2**20:g} MiB"
+    head = f"{value['backend']}, {value['ranks']} ranks, busbw GB/s at {size_text(big['size_bytes'])}"
     of = (" (share of the " + " / of ".join(f"{r['name']}, {r['gbs']:.3g} GB/s" for r in refs) + ")"
           if refs else "")
-    return (f"{head}{of}: {', '.join(parts)}; all-reduce {small['time_us']:.0f} us at "
-            f"{small['size_bytes'] / 1024:g} KiB")
+    line = (f"{head}{of}: {', '.join(parts)}; all-reduce {small['time_us']:.0f} us at "
+            f"{size_text(small['size_bytes'])}")
+    ref = value.get("nccl_tests")
+    if ref:
+        line += (f"; nccl-tests all_reduce_perf (the reference), {ref['gpus']} GPU(s): busbw "
+                 f"{ref['busbw_gbs']:.3g} GB/s at {size_text(ref['size_bytes'])}")
+    return line
 
 
 HEADERS = ["where", "check", "status", "value", "fix"]

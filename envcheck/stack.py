@@ -3,8 +3,9 @@ locally): torch and its CUDA, cuDNN and NCCL; Horovod's build; the MPI, its CUDA
 awareness in three steps (ompi_info's build flag, the library's own answer to
 MPIX_Query_cuda_support, a GPU buffer really all-reduced: only the last is a run-time
 test); an MPI hello over N ranks; nccl-tests' all_reduce_perf over the GPUs;
-and a torch.distributed sweep of the five collectives (Gloo on CPU, NCCL on GPU). Each returns a
-Result and never raises; torch and Horovod are imported inside the probes."""
+and a torch.distributed sweep of nccl-tests' collectives (Gloo on CPU; NCCL on every
+GPU, or one GPU's device copy). Each returns a Result and never raises; torch and
+Horovod are imported inside the probes."""
 from __future__ import annotations
 
 import json
@@ -216,25 +217,40 @@ def probe_nccl_tests(torch_r: Result, np: int = 2, timeout: float = 120) -> Resu
     return Result("nccl_all_reduce_perf", PASS, parsed)
 
 
+def collectives_ranks(gpus: int, np: int) -> tuple[str, int]:
+    """(backend, ranks) of doctor's collectives: on a host with GPUs NCCL with one rank per
+    GPU, all of them (one GPU: one rank, whose sweep is the device copy, envcheck.collectives.plan);
+    without, Gloo on doctor's --np ranks."""
+    return ("nccl", gpus) if gpus >= 1 else ("gloo", np)
+
+
 @probe("collectives")
-def probe_collectives(torch_r: Result, np: int = 2, timeout: float = 240) -> Result:
-    """The five collectives' bus bandwidth over message sizes, and the memory copy
-    bandwidth they are a share of (envcheck.collectives)."""
-    gpus = (torch_r.value or {}).get("device_count", 0) if torch_r.status == PASS else 0
-    backend = "nccl" if gpus >= np else "gloo"
+def probe_collectives(torch_r: Result, np: int = 2, timeout: float = 300,
+                      nccl_tests: Result | None = None) -> Result:
+    """The collectives' bus bandwidth over message sizes, and the memory copy bandwidth
+    they are a share of (envcheck.collectives); on one GPU the device copy instead. Where
+    nccl-tests ran, its all_reduce_perf's largest size rides along as the reference."""
+    backend, ranks = collectives_ranks(_gpus(torch_r), np)
     text = run_command([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                        f"--nproc-per-node={np}", "-m", "envcheck.collectives", "--backend", backend],
+                        f"--nproc-per-node={ranks}", "-m", "envcheck.collectives", "--backend", backend],
                        timeout=timeout, env=dict(os.environ, OMP_NUM_THREADS="1"))
     for line in reversed(text.splitlines()):
         if line.startswith("{") and '"ops"' in line:
-            return Result("collectives", PASS, json.loads(line))
+            value = json.loads(line)
+            if nccl_tests is not None and nccl_tests.status == PASS:
+                big = nccl_tests.value["rows"][-1]
+                value["nccl_tests"] = {"op": "allreduce", "gpus": nccl_tests.value.get("gpus"),
+                                       "size_bytes": big["size_bytes"], "busbw_gbs": big["busbw_gbs"],
+                                       "algbw_gbs": big["algbw_gbs"]}
+            return Result("collectives", PASS, value)
     raise ProbeError("the collectives' sweep printed no result")
 
 
 @probe("collectives_mpi")
 def probe_collectives_mpi(hvd: Result, np: int = 2, timeout: float = 240) -> Result:
-    """The five collectives through Horovod under mpirun (MPI's, on host memory), with
-    the same reference (envcheck.collectives --backend horovod)."""
+    """The collectives through Horovod (all but reduce, which it lacks) under mpirun
+    (MPI's, on host memory), with the same reference (envcheck.collectives --backend
+    horovod)."""
     if hvd.status != PASS or "MPI" not in (hvd.value or {}).get("controllers", []):
         return Result("collectives_mpi", SKIP, None, "Horovod is not built with MPI here: the "
                       "collectives over MPI are measured through Horovod")
@@ -256,7 +272,9 @@ def collect(np: int = 2) -> list[Result]:
     mpi = probe_mpi()
     from envcheck.host import probe_memlock, probe_nccl_socket_ifname, probe_shm
     from envcheck.rdma import probe_verbs_libraries
+    nccl = probe_nccl_tests(torch_r, np)
     return [torch_r, probe_cudnn(), hvd, probe_nccl(hvd), mpi, probe_mpi_cuda_build(mpi),
             probe_shm(), probe_memlock(_gpus(torch_r)), probe_nccl_socket_ifname(),
-            probe_mpi_hello(np), probe_mpi_gpu_allreduce(torch_r, np, hvd=hvd), probe_nccl_tests(torch_r, np),
-            probe_collectives(torch_r, np), probe_collectives_mpi(hvd, np), probe_verbs_libraries()]
+            probe_mpi_hello(np), probe_mpi_gpu_allreduce(torch_r, np, hvd=hvd), nccl,
+            probe_collectives(torch_r, np, nccl_tests=nccl), probe_collectives_mpi(hvd, np),
+            probe_verbs_libraries()]

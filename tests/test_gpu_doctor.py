@@ -273,3 +273,214 @@ def test_horovods_own_flags_are_the_same_where_horovod_is_installed():
     mpi_run = pytest.importorskip("horovod.runner.mpi_run")
     flags = [tuple(re.fullmatch(r"-mca (\S+) (\S+)", f).groups()) for f in mpi_run._OMPI_FLAGS]
     assert flags == list(ompi.TRANSPORTS)
+
+
+# ---------------------------------------------------------------- GPU collectives
+
+# doctor on one H100 without nccl-tests (tests/fixtures/README.md): the capture's rows are
+# what the decisions below are fed with.
+H100_DOCTOR = (FIX / "doctor-local-1x-h100.txt").read_text()
+
+
+def _captured_torch(text):
+    """The torch row's value as the capture prints it (note [3]: version=..., device_count=1)."""
+    m = re.search(r"torch \(local\), value: (.*?)\n(?:\[|\S)", text, re.S)
+    pairs = dict(kv.split("=", 1) for kv in " ".join(m.group(1).split()).split(", "))
+    return Result("torch", PASS, {"version": pairs["version"], "cuda_build": pairs["cuda_build"],
+                                  "cuda_available": pairs["cuda_available"] == "True",
+                                  "device_count": int(pairs["device_count"])})
+
+
+def _probe_argv(monkeypatch, torch_r, np=2, printed='{"backend": "nccl", "ranks": 1, "ops": {}}',
+                nccl_tests=None):
+    seen = []
+
+    def run_command(argv, timeout=10, env=None):
+        seen.append(argv)
+        return "launcher noise\n" + printed + "\n"
+    monkeypatch.setattr(stack, "run_command", run_command)
+    r = stack.probe_collectives(torch_r, np, nccl_tests=nccl_tests)
+    return seen[0], r
+
+
+def test_on_the_captured_h100_host_the_collectives_go_over_nccl_on_its_one_gpu(monkeypatch):
+    """The capture: 1 GPU, doctor's default --np 2, no nccl-tests; its collectives row was
+    Gloo on 2 CPU ranks. Now: NCCL with one rank per GPU (np = the GPU count, 1), whose
+    sweep is the device copy at GPU sizes up to 1 GiB."""
+    from envcheck import collectives
+    assert re.search(r"local\s+collectives\s+PASS", H100_DOCTOR)
+    assert "[7] collectives (local), value: gloo, 2 ranks" in H100_DOCTOR       # what it was
+    assert re.search(r"nccl_all_reduce_perf\s+SKIP", H100_DOCTOR)
+    torch_r = _captured_torch(H100_DOCTOR)
+    assert torch_r.value["device_count"] == 1 and torch_r.value["cuda_available"]
+    # what the sweep printed there (tests/fixtures/README.md: the H100's device copy)
+    printed = (FIX / "collectives-1x-h100-copy.json").read_text().strip()
+    argv, r = _probe_argv(monkeypatch, torch_r, np=2, printed=printed)
+    assert "--nproc-per-node=1" in argv and argv[argv.index("--backend") + 1] == "nccl"
+    assert r.status == PASS and "nccl_tests" not in r.value
+    one = collectives.plan("cuda", 1)
+    assert one["measure"] == "copy" and max(one["sizes"]) == 2**30 and min(one["sizes"]) == 4096
+    assert r.value["ops"] == {} and [c["size_bytes"] for c in r.value["copy"]] == one["sizes"]
+    from envcheck import report
+    line = report.short("collectives", r.value)
+    assert line.startswith("nccl, one rank: no collective timed") and "device-to-device copy" in line
+    assert f"{r.value['copy'][-1]['gbs']:.3g} GB/s at 1 GiB (read + written)" in line
+    # eight GPUs (an HGX H100, tests/fixtures/nvidia-smi-8x-h100.txt): eight NCCL ranks, all
+    # collectives, the same sizes
+    eight = len(re.findall(r"H100 80GB HBM3", (FIX / "nvidia-smi-8x-h100.txt").read_text()))
+    assert eight == 8
+    argv, _ = _probe_argv(monkeypatch, Result("torch", PASS, dict(torch_r.value, device_count=eight)))
+    assert "--nproc-per-node=8" in argv and argv[argv.index("--backend") + 1] == "nccl"
+    assert collectives.plan("cuda", 8) == {"measure": "collectives", "sizes": one["sizes"]}
+    # no GPU: Gloo on doctor's --np, CPU sizes (to 16 MiB, the memory copy's reference)
+    argv, _ = _probe_argv(monkeypatch, Result("torch", PASS, dict(torch_r.value, device_count=0)), np=3)
+    assert "--nproc-per-node=3" in argv and argv[argv.index("--backend") + 1] == "gloo"
+    assert collectives.plan("cpu", 3) == {"measure": "collectives", "sizes": collectives.DEFAULT_SIZES}
+    assert max(collectives.DEFAULT_SIZES) == 16 * 2**20
+
+
+def test_nccl_tests_rides_along_as_the_reference_where_it_ran(monkeypatch):
+    """nccl-tests stays the reference: its all_reduce_perf's largest row goes onto the
+    collectives row (the capture of 2 GH200s, nccl-tests 2.18.2)."""
+    from envcheck import nccl_tests, report
+    parsed = nccl_tests.parse_nccl_tests((FIX / "nccl-tests-all-reduce-2x-gh200.txt").read_text())
+    ran = Result("nccl_all_reduce_perf", PASS, dict(parsed, gpus=2))
+    sweep = {"backend": "nccl", "ranks": 2, "reference": {"name": "GPU memory copy", "gbs": 3000.0},
+             "ops": {"allreduce": [{"size_bytes": 4096, "time_us": 20.0, "algbw_gbs": 0.2, "busbw_gbs": 0.2},
+                                   {"size_bytes": 2**30, "time_us": 9000.0, "algbw_gbs": 119.3,
+                                    "busbw_gbs": 119.3}]}}
+    import json
+    _, r = _probe_argv(monkeypatch, _captured_torch(H100_DOCTOR), printed=json.dumps(sweep), nccl_tests=ran)
+    big = parsed["rows"][-1]
+    assert r.value["nccl_tests"] == {"op": "allreduce", "gpus": 2, "size_bytes": big["size_bytes"],
+                                     "busbw_gbs": big["busbw_gbs"], "algbw_gbs": big["algbw_gbs"]}
+    line = report.collectives_line(r.value)
+    assert "busbw GB/s at 1 GiB" in line and "all-reduce 20 us at 4 KiB" in line
+    assert (f"nccl-tests all_reduce_perf (the reference), 2 GPU(s): busbw {big['busbw_gbs']:.3g} GB/s "
+            f"at 128 MiB") in line
+    _, r = _probe_argv(monkeypatch, _captured_torch(H100_DOCTOR), printed=json.dumps(sweep),
+                       nccl_tests=Result("nccl_all_reduce_perf", SKIP, None, "not installed"))
+    assert "nccl_tests" not in r.value and "nccl-tests" not in report.collectives_line(r.value)
+
+
+def test_one_rank_of_nccl_times_no_transfer_for_the_in_place_collectives():
+    """Why one GPU gets its copy, not collectives: NCCL's sweep forced at one rank on the
+    H100 (tests/fixtures/README.md). All-reduce, broadcast and reduce (in place) cost the
+    same at 1 GiB as at 4 KiB, nothing being moved; the out-of-place ones are a device copy."""
+    import json
+    v = json.loads((FIX / "collectives-1x-h100-nccl-one-rank.json").read_text())
+    assert v["ranks"] == 1
+    for op, rows in v["ops"].items():
+        assert all(r["busbw_gbs"] == 0 for r in rows), op                # n = 1: factor 0
+    for op in ("allreduce", "broadcast", "reduce"):
+        small, big = v["ops"][op][0], v["ops"][op][-1]
+        assert big["size_bytes"] == 2**30 and big["time_us"] < 2 * small["time_us"], op
+    for op in ("allgather", "reducescatter", "alltoall"):
+        assert v["ops"][op][-1]["time_us"] > 10 * v["ops"][op][0]["time_us"], op
+
+
+def test_one_gpus_row_is_its_copy_and_says_why():
+    from envcheck import report
+    value = {"backend": "nccl", "ranks": 1, "ops": {}, "reference": None,
+             "copy": [{"size_bytes": 4096, "time_us": 7.0, "gbs": 1.2},
+                      {"size_bytes": 2**30, "time_us": 700.0, "gbs": 3067.0}]}
+    line = report.short("collectives", value)
+    assert line.startswith("nccl, one rank: no collective timed, since nothing crosses a bus and "
+                           "nccl-tests' bus bandwidth is 0 by definition; its copy instead: "
+                           "device-to-device copy 3.07e+03 GB/s at 1 GiB (read + written), 7 us at 4 KiB")
+    assert "memory copy 1.2" in report.short("collectives", dict(value, backend="gloo",
+                                                                  copy=value["copy"][:1]))
+
+
+def test_bus_factors_and_bandwidths_are_nccl_tests_own():
+    """nccl-tests doc/PERFORMANCE.md ("Summary"; NVIDIA/nccl-tests a0b82b2): all-reduce
+    2(n-1)/n, reduce-scatter, all-gather and all-to-all (n-1)/n, broadcast and reduce 1;
+    and its printed algbw and busbw (2 and 8 GH200s) come back from size and time. At
+    n = 1 nccl-tests' broadcast and reduce print busbw = algbw (factor 1); nothing
+    crosses a bus, so the kit says 0, as doctor's nccl-tests row does on one GPU."""
+    from envcheck import nccl_tests
+    from lab.common import collectives
+    published = {"allreduce": lambda n: 2 * (n - 1) / n, "reducescatter": lambda n: (n - 1) / n,
+                 "allgather": lambda n: (n - 1) / n, "alltoall": lambda n: (n - 1) / n,
+                 "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0}
+    assert set(published) == set(collectives.OPS) == set(collectives.NCCL_TESTS)
+    for op, factor in published.items():
+        for n in (2, 3, 4, 8, 16, 72):
+            assert collectives.bus_factor(op, n) == pytest.approx(factor(n)), (op, n)
+        assert collectives.bus_factor(op, 1) == 0.0
+    assert collectives.bus_factor("reduce", 8) == 1.0 and collectives.bus_factor("allreduce", 8) == 1.75
+    for name, n in (("nccl-tests-all-reduce-2x-gh200.txt", 2), ("nccl-tests-all-reduce-8x-gh200.txt", 8)):
+        for row in nccl_tests.parse_nccl_tests((FIX / name).read_text())["rows"]:
+            if row["algbw_gbs"] < 1:          # printed to 2 decimals: too few digits to compare
+                continue
+            bw = collectives.bandwidths("allreduce", row["size_bytes"], row["time_us"] * 1e-6, n)
+            assert bw["algbw_gbs"] == pytest.approx(row["algbw_gbs"], rel=0.01, abs=0.01), row
+            assert bw["busbw_gbs"] == pytest.approx(row["busbw_gbs"], rel=0.01, abs=0.01), row
+
+
+def _run_rank(rank, n, port, out, args):
+    import os
+    import sys
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    with open(out, "w") as f:
+        sys.stdout = f
+        from envcheck import collectives
+        code = collectives.main(["--backend", "gloo", "--sizes", "4096,65536", "--iters", "2",
+                                 "--warmup", "1", *args])
+    os._exit(code)
+
+
+def _sweep(tmp_path, ranks, *args):
+    """envcheck.collectives.main on `ranks` ranks over Gloo, as torch.distributed.run starts
+    them (RANK, WORLD_SIZE, MASTER_ADDR/PORT), in processes forked from this one (torch
+    already imported: seconds, not a launcher's start-up); rank 0's JSON line."""
+    import json
+    import multiprocessing
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_run_rank, args=(r, ranks, port, str(tmp_path / f"rank{r}.out"), args))
+             for r in range(ranks)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0] * ranks, (tmp_path / "rank0.out").read_text()[-2000:]
+    return json.loads([ln for ln in (tmp_path / "rank0.out").read_text().splitlines() if ln.startswith("{")][-1])
+
+
+def test_the_sweep_runs_every_collective_over_gloo_at_two_ranks(tmp_path):
+    """The GPU path's code (envcheck.collectives: the ops, their timing, the bandwidths),
+    for real over Gloo on CPU at 2 ranks and tiny sizes; reduce's bus factor is 1."""
+    from lab.common import collectives
+    v = _sweep(tmp_path, 2)
+    assert v["backend"] == "gloo" and v["ranks"] == 2 and list(v["ops"]) == list(collectives.OPS)
+    for op, rows in v["ops"].items():
+        assert [r["size_bytes"] for r in rows] == [4096, 65536]
+        for r in rows:
+            assert r["time_us"] > 0
+            assert r["busbw_gbs"] == pytest.approx(r["algbw_gbs"] * collectives.bus_factor(op, 2)), op
+    assert v["reference"]["name"] == "memory copy" and "copy" not in v
+
+
+def test_one_rank_sweeps_its_copy_instead(tmp_path):
+    v = _sweep(tmp_path, 1)
+    assert v["ranks"] == 1 and v["ops"] == {} and v["reference"] is None
+    assert [r["size_bytes"] for r in v["copy"]] == [4096, 65536]
+    assert all(r["gbs"] == pytest.approx(2 * r["size_bytes"] / r["time_us"] / 1e3) for r in v["copy"])
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--ops", "allreduce,all-gather"], "no collective all-gather: --ops takes allreduce"),
+    (["--sizes", "4K"], "--sizes takes bytes as a comma list, not '4K'"),
+    (["--backend", "horovod", "--ops", "reduce"], "Horovod has no reduce to a root"),
+])
+def test_a_wrong_option_is_one_sentence(args, said, capsys):
+    from envcheck import collectives
+    with pytest.raises(SystemExit) as e:
+        collectives.main(args)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and said in err and "Traceback" not in err

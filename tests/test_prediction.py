@@ -17,11 +17,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 def test_bus_factors_are_nccl_tests_formulas():
     # nccl-tests doc/PERFORMANCE.md: all-reduce 2(n-1)/n, all-gather and reduce-scatter
-    # (n-1)/n, broadcast 1; nothing crosses a bus with one rank.
+    # (n-1)/n, broadcast and reduce 1; nothing crosses a bus with one rank.
     assert collectives.bus_factor("allreduce", 8) == pytest.approx(1.75)
     assert collectives.bus_factor("allgather", 4) == pytest.approx(0.75)
     assert collectives.bus_factor("reducescatter", 2) == pytest.approx(0.5)
     assert collectives.bus_factor("broadcast", 16) == 1.0
+    assert collectives.bus_factor("reduce", 4) == 1.0
     assert collectives.bus_factor("alltoall", 1) == 0.0
     bw = collectives.bandwidths("allreduce", 2_000_000_000, 2.0, 2)
     assert bw == {"algbw_gbs": pytest.approx(1.0), "busbw_gbs": pytest.approx(1.0)}

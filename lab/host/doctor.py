@@ -43,8 +43,8 @@ ACROSS_OP_S = 0.5       # the largest size a slow shaped link gets: about this l
 def across_sizes(link_gbs: float | None) -> list[int]:
     """The sweep's sizes on a link of `link_gbs`: those an all-reduce of two ranks moves
     in about ACROSS_OP_S (each rank sends its whole buffer once), so that 13 runs of each
-    of five collectives stay minutes on a slow link (10 Mbit/s: 16 MiB would take 13 s an
-    operation, 15 min in all)."""
+    of six collectives stay minutes on a slow link (10 Mbit/s: 16 MiB would take 13 s an
+    operation, 17 min in all)."""
     if not link_gbs:
         return list(ACROSS_SIZES)
     fits = [b for b in ACROSS_SIZES if b / (link_gbs * 1e9) <= ACROSS_OP_S]
@@ -63,11 +63,11 @@ def check_across(nodes: int, link: str, frozen: bool = False):
 
 
 def across_nodes(runner, link: str = "", echo=print) -> dict:
-    """The five collectives over Gloo with one rank on each of the cluster's nodes (`runner`:
-    check_across's; envcheck.collectives under torch.distributed.run on every node), the links shaped
-    by `link` while they run: a check row whose value carries two references, rank 0's
-    node's memory copy and the shaped link's rate (none when unshaped: a veth pair has
-    none)."""
+    """The collectives (lab.common.collectives.OPS) over Gloo with one rank on each of the
+    cluster's nodes (`runner`: check_across's; envcheck.collectives under
+    torch.distributed.run on every node), the links shaped by `link` while they run: a
+    check row whose value carries two references, rank 0's node's memory copy and the
+    shaped link's rate (none when unshaped: a veth pair has none)."""
     import uuid
 
     row = {"where": f"cluster ({runner.nodes} nodes)", "name": "collectives_across"}
