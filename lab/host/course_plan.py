@@ -233,5 +233,5 @@ def plan(results_dir: str = "results", *, quick: bool = False, gpus: int = 0,
     elif gpus == 1:
         notes.append("one GPU here: every model, framework and back end runs at np 1 on it, and "
                      "the runs of 2 ranks as CPU processes beside it (each rank needs a GPU of its "
-                     "own); the report's tables name each row's device where both are in one table")
+                     "own); each table of the report says which devices its rows measured")
     return Plan(results_dir, quick, parts, notes)
