@@ -302,14 +302,17 @@ def report(c, path, format="md"):
 @task(help={"results-dir": "where the acceptance folder and its archive go",
             "dry-run": "print the plan (each command, its image, the estimated minutes) and the "
                        "images not built yet, and run nothing",
-            "full": "the larger plan: every process count 1..N, three repeats, longer runs"})
-def acceptance(c, results_dir=None, dry_run=False, full=False):
+            "full": "the larger plan: every process count 1..N, three repeats, longer runs",
+            "local": "the same plan as local processes on this host's own stack (what "
+                     "docker/setup-venv.sh installs), not the lab images; without a Docker "
+                     "engine it is the plan anyway"})
+def acceptance(c, results_dir=None, dry_run=False, full=False, local=False):
     """Collect this machine's evidence in one archive: doctor, nccl-tests, bench and the report."""
     from lab.host.acceptance import AcceptanceError, run
     defaults = _defaults(c, "acceptance", settings_of(acceptance))
     try:
         archive = run(results_dir or defaults.get("results_dir"), full=full or defaults.get("full", False),
-                      dry_run=dry_run)
+                      dry_run=dry_run, local=local or defaults.get("local", False))
     except AcceptanceError as e:
         raise Exit(f"error: {e}", code=2)
     if archive:

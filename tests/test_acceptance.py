@@ -135,17 +135,81 @@ def test_missing_images_are_named_with_the_exact_build_command_and_nothing_runs(
     assert "gpu-nccl" not in str(e.value) and list(tmp_path.iterdir()) == []
 
 
-def test_no_engine_to_ask_stops_a_gpu_host_before_anything_runs(gpu_host, monkeypatch, tmp_path):
+def _no_engine(monkeypatch):
     from lab.common import docker_api
-    gpu_host(2)
 
     def unreachable(*a, **k):
         raise docker_api.DockerUnavailable("no Docker engine is reachable (ConnectionError)")
     monkeypatch.setattr(docker_api, "client", unreachable)
-    assert "  - no Docker engine is reachable (ConnectionError): start one" in dry_run(tmp_path)
-    with pytest.raises(acceptance.AcceptanceError, match="no Docker engine is reachable"):
-        acceptance.run(str(tmp_path), echo=lambda line: None)
-    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("how", ["no engine", "--local"])
+def test_without_docker_or_with_local_the_same_plan_runs_as_local_processes(gpu_host, monkeypatch, tmp_path, how):
+    gpu_host(2)
+    if how == "no engine":
+        _no_engine(monkeypatch)
+    monkeypatch.setattr(acceptance, "host_has", lambda tool: tool == "horovod")
+    lines = []
+    assert acceptance.run(str(tmp_path), dry_run=True, echo=lines.append, local=how == "--local") is None
+    text = "\n".join(lines)
+    head = text.splitlines()[0]
+    assert head.startswith(f"acceptance plan: GPU mode, 2 GPU(s) (NVML, driver {DRIVER})")
+    assert head.endswith("local processes on this host's own stack (what docker/setup-venv.sh "
+                         "installs), not the lab images")
+    assert ("no Docker engine here (no Docker engine is reachable (ConnectionError))" in head) == (how == "no engine")
+    assert "missing, so it would not start" not in text and "dl-lab-kit:gpu" not in text
+    plan = acceptance_plan.plan(2, "/x", images=IMAGES)
+    local = acceptance_plan.plan(2, "/x", local=True, has=lambda tool: tool == "horovod")
+    # the same bench steps, each with --local where the image plan names its image
+    assert [s.name for s in local.steps] == [s.name for s in plan.steps if s.name != "nccl-tests"]
+    for mine, theirs in zip((s for s in local.steps if "bench" in s.argv), (s for s in plan.steps if "bench" in s.argv)):
+        i = theirs.argv.index("--image")
+        assert mine.argv == theirs.argv[:i] + ["--local"] + theirs.argv[i + 2:]
+    assert any(m.startswith("nccl-tests: nccl-tests' all_reduce_perf is not installed on this host's "
+                            "stack; docker/install-nccl-tests.sh") for m in local.missing)
+    bare = acceptance_plan.plan(1, "/x", local=True, has=lambda tool: False)
+    assert not any("horovod" in s.argv for s in bare.steps)
+    assert any("mnist-horovod-nccl, mnist-horovod-mpi, resnet50-horovod-nccl, resnet50-horovod-mpi: "
+               "Horovod is not installed on this host's stack; docker/install-horovod.sh builds it "
+               "(about 2.5 min on 16 cores)" in m for m in bare.missing)
+
+
+def test_the_estimate_has_both_ends_the_fast_one_measured_on_an_h100():
+    p = acceptance_plan.plan(1, "/x", images=IMAGES)
+    assert 0 < p.fast_s < p.estimate_s <= acceptance_plan.BUDGET_MIN * 60
+    assert acceptance_plan.STEP_S["fast"]["resnet50"] == pytest.approx(0.0375)     # 75 ms at 128, at 64
+    assert "min at an H100's measured speed" in acceptance_plan.render(p)
+
+
+@pytest.mark.slow
+def test_the_no_docker_plan_runs_end_to_end_here_with_real_ranks(monkeypatch, tmp_path):
+    """No GPU, no engine: the CPU plan as local processes, cut to one short bench step
+    and the report; real ranks, the archive and its SUMMARY saying where they ran."""
+    fake_nvml(monkeypatch, 0)
+    _no_engine(monkeypatch)
+    real = acceptance.make_plan
+
+    def small(out, full=False, environ=None, local=False):
+        plan, missing, count = real(out, full, environ, local)
+        plan.steps = [s for s in plan.steps if s.name in ("mnist-ddp-gloo", "report")]
+        a = plan.steps[0].argv
+        for flag, value in (("--repeat", "1"), ("--max-steps", "6"), ("--warmup-steps", "2")):
+            a[a.index(flag) + 1] = value
+        return plan, missing, count
+    monkeypatch.setattr(acceptance, "make_plan", small)
+    lines = []
+    archive = acceptance.run(str(tmp_path), echo=lines.append)
+    [folder] = [p for p in tmp_path.iterdir() if p.is_dir()]
+    text = (folder / "SUMMARY.md").read_text()
+    assert text.splitlines()[0].startswith("# dl-lab-kit acceptance: CPU mode (no GPU on this machine")
+    assert "local processes on this host's own stack (what docker/setup-venv.sh installs)" in text.splitlines()[0]
+    measured = text.split("## Not measured")[0]
+    assert "mnist: ddp over gloo on CPUs, np 1,2: ok" in measured, "\n".join(lines[-40:])
+    assert "invoke report over every run above: ok" in measured
+    from lab.common import results
+    recs = results.read_records(folder / "results" / "mnist-ddp-gloo" / results.RESULTS_FILE)[0]
+    assert sorted((r["status"], r["world"]["np"]) for r in recs) == [("ok", 1), ("ok", 2)]
+    assert Path(archive).is_file() and (folder / "results" / "report.md").is_file()
 
 
 def test_the_build_command_named_makes_the_tag_named(gpu_host, tmp_path):
@@ -215,8 +279,8 @@ def _quick(monkeypatch, doctor_argv, doctor_timeout=30):
     after the `$` line nccl_tests() prints, the others printing one line."""
     real = acceptance.make_plan
 
-    def make_plan(out, full=False, environ=None):
-        plan, missing, count = real(out, full, environ)
+    def make_plan(out, full=False, environ=None, local=False):
+        plan, missing, count = real(out, full, environ, local)
         for s in plan.steps:
             s.argv = [sys.executable, "-c", f"print({s.name!r} + ' ran')"]
             if s.name == "doctor":

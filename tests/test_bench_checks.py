@@ -205,3 +205,39 @@ def test_a_model_that_needs_a_package_is_refused_where_it_does_not_import(monkey
             check_request(s, stack)
     else:
         assert check_request(s, stack)[0] == "ddp"
+
+
+@pytest.mark.parametrize("backends", ["nccl", "gloo,nccl"])
+def test_gpu_counts_that_fit_run_and_the_rest_are_skipped_with_the_reason(tmp_path, monkeypatch, backends):
+    """`invoke bench --np 1,2,4 --device cuda` on a stack of two GPUs: np 1 and 2 go to the
+    launch (every repeat), np 4 is one skipped record with the reason; one combination
+    (bench's path) and a sweep of two (the sweep's) alike. The launch is replaced: this
+    machine has no GPU for real CUDA ranks."""
+    from lab.common import results
+    from lab.host import bench, sweep
+    from lab.host.plan import make_plan
+    two_gpus = dict(CPU_STACK, cuda_available=True, gpus=2)
+    monkeypatch.setattr(bench, "probe_stack", lambda runner=None: two_gpus)
+    monkeypatch.setattr(sweep, "probe_stack", lambda runner=None: two_gpus)
+    launched = []
+    monkeypatch.setattr(bench, "run_one", lambda s, cfg, np, *a, **k: launched.append((s.backend, np)) or 0)
+    lines = []
+    plan = make_plan({"np": "1,2,4", "device": "cuda", "framework": "ddp", "backend": backends,
+                      "local": True, "data": "synthetic", "repeat": 2, "ceiling": False,
+                      "results_dir": str(tmp_path), "run_id": "gpus"}, {})
+    sweep.run_request(plan, echo=lines.append)
+    per = backends.split(",")
+    assert sorted(launched) == sorted((b, n) for b in per for n in (1, 2, 1, 2))
+    recs = results.read_records(tmp_path / "gpus" / results.RESULTS_FILE)[0]
+    skipped = [r for r in recs if r["status"] == "skipped"]
+    assert sorted((r["config"]["backend"], r["world"]["np"]) for r in skipped) == [(b, 4) for b in per]
+    assert all("--np 4 puts 4 ranks on this host, each needing a GPU of its own, and torch sees 2"
+               in r["error"]["reason"] for r in skipped)
+    assert sum("-- skipped ddp over" in x and "(np 4)" in x for x in lines) == len(per), lines
+
+
+def test_a_request_none_of_whose_counts_fit_the_gpus_is_refused():
+    stack = dict(CPU_STACK, cuda_available=True, gpus=1)
+    with pytest.raises(BenchError, match="--np 4 puts 4 ranks on this host"):
+        check_request(BenchSettings(np=[2, 4], device="cuda", framework="ddp"), stack)
+    assert check_request(BenchSettings(np=[1, 2, 4], device="cuda", framework="ddp"), stack)[0] == "ddp"

@@ -53,9 +53,49 @@ def test_gpus_add_nccl_and_their_counts():
     p = course_plan.plan("r", gpus=4, backends=("gloo", "mpi", "nccl"))
     within = p.parts[0]
     assert within.flags["device"] == "cuda" and within.flags["np"] == "1,2,4"
-    assert "nccl" in within.flags["backend"] and "nccl" in p.parts[1].flags["backend"]
+    assert "nccl" in within.flags["backend"]
+    # the simulated cluster is the CPU image: its parts are CPU processes with GPUs too
+    assert "device" not in p.parts[1].flags and "nccl" not in p.parts[1].flags["backend"]
     assert not any("NCCL needs GPUs" in n for n in p.notes)
     assert any("NCCL needs GPUs" in n for n in cpu_plan().notes)
+
+
+@pytest.mark.parametrize("quick", [False, True])
+@pytest.mark.parametrize("docker", [True, False])
+@pytest.mark.parametrize("gpus", [0, 1, 2, 8])
+def test_every_section_has_a_part_that_runs_and_no_gpu_part_asks_for_more_ranks_than_gpus(gpus, docker, quick):
+    """On any machine: each section of the report has a part that runs (the cross-server
+    ones skipped with the reason where no Docker engine is), every part is a request bench
+    accepts whose process counts all fit this machine's GPUs by bench's own check, and
+    with GPUs every model, framework and back end runs at np 1 on them."""
+    from lab.host.request import refused_counts
+    backends = ("gloo", "mpi") + (("nccl",) if gpus else ())
+    why = "" if docker else "no Docker engine here (socket refused); the cross-server part needs one"
+    p = course_plan.plan("r", quick=quick, gpus=gpus, backends=backends, cluster=why)
+    assert list(dict.fromkeys(x.title for x in p.parts)) == [x.title for x in cpu_plan(quick).parts]
+    for title in dict.fromkeys(x.title for x in p.parts):
+        mine = [x for x in p.parts if x.title == title]
+        if title.startswith("results across servers") and not docker:
+            assert all(x.skipped == why for x in mine)
+        else:
+            assert any(not x.skipped for x in mine), title
+    stack = {"cuda_available": bool(gpus), "gpus": gpus}
+    on_gpus = set()
+    for part in p.parts:
+        s, lists = settings_from_flags(dict(part.flags), {})
+        assert refused_counts(s, stack, "ddp") == {}, part.command()
+        assert part.gpu == (s.device == "cuda")
+        if part.gpu:
+            assert max(s.np) <= gpus and lists["nodes"] == [1]
+            on_gpus |= {(s.model, f, b, n) for f in lists["framework"] for b in lists["backend"]
+                        for n in s.np}
+        else:
+            assert "nccl" not in lists["backend"] and "GPU" not in part.devices.split("beside")[0]
+    if gpus:
+        assert {m for m, _, _, _ in on_gpus} == {"mnist", "lstm", "resnet50"}
+        assert {(f, b) for m, f, b, n in on_gpus if m == "mnist" and n == 1} == {
+            (f, b) for f in ("horovod", "ddp") for b in backends}
+    assert len({x.run_id for x in p.parts}) == len(p.parts)
 
 
 def test_a_cluster_that_cannot_run_is_said_in_the_plan_and_costs_nothing():

@@ -41,6 +41,8 @@ RUN = {   # command -> arguments the test adds (results go to a temporary folder
     ". .venv/bin/activate": None,   # test_activating_the_environment_puts_its_commands_first
 }
 COVERED = {   # command -> the test that runs it, or ".ci/run runs `what .ci/run holds`"
+    "invoke acceptance --local":
+        "tests/test_acceptance.py::test_without_docker_or_with_local_the_same_plan_runs_as_local_processes",
     "bash docker/setup-venv.sh .venv": ".ci/run runs `bash docker/setup-venv.sh .venv`",
     "bash docker/setup-venv.sh .venv && . .venv/bin/activate":
         ".ci/run runs `bash docker/setup-venv.sh .venv`; the activation: "
@@ -128,6 +130,8 @@ NOT_HERE = {   # command -> why it cannot run on this machine
     "kubectl logs -l training.kubeflow.org/job-name=lab-hvd-2x2,training.kubeflow.org/job-role=launcher "
     "| sed -n 's/^lab-record: //p' >> results/hvd-2x2/results.jsonl": KUBERNETES,
     "invoke bench --np 4 --framework ddp --backend nccl --device cuda": "needs 4 GPUs; none here",
+    "invoke bench --np 1,2,4 --device cuda --framework ddp --backend nccl":
+        "needs GPUs; none here (tests/test_bench_checks.py runs its plan on a faked two-GPU stack)",
     "invoke build --gpu-ops NCCL --cuda 12.6": "its base, nvidia/cuda:12.6.3, cannot be pulled here "
                                                "(no registry) and this machine's toolkit is 13.0",
     "invoke build --flavor cpu --extra-ca proxy-ca.pem --wheelhouse ./wheels --base-image my/debian:12":

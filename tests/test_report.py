@@ -852,3 +852,23 @@ def test_cudnn_is_shown_as_a_version(number, text):
     major*1000 + minor*100 + patch before."""
     from lab.common.kit import cudnn_version_text
     assert cudnn_version_text(number) == text
+
+
+def test_a_report_of_gpu_and_cpu_runs_says_under_each_table_which_devices_it_measured(tmp_path):
+    """A one-GPU lab: np 1 on the GPU beside np 1 and 2 as CPU processes. The rows are
+    told apart by their device and each table says which devices its rows measured; a
+    report of one kind of device (the fixture's) says nothing of it."""
+    cpu = [rec("ddp", "gloo", 1, 0.020, 3000.0, 0.93), rec("ddp", "gloo", 2, 0.030, 4200.0, 0.93),
+           rec("ddp", "gloo", 2, 0.032, 4000.0, 0.93, compression="int8", payload=1032)]
+    gpu = json.loads(json.dumps(rec("ddp", "nccl", 1, 0.002, 25000.0, 0.93)))
+    gpu["config"]["device"], gpu["record_id"] = "cuda", "gpu"
+    run = tmp_path / "lab"
+    for r in cpu + [gpu]:
+        results.append_record(run / results.RESULTS_FILE, r)
+    text = report.write(str(run)).read_text()
+    within = section(text, "Results within one server")
+    assert "Devices: GPUs, one per rank and CPU processes" in within
+    assert {row[0] for row in table(text, "Results within one server")} == {
+        "cuda: ddp / nccl", "cpu: ddp / gloo", "cpu: ddp / gloo / int8"}
+    assert "Devices: CPU processes." in section(text, "Gradient compression")
+    assert "Devices:" not in report.render(RECORDS, [], "fixed")

@@ -155,12 +155,43 @@ def check_images() -> tuple[dict[str, str], list[str]]:
     return images, missing
 
 
-def make_plan(out: str, full: bool = False, environ=None) -> tuple[Plan, list[str], GpuCount]:
-    """(the plan for this machine, the images it needs and has not got, the GPU count)."""
+def no_engine() -> str:
+    """Why no Docker engine can be asked here ("": one can)."""
+    from lab.common import docker_api
+    try:
+        docker_api.client()
+    except docker_api.DockerUnavailable as e:
+        return str(e)
+    return ""
+
+
+def host_has(tool: str) -> bool:
+    """Whether this host's stack has Horovod (the ranks' Python is this one) or an
+    executable on the PATH (all_reduce_perf)."""
+    import importlib.util
+    import shutil
+    if tool == "horovod":
+        return importlib.util.find_spec("horovod") is not None
+    return shutil.which(tool) is not None
+
+
+def make_plan(out: str, full: bool = False, environ=None,
+              local: bool = False) -> tuple[Plan, list[str], GpuCount]:
+    """(the plan for this machine, the images it needs and has not got, the GPU count).
+    Without a Docker engine (or with `local`) the plan is the same steps as local
+    processes on this host's own stack, which needs no image."""
     count = count_gpus(environ)
-    images, missing = check_images() if count.visible else (None, [])
-    return (acceptance_plan.plan(count.visible, out, full=full, images=images,
-                                 cpus=os.cpu_count() or 1, mode=count.mode()), missing, count)
+    mode, missing = count.mode(), []
+    if not local:
+        why = no_engine()
+        if why:
+            local, mode = True, f"{mode}; no Docker engine here ({why})"
+    if count.visible and not local:
+        images, missing = check_images()
+    else:
+        images = None
+    return (acceptance_plan.plan(count.visible, out, full=full, images=images, local=local,
+                                 cpus=os.cpu_count() or 1, mode=mode, has=host_has), missing, count)
 
 
 def run_step(step: Step, out: str, echo) -> None:
@@ -247,7 +278,7 @@ def summary(mode: str, machine: str, steps: list[Step], missing: list[str], seco
 
 
 def run(out_root: str = "results", full: bool = False, dry_run: bool = False, echo=print,
-        environ=None) -> str | None:
+        environ=None, local: bool = False) -> str | None:
     """Print the plan; unless dry_run, run it into out_root/acceptance-<time>/ and return
     the archive's path. AcceptanceError before anything runs when an image is missing, or
     when out_root is not a folder that can be made."""
@@ -256,7 +287,7 @@ def run(out_root: str = "results", full: bool = False, dry_run: bool = False, ec
         raise AcceptanceError(f"--results-dir {out_root} is a file, not a folder: give a folder "
                               f"(it is made when missing)")
     out = os.path.abspath(os.path.join(out_root, f"acceptance-{time.strftime('%Y%m%d-%H%M%S')}"))
-    plan, missing_images, count = make_plan(out, full, environ)
+    plan, missing_images, count = make_plan(out, full, environ, local)
     echo(acceptance_plan.render(plan, missing_images))
     if dry_run:
         return None
@@ -294,7 +325,8 @@ def run(out_root: str = "results", full: bool = False, dry_run: bool = False, ec
 
 def nccl_tests(counts: list[int], max_size: str, image: str, echo=print) -> int:
     """all_reduce_perf -b 8 -e MAX -f 2 -g G for each count, in the GPU image (nccl-tests
-    README: -g GPUs per process, -b/-e/-f the sizes); its rows as printed."""
+    README: -g GPUs per process, -b/-e/-f the sizes), or on this host ("" image); its rows
+    as printed."""
     import tempfile
 
     from lab.host.places import choose_runner
@@ -302,6 +334,7 @@ def nccl_tests(counts: list[int], max_size: str, image: str, echo=print) -> int:
     with tempfile.TemporaryDirectory(prefix="lab-acceptance-") as scratch:
         try:
             runner, note = choose_runner(device="cuda", framework="ddp", backend="nccl", image=image,
+                                         where="image" if image else "local",
                                          results_dir=scratch, data_dir=None, echo=echo)
         except RunnerError as e:
             echo(f"nccl-tests: {e}")
@@ -329,7 +362,7 @@ def main(argv: list[str]) -> int:
     n = sub.add_parser("nccl-tests", help="all_reduce_perf at each -g count, in the GPU image")
     n.add_argument("--counts", required=True, help="the -g counts, a comma list: 1,2,4")
     n.add_argument("--max-size", default="256M", help="all_reduce_perf's -e: 256M or 4G")
-    n.add_argument("--image", required=True, help="the lab image to run it in")
+    n.add_argument("--image", default="", help="the lab image to run it in (none: on this host)")
     a = p.parse_args(argv)
     return nccl_tests([int(c) for c in a.counts.split(",")], a.max_size, a.image)
 

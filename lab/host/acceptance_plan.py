@@ -4,7 +4,9 @@ Nothing here starts a process or asks an engine (lab.host.acceptance does that).
 
 The default plan is sized to fit 45 estimated minutes on 1, 4 and 8 GPUs: process
 counts 1, 2, 4, ... N (and N), two repeats, short ResNet-50 runs. `full` is the larger
-plan: every count 1..N, three repeats, longer runs."""
+plan: every count 1..N, three repeats, longer runs. `local`: the same steps as local
+processes on this host's own stack (what docker/setup-venv.sh installs) instead of the
+lab images, for a host without a Docker engine (or with --local)."""
 from __future__ import annotations
 
 import sys
@@ -13,20 +15,33 @@ from dataclasses import dataclass, field
 # ------------------------------------------------------------------ the cost model
 # Every estimate comes from these numbers; nothing else in the kit estimates time.
 #
-# A bench run's fixed cost: the container, the launcher, torch's import, CUDA and NCCL
-# set-up, the model built. An assumption: no GPU run of this kit has been timed yet. The
-# kit's CPU acceptance on a 2-vCPU machine took 13.5 min for 39 runs, training included
-# (docs/pages/doctor.md, "Collecting a GPU machine's evidence"), about 21 s a run; 25 s is taken here.
-RUN_START_S = 25.0
-# Seconds per training step of one rank on one GPU, at the batch the plan gives.
-# ResNet-50: NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/resnet50v1.5
-# README, "Training performance: NVIDIA DGX-1 16GB (8x V100 16GB)": 367 img/s on one
-# V100 in FP32, the slowest GPU and precision the kit's images run (the CUDA 12.6 image
-# is for Volta); 7.76x at 8 GPUs, so a step of a fixed per-rank batch barely lengthens
-# with the process count, which this model ignores. At 64 images a step: 64 / 367 s.
-# MNIST: the kit's small CNN is bounded by the per-step overhead of Python and kernel
-# launches rather than by the GPU; 10 ms is an assumption, not a measurement.
-STEP_S = {"resnet50": 64 / 367, "mnist": 0.010}
+# Two ends, each estimate given at both: the slow end (what the budget is checked at)
+# and the fast end, measured.
+#
+# Measured (the fast end): the kit's run on one NVIDIA H100 80GB HBM3, driver 580.159.04,
+# torch 2.11.0+cu130, local processes, 2026-11-26: ResNet-50 in fp32 at batch 128, 75 ms
+# a step (1,701 img/s); the MNIST CNN, 2.1-2.5 ms a step; 7-10 s from the launch to
+# the first timed step; Horovod 0.28.1's build (docker/install-horovod.sh, NCCL GPU
+# operations) 147 s on 16 cores.
+#
+# The slow end: a bench run's fixed cost (the container, the launcher, torch's import,
+# CUDA and NCCL set-up, the model built) taken as 25 s: the kit's CPU acceptance on a
+# 2-vCPU machine took 13.5 min for 39 runs, training included (docs/pages/doctor.md,
+# "Collecting a GPU machine's evidence"), about 21 s a run. ResNet-50: NVIDIA
+# DeepLearningExamples, PyTorch/Classification/ConvNets/resnet50v1.5 README, "Training
+# performance: NVIDIA DGX-1 16GB (8x V100 16GB)": 367 img/s on one V100 in FP32, the
+# slowest GPU and precision the kit's images run (the CUDA 12.6 image is for Volta);
+# 7.76x at 8 GPUs, so a step of a fixed per-rank batch barely lengthens with the process
+# count, which this model ignores. MNIST: the H100's 2.5 ms, four times over (its step
+# is bounded by Python's and the kernel launches' overhead, which a slower host's CPU
+# lengthens; an assumption).
+RUN_START_S = {"slow": 25.0, "fast": 10.0}
+# Seconds per training step of one rank on one GPU, at the batch the plan gives (64
+# images for ResNet-50: the H100's 75 ms at 128 halved, the step taken as proportional
+# to the batch; the V100's 64 / 367 s).
+STEP_S = {"slow": {"resnet50": 64 / 367, "mnist": 0.010},
+          "fast": {"resnet50": 0.075 * 64 / 128, "mnist": 0.0025}}
+HOROVOD_BUILD_S = 147.0     # docker/install-horovod.sh on 16 cores (measured, above)
 # Horovod with MPI GPU operations all-reduces through CUDA-aware Open MPI instead of
 # NCCL; its steps are assumed to take twice as long (an assumption, to be replaced by
 # the first archive's numbers).
@@ -58,7 +73,8 @@ class Step:
     what: str                   # one line for the plan and SUMMARY.md
     argv: list[str]
     image: str = ""             # the lab image it runs in ("": where the command chooses)
-    estimate_s: float = 0.0
+    estimate_s: float = 0.0     # the cost model's slow end
+    fast_s: float = 0.0         # ... and its fast end (measured on an H100)
     timeout_s: float = 3600
     stdout_to: str = ""         # also keep its standard output in this file (doctor's JSON)
     outcome: str = ""           # filled when run: ok, exit N, timed out, could not start
@@ -71,10 +87,15 @@ class Plan:
     mode: str
     steps: list[Step]
     missing: list[str]          # what the plan does not measure, and why
+    local: bool = False         # local processes on this host's stack, not the lab images
 
     @property
     def estimate_s(self) -> float:
         return sum(s.estimate_s for s in self.steps)
+
+    @property
+    def fast_s(self) -> float:
+        return sum(s.fast_s or s.estimate_s for s in self.steps)
 
 
 def process_counts(n: int, full: bool = False) -> list[int]:
@@ -126,26 +147,30 @@ def nccl_tests_estimate(counts: list[int], max_bytes: int) -> float:
     return len(counts) * (NCCL_START_S + moved)
 
 
-def bench_estimate(model: str, runs: int, steps: int, mpi: bool = False) -> float:
-    step = STEP_S[model] * (MPI_GPU_FACTOR if mpi else 1.0)
-    return runs * (RUN_START_S + steps * step)
+def bench_estimate(model: str, runs: int, steps: int, mpi: bool = False, end: str = "slow") -> float:
+    step = STEP_S[end][model] * (MPI_GPU_FACTOR if mpi else 1.0)
+    return runs * (RUN_START_S[end] + steps * step)
 
 
 def _invoke(python: str, *args: str) -> list[str]:
     return [python, "-m", "invoke", *args]
 
 
-def gpu_plan(gpus: int, out: str, full: bool, images: dict[str, str],
+def gpu_plan(gpus: int, out: str, full: bool, images: dict[str, str] | None,
              python: str) -> tuple[list[Step], list[str]]:
     """The GPU steps after doctor: nccl-tests, bench per model and path, the strategies,
-    DataParallel over all N GPUs. images: "nccl" and "mpi" -> the tag to run in."""
+    DataParallel over all N GPUs. images: "nccl" and "mpi" -> the tag to run in; None:
+    local processes on this host's stack."""
     results, repeat, counts = f"{out}/results", REPEAT[full], process_counts(gpus, full)
     nps = ",".join(map(str, counts))
     size_name, size_bytes = NCCL_MAX[gpus >= 4]
+
+    def where(ops):
+        return ["--image", images[ops]] if images else ["--local"]
     steps = [Step("nccl-tests", f"nccl-tests all_reduce_perf -g {nps}, 8 B to {size_name}",
                   [python, "-m", "lab.host.acceptance", "nccl-tests", "--counts", nps,
-                   "--max-size", size_name, "--image", images["nccl"]],
-                  image=images["nccl"], estimate_s=nccl_tests_estimate(counts, size_bytes))]
+                   "--max-size", size_name, *(["--image", images["nccl"]] if images else [])],
+                  image=images["nccl"] if images else "", estimate_s=nccl_tests_estimate(counts, size_bytes))]
 
     def bench(name, what, model, ops, np_list, *flags, runs):
         max_steps, warmup, batch = SIZES[full][model]
@@ -154,8 +179,10 @@ def gpu_plan(gpus: int, out: str, full: bool, images: dict[str, str],
         steps.append(Step(name, what, _invoke(
             python, "bench", "--results-dir", results, "--run-id", name, "--repeat", str(repeat),
             "--model", model, "--device", "cuda", "--np", np_list, "--data", "synthetic",
-            "--epochs", "1", *size, "--image", images[ops], *flags),
-            image=images[ops], estimate_s=bench_estimate(model, runs * repeat, max_steps, ops == "mpi")))
+            "--epochs", "1", *size, *where(ops), *flags),
+            image=images[ops] if images else "",
+            estimate_s=bench_estimate(model, runs * repeat, max_steps, ops == "mpi"),
+            fast_s=bench_estimate(model, runs * repeat, max_steps, ops == "mpi", "fast")))
     for model in ("mnist", "resnet50"):
         for fw, be, what in (("horovod", "nccl", "Horovod, NCCL GPU operations"),
                              ("horovod", "mpi", "Horovod, MPI GPU operations (CUDA-aware MPI)"),
@@ -174,54 +201,93 @@ def gpu_plan(gpus: int, out: str, full: bool, images: dict[str, str],
     return steps, ["runs across servers (one machine; --hosts or the cluster give those rows)"]
 
 
-def cpu_plan(out: str, cpus: int, python: str) -> tuple[list[Step], list[str]]:
+def cpu_plan(out: str, cpus: int, python: str, local: bool = False) -> tuple[list[Step], list[str]]:
     """Without a GPU: the CPU equivalent, np 1..min(2, cpus), short runs, where bench
-    chooses (the CPU image when built, else local processes)."""
+    chooses (the CPU image when built, else local processes; `local`: local processes)."""
     results, n = f"{out}/results", max(1, min(2, cpus))
     nps = ",".join(str(i) for i in range(1, n + 1))
     steps = []
 
     def bench(name, what, *flags, estimate_s):
         steps.append(Step(name, what, _invoke(python, "bench", "--results-dir", results, "--run-id",
-                                              name, "--repeat", str(CPU_REPEAT), *flags),
+                                              name, "--repeat", str(CPU_REPEAT), *flags,
+                                              *(["--local"] if local else [])),
                           estimate_s=estimate_s))
     short = ("--data", "synthetic", "--epochs", "1", "--max-steps", "60", "--warmup-steps", "10",
              "--threads", "1")
     for fw, be in (("horovod", "gloo"), ("horovod", "mpi"), ("ddp", "gloo")):
         bench(f"mnist-{fw}-{be}", f"mnist: {fw} over {be} on CPUs, np {nps}", "--model", "mnist",
               "--device", "cpu", "--framework", fw, "--backend", be, "--np", nps, *short,
-              estimate_s=n * CPU_REPEAT * RUN_START_S)
+              estimate_s=n * CPU_REPEAT * RUN_START_S["slow"])
     tiny = ("--data", "synthetic", "--epochs", "1", "--max-steps", "2", "--warmup-steps", "1",
             "--batch-size", "8", "--threads", "1")
     for fw, be in (("ddp", "gloo"), ("horovod", "mpi")):
         bench(f"resnet50-{fw}-{be}", f"resnet50: {fw} over {be} on CPUs, np {nps}", "--model",
               "resnet50", "--device", "cpu", "--framework", fw, "--backend", be, "--np", nps, *tiny,
-              estimate_s=n * CPU_REPEAT * RUN_START_S)
+              estimate_s=n * CPU_REPEAT * RUN_START_S["slow"])
     bench("strategies", f"mnist: ddp, zero1, fsdp on CPUs, np {n}", "--model", "mnist", "--device",
           "cpu", "--framework", "ddp", "--backend", "gloo", "--np", str(n), "--strategy",
-          "ddp,zero1,fsdp", *short, estimate_s=3 * CPU_REPEAT * RUN_START_S)
+          "ddp,zero1,fsdp", *short, estimate_s=3 * CPU_REPEAT * RUN_START_S["slow"])
     return steps, ["anything on a GPU: there is none here, so the CPU equivalent ran",
                    "nccl-tests (needs GPUs)", "NCCL, and Horovod's NCCL and MPI GPU operations",
                    "DataParallel and GPU memory per device"]
 
 
 def plan(gpus: int, out: str, *, full: bool = False, images: dict[str, str] | None = None,
-         cpus: int = 2, mode: str = "", python: str = sys.executable) -> Plan:
+         cpus: int = 2, mode: str = "", python: str = sys.executable, local: bool = False,
+         has=lambda tool: True) -> Plan:
     """Every step in order: doctor, the GPU (or CPU) steps, the report. gpus: how many
-    CUDA will show (visible_count); images: the tags to run in (default_images())."""
+    CUDA will show (visible_count); images: the tags to run in (default_images());
+    local: local processes on this host's stack instead, where `has(tool)` says whether
+    it has Horovod ("horovod") and nccl-tests ("all_reduce_perf"): a step that needs
+    what the host lacks is left out, with what installs it."""
     doctor = Step("doctor", "invoke doctor (host, stack where the ranks run, findings)",
                   _invoke(python, "doctor", "--json"), estimate_s=DOCTOR_S, timeout_s=1200,
                   stdout_to="doctor.json")
     if gpus:
-        steps, missing = gpu_plan(gpus, out, full, images or default_images(), python)
+        steps, missing = gpu_plan(gpus, out, full, None if local else images or default_images(), python)
     else:
-        steps, missing = cpu_plan(out, cpus, python)
+        steps, missing = cpu_plan(out, cpus, python, local)
+    if local:
+        steps, missing = local_steps(steps, has), local_missing(steps, has) + missing
     report = Step("report", "invoke report over every run above",
                   _invoke(python, "report", f"{out}/results"), estimate_s=REPORT_S, timeout_s=600)
     every = [doctor, *steps, report]
     for s in every:
         s.timeout_s = max(s.timeout_s, 600 + 4 * s.estimate_s)
-    return Plan(mode or (f"GPU mode, {gpus} GPU(s)" if gpus else "CPU mode"), every, missing)
+    mode = mode or (f"GPU mode, {gpus} GPU(s)" if gpus else "CPU mode")
+    if local:
+        mode += f"; {LOCAL}"
+    return Plan(mode, every, missing, local)
+
+
+LOCAL = "local processes on this host's own stack (what docker/setup-venv.sh installs), not the lab images"
+# What a local step needs of the host beyond the kit's venv, and what installs it.
+LOCAL_NEEDS = {"horovod": ("Horovod", f"docker/install-horovod.sh builds it (about "
+                                      f"{HOROVOD_BUILD_S / 60:.1f} min on 16 cores)"),
+               "all_reduce_perf": ("nccl-tests' all_reduce_perf", "docker/install-nccl-tests.sh builds it")}
+
+
+def needs(step: Step) -> str | None:
+    """What a step needs of the host beyond the kit's venv (a LOCAL_NEEDS key), or None."""
+    if step.name == "nccl-tests":
+        return "all_reduce_perf"
+    a = step.argv
+    return "horovod" if "--framework" in a and a[a.index("--framework") + 1] == "horovod" else None
+
+
+def local_steps(steps: list[Step], has) -> list[Step]:
+    return [s for s in steps if needs(s) is None or has(needs(s))]
+
+
+def local_missing(steps: list[Step], has) -> list[str]:
+    out = []
+    for tool in dict.fromkeys(needs(s) for s in steps if needs(s) and not has(needs(s))):
+        what, fix = LOCAL_NEEDS[tool]
+        left = ", ".join(s.name for s in steps if needs(s) == tool)
+        out.append(f"{left}: {what} is not installed on this host's stack; {fix}, and a rerun "
+                   f"measures them")
+    return out
 
 
 def default_images() -> dict[str, str]:
@@ -242,11 +308,13 @@ def render(p: Plan, missing_images: list[str] = ()) -> str:
     lines = [f"acceptance plan: {p.mode}", ""]
     for i, s in enumerate(p.steps, 1):
         where = s.image or {"report": "this machine", "doctor": "each lab image bench would use "
-                            "(doctor's choice)"}.get(s.name, "where bench chooses")
+                            "(doctor's choice)"}.get(s.name, "local processes" if p.local
+                                                     else "where bench chooses")
         lines += [f"{i:2}. {s.name}: {s.what}", f"    image: {where}; about {s.estimate_s / 60:.1f} min",
                   "    $ " + " ".join(s.argv)]
     lines += ["", f"estimated total: {p.estimate_s / 60:.1f} min ({len(p.steps)} steps; the cost "
-              f"model is lab/host/acceptance_plan.py's)"]
+              f"model is lab/host/acceptance_plan.py's; {p.fast_s / 60:.1f} min at an H100's "
+              f"measured speed)"]
     if missing_images:
         lines += ["", "missing, so it would not start:", *(f"  - {m}" for m in missing_images)]
     lines += ["", "not measured:", *(f"  - {m}" for m in p.missing)]

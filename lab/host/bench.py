@@ -27,6 +27,7 @@ from lab.host.request import (
     BenchSettings,
     base_config,
     check_request,
+    refused_counts,
 )
 from lab.host.stall import StallWatch, flight_recorder
 from lab.host.startup import CLOCK
@@ -117,12 +118,15 @@ def run(s: BenchSettings, echo=print, stack: dict | None = None, runner: Runner 
 
 
 def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
-             runner: Runner | None = None, progress: Progress | None = None) -> Outcome:
+             runner: Runner | None = None, progress: Progress | None = None,
+             skipped: set | None = None) -> Outcome:
     """Jobs of one combination of a plan (lab.host.plan.Job: the combination's settings,
     a process count, a repeat) into the plan's results directory, in the plan's order:
-    the runner chosen and the stack probed once, the request checked against that stack."""
+    the runner chosen and the stack probed once, the request checked against that stack.
+    The process counts that stack cannot run (request.refused_counts: more GPU ranks than
+    GPUs) are skipped and recorded as a sweep skips them, the rest run; `skipped`: the
+    sweep's (combination, np) set of what it skipped, which this adds to."""
     s = jobs[0].settings
-    nps = list(dict.fromkeys(j.np for j in jobs))
     if runner is None:
         runner, where_note = select_runner(s, plan.place_options, echo)
         if where_note:
@@ -164,6 +168,10 @@ def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
         echo(n)
     if where_note and runner.records_where_note:
         notes.insert(0, where_note)
+    progress = progress or Progress(len(jobs), echo)
+    jobs = skip_refused(plan, jobs, refused_counts(s, stack, framework), progress, echo,
+                        set() if skipped is None else skipped)
+    nps = list(dict.fromkeys(j.np for j in jobs))
     check_steps(s, framework, nps)
     run_id = s.run_id           # fixed by the plan
     rdir = results.run_dir(s.results_dir, run_id)
@@ -173,7 +181,6 @@ def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
     runner.prepare(str(rdir))
     shaped = bool(s.link)
     failed = 0
-    progress = progress or Progress(len(jobs), echo)
     try:
         if shaped:      # inside the try: nodes shaped before one that fails are unshaped
             try:
@@ -206,6 +213,24 @@ def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
             echo(f"note: {e}")
     records = [r for r in results.read_records(rfile)[0] if r.get("run_id") == run_id]
     return Outcome(str(rdir), records, failed, notes)
+
+
+def skip_refused(plan, jobs, refused: dict, progress: Progress, echo, skipped: set) -> list:
+    """`jobs` less the process counts `refused` names: those skipped, said and recorded
+    with their reason by the sweep's writer (lab.host.sweep.skip), for this repeat and
+    the plan's later ones."""
+    if not refused:
+        return jobs
+    from lab.host.sweep import skip
+    first = jobs[0]
+    by_reason: dict[str, set] = {}
+    for np in dict.fromkeys(j.np for j in jobs):
+        if np in refused:
+            by_reason.setdefault(refused[np], set()).add(np)
+    for reason, nps in by_reason.items():
+        skip(plan, [j for j in plan.jobs if j.combination == first.combination and j.np in nps
+                    and j.repeat >= first.repeat], reason, skipped, progress, echo)
+    return [j for j in jobs if j.np not in refused]
 
 
 def oversubscription(machines: list[tuple[str, int, int]], threads: int) -> tuple[dict, str | None]:

@@ -42,6 +42,11 @@ class Part:
     place: str = "local"        # "local" or "cluster"
     estimate_s: float = 0.0
     skipped: str = ""           # why the part does not run here ("" : it runs)
+    devices: str = "CPU processes"  # what its runs measure, as the plan says it
+
+    @property
+    def gpu(self) -> bool:
+        return self.flags.get("device") == "cuda"
 
     @property
     def run_id(self) -> str:
@@ -83,7 +88,7 @@ class Plan:
             if p.skipped:
                 lines.append(f"  {i}. {p.title}: skipped: {p.skipped}")
                 continue
-            lines.append(f"  {i}. {p.title}: about {minutes(p.estimate_s)}")
+            lines.append(f"  {i}. {p.title}, on {p.devices}: about {minutes(p.estimate_s)}")
             lines.append(f"     {p.command()}")
         lines.append(f"  then: invoke report (Markdown and HTML) into {self.report_dir}")
         lines += [f"  note: {n}" for n in self.notes]
@@ -111,10 +116,17 @@ def plan(results_dir: str = "results", *, quick: bool = False, gpus: int = 0,
     `backends`: the back ends that can run here (nccl only with GPUs); `cluster`: why the
     simulated cluster cannot run ("" : it can). Combinations bench cannot run here (DDP
     over MPI with pip's torch, which has no MPI back end) are skipped by bench with the
-    reason and cost nothing; the estimate assumes pip's torch."""
-    device = {"device": "cuda"} if gpus else {}
+    reason and cost nothing; the estimate assumes pip's torch.
+
+    No GPU part asks for more ranks than there are GPUs (each rank needs one of its own):
+    a part whose process counts do not all fit runs at the counts that fit on the GPUs
+    (np 1 on one GPU; ResNet-50's strategies at np 1 with ddp alone) and at all of them
+    as CPU processes beside it (a part of its own, `<name>-cpu`, in the same report
+    section; the report tells the rows apart by their device). The simulated cluster is
+    the CPU image: the cross-server parts are CPU processes on any machine."""
     nps = [1, 2] if gpus < 2 else sorted({1, 2, gpus} | ({4} if gpus >= 4 else set()))
-    common = {"results_dir": results_dir, "data": "digits", "batch_size": 32, **device}
+    cpu_backends = tuple(b for b in backends if b != "nccl")
+    common = {"results_dir": results_dir, "data": "digits", "batch_size": 32}
     epochs = 3 if quick else 8
 
     def combos(bes) -> int:     # Horovod over each, DDP over each but MPI
@@ -123,30 +135,55 @@ def plan(results_dir: str = "results", *, quick: bool = False, gpus: int = 0,
     def epochs_of(n):
         return lambda np: n * steps_per_epoch(32, np)
 
-    parts = []
+    parts: list[Part] = []
+
+    def local(name, title, flags, cost, **extra):
+        """The part on this machine's GPUs where its counts fit (all of them: one part),
+        else at the counts that fit and, beside it, all of them on CPU processes.
+        cost(flags, counts) -> its estimate; `extra`: flags over the common ones."""
+        counts = [int(n) for n in str(flags["np"]).split(",")]
+        run_id = flags.pop("run_id")
+        flags = {**flags, "local": True, **common, **extra}
+        if not gpus:
+            flags["run_id"] = run_id
+            parts.append(Part(name, title, flags, estimate_s=cost(flags, counts)))
+            return
+        fit = [n for n in counts if n <= gpus]
+        on_gpus = "the GPU" if gpus == 1 else "the GPUs, one per rank"
+        if fit or "strategy" in flags:
+            g = {**flags, "np": ",".join(map(str, fit or [1])), "device": "cuda", "run_id": run_id}
+            if not fit:         # ResNet-50 on the GPU: one process, ddp alone
+                g["strategy"] = "ddp"
+            parts.append(Part(name, title, g, estimate_s=cost(g, fit or [1]), devices=on_gpus))
+        if fit != counts:
+            c = {**flags, "run_id": f"{run_id}-cpu"}
+            if "backend" in c:
+                c["backend"] = ",".join(b for b in c["backend"].split(",") if b != "nccl")
+            parts.append(Part(f"{name}-cpu", title, c, estimate_s=cost(c, counts),
+                              devices=f"CPU processes beside {on_gpus} (more ranks than GPUs)"))
+
     # Within one server: every back end that runs here, Horovod and DDP, 1 and 2 workers
     # (1..N GPUs): the CNN on the digits (offline; MNIST itself is a download away).
     repeat = 1 if quick else 3
-    parts.append(Part(
-        "within", "results within one server",
-        {"np": ",".join(map(str, nps)), "framework": "horovod,ddp", "backend": ",".join(backends),
-         "local": True, **common, "epochs": epochs, "repeat": repeat, "run_id": "lab-within"},
-        estimate_s=estimate("mnist", nps, combos(backends) * repeat, epochs_of(epochs))))
+    local("within", "results within one server",
+          {"np": ",".join(map(str, nps)), "framework": "horovod,ddp", "backend": ",".join(backends),
+           "epochs": epochs, "repeat": repeat, "run_id": "lab-within"},
+          lambda f, c: estimate("mnist", c, combos(f["backend"].split(",")) * repeat, epochs_of(epochs)))
 
-    # Across servers: the simulated cluster, each link shaped to 1 Gbit/s between its two
-    # nodes; one node (unshaped: no link to shape) runs 1 and 2 ranks, the baseline of the
-    # speedups and the same two ranks within one server; np 1 over 2 nodes is refused
-    # (uneven) and costs nothing.
-    bes = ["gloo"] if quick else [b for b in backends if b != "nccl" or gpus]
+    # Across servers: the simulated cluster (the CPU image), each link shaped to 1 Gbit/s
+    # between its two nodes; one node (unshaped: no link to shape) runs 1 and 2 ranks, the
+    # baseline of the speedups and the same two ranks within one server; np 1 over 2 nodes
+    # is refused (uneven) and costs nothing.
+    bes = ["gloo"] if quick else list(cpu_backends)
     repeat = 1 if quick else 2
     per_place = (estimate("mnist", [1, 2], combos(bes) * repeat, epochs_of(epochs), "cluster")
                  + estimate("mnist", [2], combos(bes) * repeat, epochs_of(epochs), "cluster"))
+    cluster_cpus = "CPU processes in the simulated cluster's CPU image"
     parts.append(Part(
         "across", "results across servers",
         {"nodes": "1,2", "np": "1,2", "framework": "horovod,ddp", "backend": ",".join(bes),
          "link": "1gbit", **common, "epochs": epochs, "repeat": repeat, "run_id": "lab-across"},
-        place="cluster", skipped=cluster,
-        estimate_s=per_place))
+        place="cluster", skipped=cluster, estimate_s=per_place, devices=cluster_cpus))
 
     # ResNet-50 across the same shaped link (the full plan): a payload of about 100 MB a
     # step against the CNN's 0.09 MB, short runs (its step takes seconds on a CPU).
@@ -157,40 +194,44 @@ def plan(results_dir: str = "results", *, quick: bool = False, gpus: int = 0,
             {"nodes": "1,2", "np": "1,2", "framework": "horovod,ddp", "backend": "gloo",
              "link": "1gbit", "model": "resnet50", **common, "batch_size": 16, "epochs": 1,
              "max_steps": r_steps, "warmup_steps": 2, "repeat": 1, "run_id": "lab-across-resnet50"},
-            place="cluster", skipped=cluster,
+            place="cluster", skipped=cluster, devices=cluster_cpus,
             estimate_s=(estimate("resnet50", [1, 2], 2, lambda np: r_steps, "cluster")
                         + estimate("resnet50", [2], 2, lambda np: r_steps, "cluster"))))
 
     # The recurrent model: the LSTM reading each image row by row.
     repeat, lstm_epochs = (1, 1) if quick else (2, 4)
-    parts.append(Part(
-        "lstm", "a recurrent model (LSTM)",
-        {"np": "1,2", "framework": "ddp", "backend": backends[0], "model": "lstm", "local": True,
-         **common, "batch_size": 64, "epochs": lstm_epochs, "repeat": repeat, "run_id": "lab-lstm"},
-        estimate_s=estimate("lstm", [1, 2], repeat, lambda np: lstm_epochs * steps_per_epoch(64, np))))
+    local("lstm", "a recurrent model (LSTM)",
+          {"np": "1,2", "framework": "ddp", "backend": backends[0], "model": "lstm",
+           "epochs": lstm_epochs, "repeat": repeat, "run_id": "lab-lstm"},
+          lambda f, c: estimate("lstm", c, repeat, lambda np: lstm_epochs * steps_per_epoch(64, np)),
+          batch_size=64)
 
     # Gradient compression: long enough for accuracy to tell the codecs apart (a plain
-    # 8-bit cast does not learn; fp16 and the scaled 8-bit codec do).
+    # 8-bit cast does not learn; fp16 and the scaled 8-bit codec do). Two ranks at least:
+    # one has nothing to exchange.
     frameworks, comp_epochs = ("horovod", 2) if quick else ("horovod,ddp", epochs)
-    parts.append(Part(
-        "compression", "gradient compression",
-        {"np": "2", "framework": frameworks, "backend": backends[0],
-         "compression": "none,fp16,int8,int8-naive", "local": True, **common,
-         "epochs": comp_epochs, "repeat": 1, "run_id": "lab-compression"},
-        estimate_s=estimate("mnist", [2], 4 * len(frameworks.split(",")), epochs_of(comp_epochs))))
+    local("compression", "gradient compression",
+          {"np": "2", "framework": frameworks, "backend": backends[0],
+           "compression": "none,fp16,int8,int8-naive",
+           "epochs": comp_epochs, "repeat": 1, "run_id": "lab-compression"},
+          lambda f, c: estimate("mnist", c, 4 * len(frameworks.split(",")), epochs_of(comp_epochs)))
 
     # Parallel strategies on ResNet-50, short runs: the table compares throughput and
     # the memory each strategy holds per rank (accuracy needs far longer runs on CPUs).
     strategies = "ddp,zero1" if quick else "ddp,zero1,fsdp,pipeline,model-parallel,deepspeed,rpc-pipeline"
-    n, steps, repeat = len(strategies.split(",")), (4 if quick else 8), (1 if quick else 2)
-    parts.append(Part(
-        "strategies", "parallel strategies (ResNet-50)",
-        {"np": "2", "strategy": strategies, "framework": "ddp", "model": "resnet50", "local": True,
-         **common, "batch_size": 16, "epochs": 1, "max_steps": steps, "warmup_steps": 2,
-         "repeat": repeat, "run_id": "lab-strategies"},
-        estimate_s=estimate("resnet50", [2], n * repeat, lambda np: steps)))
+    steps, repeat = (4 if quick else 8), (1 if quick else 2)
+    local("strategies", "parallel strategies (ResNet-50)",
+          {"np": "2", "strategy": strategies, "framework": "ddp", "model": "resnet50",
+           "epochs": 1, "max_steps": steps, "warmup_steps": 2, "repeat": repeat,
+           "run_id": "lab-strategies"},
+          lambda f, c: estimate("resnet50", c, len(f["strategy"].split(",")) * repeat, lambda np: steps),
+          batch_size=16)
 
     notes = []
     if not gpus:
         notes.append("no GPU here: the within-server table is of CPU processes; NCCL needs GPUs")
+    elif gpus == 1:
+        notes.append("one GPU here: every model, framework and back end runs at np 1 on it, and "
+                     "the runs of 2 ranks as CPU processes beside it (each rank needs a GPU of its "
+                     "own); each table of the report says which devices its rows measured")
     return Plan(results_dir, quick, parts, notes)

@@ -262,29 +262,16 @@ def check_request(s: BenchSettings, stack: dict) -> tuple[str, list[str]]:
     framework, note = resolve_framework(s.framework, stack, s.strategy)
     notes = [note] if note else []
     try:
-        cfg = base_config(s, framework)
-        cfg.check()
-        for n in s.np:
-            cfg.check_world(n)
+        base_config(s, framework).check()
     except ConfigError as e:
         raise BenchError(str(e)) from None
     check_strategy_stack(s.strategy, stack)
-    if framework == "none" and s.strategy != "dataparallel" and any(n != 1 for n in s.np):
-        raise BenchError("--framework none runs one process: use --np 1, "
-                         "or --framework horovod or ddp")
-    if s.device == "cuda":
-        if not stack.get("cuda_available"):
-            raise BenchError("--device cuda but torch sees no GPU: run `invoke doctor`, "
-                             "or use --device cpu")
-        # Each rank needs a GPU of its own on its node; the stack was probed on one node
-        # (node1 on the cluster, whose nodes are alike), so the check is per node.
-        nodes = max(1, int(s.nodes))
-        per_node = -(-max(s.np) // nodes)
-        gpus = stack.get("gpus", 0)
-        if per_node > gpus:
-            where = "this host" if nodes == 1 else f"each of the {nodes} nodes"
-            raise BenchError(f"--np {max(s.np)} puts {per_node} ranks on {where}, each needing a GPU "
-                             f"of its own, and torch sees {gpus} there: lower --np")
+    if s.device == "cuda" and not stack.get("cuda_available"):
+        raise BenchError("--device cuda but torch sees no GPU: run `invoke doctor`, "
+                         "or use --device cpu")
+    refused = refused_counts(s, stack, framework)
+    if len(refused) == len(s.np):       # nothing of the request can run: its largest count's reason
+        raise BenchError(refused[max(s.np)])
     if framework == "horovod":
         if "horovod_error" in stack:
             raise BenchError(f"Horovod is installed but does not import ({stack['horovod_error']}): "
@@ -311,6 +298,33 @@ def check_request(s: BenchSettings, stack: dict) -> tuple[str, list[str]]:
                              f"({stack.get(package + '_error', 'not installed')}): install the "
                              f"{package} built for torch {stack['torch']}")
     return framework, notes
+
+
+def refused_counts(s: BenchSettings, stack: dict, framework: str) -> dict[int, str]:
+    """The process counts of the request that cannot run on this stack, each with its
+    reason: the rules that depend on the number of processes (the strategy's, --fault's
+    rank, one process for --framework none) and, for GPU ranks, a GPU of its own for each
+    rank on a node. A sweep skips those counts alone and runs the rest (--np 1,2,4 on two
+    GPUs runs 1 and 2); check_request refuses a request none of whose counts can run."""
+    cfg, out = base_config(s, framework), {}
+    nodes = max(1, int(s.nodes))
+    for n in s.np:
+        try:
+            cfg.check_world(n)
+        except ConfigError as e:
+            out[n] = str(e)
+            continue
+        if framework == "none" and s.strategy != "dataparallel" and n != 1:
+            out[n] = "--framework none runs one process: use --np 1, or --framework horovod or ddp"
+        elif s.device == "cuda":
+            # Each rank needs a GPU of its own on its node; the stack was probed on one
+            # node (node1 on the cluster, whose nodes are alike), so the check is per node.
+            per_node, gpus = -(-n // nodes), stack.get("gpus", 0)
+            if per_node > gpus:
+                where = "this host" if nodes == 1 else f"each of the {nodes} nodes"
+                out[n] = (f"--np {n} puts {per_node} ranks on {where}, each needing a GPU "
+                          f"of its own, and torch sees {gpus} there: lower --np")
+    return out
 
 
 def check_strategy_stack(strategy: str, stack: dict) -> None:

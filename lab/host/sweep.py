@@ -81,7 +81,7 @@ def run_sweep(plan: Plan, echo=print) -> list[Outcome]:
             continue
         try:
             runner, stack = places.runner(s)
-            outcomes.append(run_jobs(plan, todo, echo, stack, runner, progress))
+            outcomes.append(run_jobs(plan, todo, echo, stack, runner, progress, skipped))
         except BenchError as e:
             nps = {j.np for j in todo}
             skip(plan, [j for j in plan.jobs if j.combination == i and j.np in nps

@@ -32,7 +32,9 @@ def _results(records: list[dict], across: bool, notes: d.Notes, empty: str) -> l
     headers = tables.RESULT_HEADERS
     if len({r[-1] for r in rows}) == 1:
         headers, rows = headers[:-1], [r[:-1] for r in rows]
-    return [d.Table(headers, rows, notes.take() + tables.result_marks(records, across))]
+    shown = [r for r in records if (r.get("world", {}).get("nodes", 1) > 1) == across]
+    return [d.Table(headers, rows, notes.take() + tables.result_marks(records, across)
+                    + tables.devices_note(shown, records))]
 
 
 def _why(records: list[dict], level: int = 2) -> list:
@@ -128,14 +130,17 @@ def _by_configuration(records: list[dict], images: list[str], level: int) -> lis
     """Gradient compression, and the parallel strategies when any ran."""
     comp = tables.compression_rows(records)
     blocks = [d.Heading(level, "Gradient compression"),
-              d.Table(tables.COMPRESSION_HEADERS, comp) if comp else
+              d.Table(tables.COMPRESSION_HEADERS, comp, tables.devices_note(
+                  [r for g in tables.compression_groups(records).values() if len(g) > 1
+                   for r in g.values()], records)) if comp else
               d.Para("No configuration was run with more than one compression.")]
     if strategies.has_strategies(records):
         blocks += [d.Heading(level, "Parallel strategies"),
                    d.Table(strategies.STRATEGY_HEADERS, strategies.strategy_rows(records), [
                        "Held: the bytes each rank keeps in parameters, gradients and optimizer "
                        "state, summed over its tensors' storages; peak: its resident set on CPUs, "
-                       "torch's peak allocation on GPUs; one figure per rank, rank 0 first."])]
+                       "torch's peak allocation on GPUs; one figure per rank, rank 0 first.",
+                       *tables.devices_note(records, records)])]
         if "memory.png" in images:
             blocks.append(d.Image("memory.png", "memory"))
     return blocks

@@ -27,6 +27,25 @@ RESULT_HEADERS = ["framework / back end", "servers", "devices/server", "workers"
                   "throughput (img/s)", "speedup", "efficiency", "accuracy", "runs"]
 
 
+# What a run's config.device measured, as the note under a table says it.
+DEVICE_WORDS = {"cuda": "GPUs, one per rank", "cpu": "CPU processes"}
+
+
+def devices_note(shown: list[dict], records: list[dict]) -> list[str]:
+    """The line under a table saying which devices its runs measured, where the records
+    hold runs of more than one (a one-GPU lab: np 1 on the GPU, 2 ranks on CPU processes
+    beside it); [] where every run used one kind, or the table shows none."""
+    def devices(rs):
+        return {r.get("config", {}).get("device", "cpu") for r in ok(rs)}
+    if len(devices(records)) < 2:
+        return []
+    mine = [DEVICE_WORDS.get(d, d) for d in sorted(devices(shown), key=lambda d: d != "cuda")]
+    if not mine:
+        return []
+    return [f"Devices: {' and '.join(mine)}" + (" (the label of a row names its device where "
+                                                  "its setup alone tells it apart)" if len(mine) > 1 else "") + "."]
+
+
 def failure_note(r: dict) -> str:
     """A failed run's note: the status, the rank and host when known, the reason."""
     e = r.get("error") or {}
