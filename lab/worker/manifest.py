@@ -28,9 +28,10 @@ def _kit_path() -> str:
 def collect(hosts: list[str], run_dir=None) -> dict:
     """Everything the report's environment table needs, measured on rank 0's host;
     `hosts` is every rank's host name, by rank. With `run_dir`, measured once per run
-    folder: kept in <run_dir>/manifests/, one file per host, Python, image and copy of
-    the kit (what the measurement depends on; every launch of a sweep shares them), and
-    read back by the launches after the first."""
+    folder: kept in <run_dir>/manifests/, one file per host, Python and its installed
+    packages, visible GPUs and driver, image and copy of the kit (what the measurement
+    depends on, _key; every launch of a sweep shares them), and read back by the launches
+    after the first while those are unchanged."""
     import json
     import os
     if run_dir is None:
@@ -55,12 +56,24 @@ def collect(hosts: list[str], run_dir=None) -> dict:
 
 
 def _key() -> str:
-    """Names what a manifest depends on: this host, this Python, the image, the kit."""
+    """Names what a manifest depends on, read without importing a package: this host,
+    this Python and its installed stack (lab.common.stack_facts: the site folders and the
+    torch, Horovod and CUDA wheels in them), the GPUs it sees and the driver, mpirun, the
+    image, the kit."""
     import hashlib
+    import json
+    import shutil
     import socket
     import sys
-    facts = [socket.gethostname(), sys.executable, os.environ.get("LAB_IMAGE_ID", ""), _kit_path()]
-    return hashlib.sha256("\0".join(facts).encode()).hexdigest()[:16]
+
+    from lab.common import stack_facts
+    mpirun = shutil.which("mpirun")
+    facts = {"host": socket.gethostname(), "python": sys.executable,
+             "pythonpath": os.environ.get("PYTHONPATH"),
+             "image": os.environ.get("LAB_IMAGE_ID", ""), "kit": _kit_path(),
+             "site": stack_facts.python_facts(), "gpus": stack_facts.gpu_facts(),
+             "mpirun": [mpirun, stack_facts.mtime(os.path.realpath(mpirun)) if mpirun else None]}
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def measure(hosts: list[str]) -> dict:

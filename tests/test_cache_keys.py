@@ -1,0 +1,82 @@
+"""The caches of stack measurements (the run folder's manifest, lab.worker.manifest; the
+stack probe's answer for a Python and for an image, lab.host.stack_cache) answer anew
+when what the measurement depends on changes: an installed package, the user site, the
+visible GPUs, the driver. Real Pythons (a scratch venv) where a package changes."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lab.common import stack_facts
+from lab.worker import manifest
+
+REPO = Path(__file__).resolve().parent.parent
+# A manifest collected into a run folder, its measurement replaced by a stamp of when it ran.
+COLLECT = ("import json, sys, time\n"
+           "from lab.worker import manifest\n"
+           "manifest.measure = lambda hosts: {'measured': time.time_ns()}\n"
+           "print(json.dumps(manifest.collect(['h'], sys.argv[1])))\n")
+
+
+@pytest.fixture
+def venv(tmp_path):
+    """A scratch venv (no pip: made in a fraction of a second) and the environment that
+    runs the kit in it with a user base folder (~/.local) whose site folder does not
+    exist yet."""
+    folder = tmp_path / "venv"
+    (tmp_path / "userbase").mkdir()
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages",
+                    str(folder)], check=True, timeout=60)
+    python = str(folder / "bin" / "python")
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUSERBASE=str(tmp_path / "userbase"),
+               PYTHONDONTWRITEBYTECODE="1")
+    env.pop("PYTHONNOUSERSITE", None)
+    out = subprocess.run([python, "-c", "import site, sysconfig; print(sysconfig.get_path("
+                          "'purelib')); print(site.getusersitepackages())"], env=env,
+                         capture_output=True, text=True, check=True, timeout=60).stdout.split()
+    return python, env, Path(out[0]), Path(out[1])
+
+
+def test_a_run_folders_manifest_is_measured_again_when_an_installed_package_changes(tmp_path, venv):
+    python, env, site_packages, user_site = venv
+    run_dir = tmp_path / "run"
+
+    def collect():
+        cp = subprocess.run([python, "-c", COLLECT, str(run_dir)], env=env, capture_output=True,
+                            text=True, timeout=60)
+        assert cp.returncode == 0, cp.stderr[-2000:]
+        return json.loads(cp.stdout)["measured"]
+    first = collect()
+    assert collect() == first                      # a sweep's next launch reads it back
+    (site_packages / "torch-2.4.0.dist-info").mkdir()
+    upgraded = collect()
+    assert upgraded != first
+    (site_packages / "torch-2.4.0.dist-info").rename(site_packages / "torch-2.5.1.dist-info")
+    assert collect() != upgraded                   # `pip install -U torch`
+    again = collect()
+    (user_site / "horovod-0.28.1.dist-info").mkdir(parents=True)   # `pip install --user`
+    assert collect() != again
+
+
+def test_a_run_folders_manifest_is_measured_again_for_other_gpus_or_driver(tmp_path, monkeypatch):
+    driver = tmp_path / "version"
+    driver.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15\n")
+    monkeypatch.setattr(stack_facts, "DRIVER_VERSION_FILE", str(driver))
+    for name in stack_facts.VISIBLE_GPU_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    calls = []
+    monkeypatch.setattr(manifest, "measure", lambda hosts: {"measured": len(calls.append(1) or calls)})
+
+    def collect():
+        return manifest.collect(["h"], tmp_path / "run")["measured"]
+    assert collect() == collect() == 1
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert collect() == 2
+    monkeypatch.setenv("NVIDIA_VISIBLE_DEVICES", "1")
+    assert collect() == 3
+    driver.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.86.10\n")
+    assert collect() == 4
+    assert collect() == 4
