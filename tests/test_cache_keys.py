@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from lab.common import stack_facts
+from lab.host import stack_cache
 from lab.worker import manifest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -80,3 +81,33 @@ def test_a_run_folders_manifest_is_measured_again_for_other_gpus_or_driver(tmp_p
     driver.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.86.10\n")
     assert collect() == 4
     assert collect() == 4
+
+
+def test_an_images_cached_stack_is_probed_again_for_other_visible_gpus(tmp_path, monkeypatch):
+    monkeypatch.setenv(stack_cache.CACHE_ENV, str(tmp_path / "cache"))
+    for name in stack_facts.VISIBLE_GPU_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    driver = tmp_path / "version"
+    driver.write_text("550.54.15\n")
+    monkeypatch.setattr(stack_facts, "DRIVER_VERSION_FILE", str(driver))
+    calls = []
+
+    def probe():
+        calls.append(1)
+        return {"gpus": len(calls)}
+
+    def stack(gpus=True):
+        return stack_cache.cached(stack_cache.image_key("sha256:abc", False, gpus), probe,
+                                  depends=False)["gpus"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert stack() == stack() == 1
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")     # every GPU: another container
+    assert stack() == 2
+    monkeypatch.setenv("NVIDIA_VISIBLE_DEVICES", "0,1")
+    assert stack() == 3
+    driver.write_text("570.86.10\n")
+    assert stack() == 4
+    # A container given no GPU sees none, whichever the host's variables name.
+    cpu = stack(gpus=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert stack(gpus=False) == cpu

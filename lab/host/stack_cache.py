@@ -3,35 +3,37 @@ torchvision, seconds) answered from a cache of that environment's last answer, k
 what the answer depends on, so a run does not pay for it again while nothing changed.
 
 - Local processes: the key is the interpreter, the variables that change what it imports
-  or finds (PATH, PYTHONPATH, LD_LIBRARY_PATH, the visible GPUs), the GPU device files and
-  driver version of this machine and the kit's probe code; the answer also lists what it
-  was read from (lab.worker.capabilities.depends_on: the folders on the Python path, where
-  an installation adds or removes packages, the probed packages' folders, mpirun), and it
+  or finds (PATH, PYTHONPATH, LD_LIBRARY_PATH, the user site's, HOME), the visible GPUs,
+  the GPU device files and driver version of this machine and the kit's probe code; the
+  answer also lists what it was read from (lab.worker.capabilities.depends_on: the
+  folders on the Python path, where an installation adds or removes packages, the user
+  site folder whether or not it exists yet, the probed packages' folders, mpirun), and it
   is reused only while each of those is unchanged (its modification time).
 - The lab image: an image's content never changes, so the key is its id (with the kit's
-  copy it runs, the GPUs it is given, and this machine's GPU files and driver).
+  copy it runs, the GPUs it is given: with GPUs, the host's visible-device variables, and
+  this machine's GPU files and driver).
 
 LAB_STACK_CACHE=off probes every time; LAB_STACK_CACHE=<folder> keeps the cache there
 (default: $XDG_CACHE_HOME/dl-lab-kit/stack, else ~/.cache/dl-lab-kit/stack). `cores` is
 measured now, not cached (an affinity may change). Standard library only."""
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
 import os
 import tempfile
 from pathlib import Path
 
-from lab.common import kit
+from lab.common import kit, stack_facts
 
 CACHE_ENV = "LAB_STACK_CACHE"
 FORMAT = 1
 # What changes what a Python imports, finds or sees, beside its own files.
+# (The visible GPUs are machine_facts'.)
 KEY_VARIABLES = ("PATH", "PYTHONPATH", "PYTHONHOME", "LD_LIBRARY_PATH", "LD_PRELOAD",
-                 "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "HOROVOD_GPU_OPERATIONS")
+                 "PYTHONUSERBASE", "PYTHONNOUSERSITE", "HOME", "HOROVOD_GPU_OPERATIONS")
 # The kit's code that makes the answer: a change to it is a new answer.
-PROBE_CODE = ("lab/worker/capabilities.py", "lab/common/kit.py")
+PROBE_CODE = ("lab/worker/capabilities.py", "lab/common/kit.py", "lab/common/stack_facts.py")
 
 
 def cache_dir() -> Path | None:
@@ -45,36 +47,28 @@ def cache_dir() -> Path | None:
     return Path(base) / "dl-lab-kit" / "stack"
 
 
-def _mtime(path: str) -> int | None:
-    try:
-        return os.stat(path).st_mtime_ns
-    except OSError:
-        return None
-
-
-def machine_facts() -> dict:
-    """This machine's GPUs as a probe would meet them: the device files and the driver's
-    version (no library is loaded)."""
-    try:
-        with open("/proc/driver/nvidia/version") as f:
-            driver = f.readline().strip()
-    except OSError:
-        driver = None
-    return {"devices": sorted(glob.glob("/dev/nvidia*")), "driver": driver,
-            "probe_code": {p: _mtime(str(kit.REPO_ROOT / p)) for p in PROBE_CODE}}
+def machine_facts(env) -> dict:
+    """This machine's GPUs as a probe would meet them with the variables `env`: the
+    visible-device variables, the device files and the driver's version (no library is
+    loaded); and the kit's probe code."""
+    return {**stack_facts.gpu_facts(env),
+            "probe_code": {p: stack_facts.mtime(str(kit.REPO_ROOT / p)) for p in PROBE_CODE}}
 
 
 def local_key(python: str, env: dict | None = None) -> str:
     env = os.environ if env is None else env
     facts = {"kind": "local", "python": python, "real": os.path.realpath(python),
-             "python_mtime": _mtime(os.path.realpath(python)),
-             "env": {k: env.get(k) for k in KEY_VARIABLES}, **machine_facts()}
+             "python_mtime": stack_facts.mtime(os.path.realpath(python)),
+             "env": {k: env.get(k) for k in KEY_VARIABLES}, **machine_facts(env)}
     return _digest(facts)
 
 
-def image_key(image_id: str, frozen: bool, gpus: bool) -> str:
+def image_key(image_id: str, frozen: bool, gpus: bool, env: dict | None = None) -> str:
+    """With `gpus`, the container is given the GPUs the host's variables make visible
+    (lab.host.places.image.visible_gpus); without, none, whatever they say."""
+    env = (os.environ if env is None else env) if gpus else {}
     return _digest({"kind": "image", "image": image_id, "frozen": frozen, "gpus": gpus,
-                    **machine_facts()})
+                    **machine_facts(env)})
 
 
 def _digest(facts: dict) -> str:
@@ -82,7 +76,7 @@ def _digest(facts: dict) -> str:
 
 
 def fingerprint(paths) -> dict[str, int | None]:
-    return {p: _mtime(p) for p in paths}
+    return {p: stack_facts.mtime(p) for p in paths}
 
 
 def cached(key: str, probe, depends: bool = True) -> dict:
