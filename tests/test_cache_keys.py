@@ -111,3 +111,25 @@ def test_an_images_cached_stack_is_probed_again_for_other_visible_gpus(tmp_path,
     cpu = stack(gpus=False)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
     assert stack(gpus=False) == cpu
+
+
+def test_a_pythons_cached_stack_is_probed_again_after_a_user_site_install(tmp_path, monkeypatch, venv):
+    """The real probe in a scratch venv whose user site folder does not exist when it
+    runs: `pip install --user horovod` makes it, and the next answer has Horovod."""
+    python, env, _, user_site = venv
+    monkeypatch.setenv(stack_cache.CACHE_ENV, str(tmp_path / "cache"))
+
+    def probe():
+        cp = subprocess.run([python, "-m", "lab.worker.capabilities"], env=env, cwd=REPO,
+                            capture_output=True, text=True, timeout=60)
+        return json.loads(cp.stdout.strip().splitlines()[-1])
+
+    key = stack_cache.local_key(python, env)
+    assert "horovod" not in stack_cache.cached(key, probe)
+    horovod = user_site / "horovod"
+    horovod.mkdir(parents=True)
+    (horovod / "__init__.py").write_text("__version__ = '0.28.1'\n")
+    (horovod / "torch.py").write_text("__version__ = '0.28.1'\n"
+                                      "gloo_built = mpi_built = lambda: True\n"
+                                      "nccl_built = lambda: 0\n")
+    assert stack_cache.cached(key, probe)["horovod"]["version"] == "0.28.1"

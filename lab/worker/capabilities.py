@@ -34,15 +34,18 @@ def model_needs() -> list[str]:
 def depends_on() -> list[str]:
     """What this answer was read from, for the host's cache of it (lab.host.stack_cache):
     the interpreter, the folders on the Python path (an installation adds or removes
-    packages there; not the kit's own checkout), the probed packages' folders and build
-    records, and mpirun, or the PATH's folders where there is none."""
+    packages there; not the kit's own checkout), the user site folder and its parent
+    whether or not they exist yet (`pip install --user` makes them), the probed packages'
+    folders and build records, and mpirun, or the PATH's folders where there is none."""
     import os
     import sys
 
     from lab.common.kit import REPO_ROOT
+    from lab.common.stack_facts import user_site_folders
     paths = [os.path.realpath(sys.executable)]
     paths += [p for p in sys.path if p and os.path.isdir(p)
               and os.path.realpath(p) != str(REPO_ROOT)]
+    paths += user_site_folders()
     for name in ("torch", "horovod", "torchvision", "deepspeed", *model_needs()):
         spec = importlib.util.find_spec(name)
         if spec is not None and spec.submodule_search_locations:
