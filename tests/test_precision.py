@@ -194,3 +194,15 @@ def test_the_ceiling_is_measured_at_the_runs_precision():
     assert out["precision"] == "bf16" and out["forward_dtypes"] == ["bfloat16"]
     argv = command(BenchSettings(np=[1], precision="bf16"), 1, "python")
     assert argv[argv.index("--precision") + 1] == "bf16"
+
+
+def test_the_report_never_pools_precisions_and_reads_old_records_as_fp32():
+    from lab.report import records, summary
+
+    def record(**config):
+        return {"status": "ok", "config": {"model": "mnist", "framework": "ddp", "backend": "gloo",
+                                           "compression": "none", **config}, "world": {"np": 2}}
+    old, fp32, bf16 = record(), record(precision="fp32"), record(precision="bf16")
+    assert records.setup_key(old) == records.setup_key(fp32) != records.setup_key(bf16)
+    assert summary.config_key(old) == summary.config_key(fp32) != summary.config_key(bf16)
+    assert records.setup_label(bf16, [fp32, bf16]).startswith("bf16")
