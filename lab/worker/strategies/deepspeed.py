@@ -1,5 +1,6 @@
-"""`deepspeed`: DeepSpeed's engine with ZeRO stage 0 to 3 (--zero-stage), in fp32 (or
-its own bf16/fp16 modes: --precision), on CPUs or GPUs. What this relies on, read in DeepSpeed 0.19.8's source:
+"""`deepspeed`: DeepSpeed's engine with ZeRO stage 0 to 3 (--zero-stage), in fp32 (or its
+own bf16/fp16 modes: --precision), on CPUs or GPUs. What this relies on, read in
+DeepSpeed 0.19.8's source:
 
 - The accelerator is DS_ACCELERATOR's when set, read once, the first time DeepSpeed asks
   for it (accelerator/real_accelerator.py, get_accelerator: the override before any
@@ -109,10 +110,13 @@ class DeepSpeed(Strategy):
     (train_micro_batch_size_per_gpu, one micro-batch per step)."""
 
     # bf16/fp16: DeepSpeed's own modes ("bf16"/"fp16" of its configuration), no autocast:
-    # the engine casts the module to the half type (runtime/engine.py,
-    # _configure_distributed_model), keeps fp32 master weights in its optimizer wrapper,
-    # and fp16 scales the loss in engine.backward (its dynamic loss scaler). The images
-    # are cast to the module's dtype here (prepare): the engine does not cast inputs.
+    # the engine casts the module's parameters to the half type, and its floating buffers
+    # only when data_types.buffer_dtype says so (runtime/engine.py,
+    # _configure_distributed_model -> _cast_module_mixed_precision), so config() says so:
+    # BatchNorm's fp32 running statistics beside half weights fail on the CPU ("expected
+    # scalar type BFloat16 but found Float"). Its optimizer wrapper keeps fp32 master
+    # weights, and fp16 scales the loss in engine.backward. The images are cast to the
+    # module's dtype here (prepare): the engine's forward casts no inputs.
     autocasts = False
     parts_note = ("DeepSpeed's engine runs the step's communication inside its backward and step: "
                   "not split into parts")
@@ -147,6 +151,8 @@ class DeepSpeed(Strategy):
             "zero_allow_untested_optimizer": True,
             "fp16": {"enabled": self.cfg.precision == "fp16"},
             "bf16": {"enabled": self.cfg.precision == "bf16"},
+            **({"data_types": {"buffer_dtype": self.cfg.precision}}
+               if self.cfg.precision in ("bf16", "fp16") else {}),
             "steps_per_print": 2**31 - 1,
             "wall_clock_breakdown": False,
         }
