@@ -145,8 +145,8 @@ class RunConfig:
 
     def check_precision(self) -> None:
         """What --precision needs: tf32 and fp16 are the GPU's (tf32 is a mode of NVIDIA's
-        tensor cores; fp16 autocast on a CPU runs few ops in half and slowly, so bf16 is the
-        CPU's), and bf16/fp16 autocast a step that a strategy runs in one piece."""
+        tensor cores; on the CPU mixed precision is bf16, the dtype CPU autocast defaults
+        to), and bf16/fp16 cannot autocast a step that a strategy runs in one piece."""
         if self.precision in ("tf32", "fp16") and self.device != "cuda":
             raise ConfigError(f"--precision {self.precision} is for GPUs: add --device cuda, or use "
                               f"--precision bf16 (or fp32) on the CPU")
