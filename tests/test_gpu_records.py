@@ -121,3 +121,6 @@ def test_the_hosts_ceiling_command_states_the_rule():
     argv = command(BenchSettings(np=[1], model="resnet50"), 1, "python")
     assert argv[argv.index("--min-seconds") + 1] == str(MIN_SECONDS)
     assert argv[argv.index("--steps") + 1] == "3"          # the model's minimum (lab.models)
+    assert argv[argv.index("--precision") + 1] == "fp32"   # the run's --precision
+    argv = command(BenchSettings(np=[1], precision="bf16"), 1, "python")
+    assert argv[argv.index("--precision") + 1] == "bf16"

@@ -293,7 +293,8 @@ ONE_JOB_VALUES = {"framework": "horovod", "backend": ("mpi", {"framework": "horo
                   "run_id": "rid-1", "strategy": "zero1",
                   "micro_batches": ("8", {"strategy": "pipeline", "framework": "ddp"}),
                   "schedule": ("1f1b", {"strategy": "pipeline", "framework": "ddp"}),
-                  "zero_stage": ("2", {"strategy": "deepspeed"}), "data_dir": "elsewhere"}
+                  "zero_stage": ("2", {"strategy": "deepspeed"}), "data_dir": "elsewhere",
+                  "precision": "bf16"}
 
 
 @pytest.mark.parametrize("task", ["sbatch", "k8s"])

@@ -31,6 +31,23 @@ DATA_PARALLEL_STRATEGIES = ("ddp", "zero1", "fsdp", "deepspeed")
 # own data parallelism; dataparallel is one process (framework none).
 TORCH_STRATEGIES = ("zero1", "fsdp", "pipeline", "model-parallel", "deepspeed", "rpc-pipeline")
 PIPELINE_SCHEDULES = ("gpipe", "1f1b")
+# The arithmetic of a rank's forward, backward and update (lab.worker.precision does it):
+# fp32; tf32 (fp32 tensors, matrix products on NVIDIA tensor cores with a 10-bit
+# mantissa: CUDA only); bf16 and fp16 (torch.autocast around forward and loss, fp32
+# weights and update; fp16 with a gradient scaler; DeepSpeed: its own bf16/fp16 modes).
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+# The strategies whose step cannot take autocast, and why (one clause each):
+# torch.distributed.pipelining's schedule runs forward, loss and backward in one call,
+# and autocast must not cover a backward; RPC runs each stage's forward in a thread of
+# RPC's own, where the caller's autocast (a thread's state) does not reach.
+NO_AUTOCAST = {
+    "pipeline": "torch.distributed.pipelining's schedule runs forward, loss and backward in one "
+                "call, and autocast must not cover a backward",
+    "model-parallel": "it is the pipeline's schedule with one micro-batch, which runs forward, "
+                      "loss and backward in one call, and autocast must not cover a backward",
+    "rpc-pipeline": "each stage's forward runs in one of RPC's threads, which the caller's "
+                    "autocast (a thread's state) does not reach",
+}
 
 
 def framework_of(strategy: str) -> str | None:
@@ -92,13 +109,15 @@ class RunConfig:
     schedule: str = "gpipe"       # pipeline: gpipe or 1f1b
     zero_stage: int = 0           # deepspeed: ZeRO stage 0..3
     devices: int = 0              # dataparallel: GPUs of its one process (0: all it sees)
+    precision: str = "fp32"       # fp32, tf32, bf16 or fp16 (PRECISIONS)
 
     def check(self) -> None:
         """Raise ConfigError for values no run could use (needs nothing installed)."""
         for name, allowed in (("model", MODELS), ("framework", FRAMEWORKS),
                               ("backend", BACKENDS), ("device", DEVICES),
                               ("data", DATASETS), ("compression", COMPRESSIONS),
-                              ("strategy", STRATEGIES), ("schedule", PIPELINE_SCHEDULES)):
+                              ("strategy", STRATEGIES), ("schedule", PIPELINE_SCHEDULES),
+                              ("precision", PRECISIONS)):
             value = getattr(self, name)
             if value not in allowed:
                 raise ConfigError(
@@ -122,6 +141,19 @@ class RunConfig:
         if self.fault:
             self.fault_plan()
         self.check_strategy()
+        self.check_precision()
+
+    def check_precision(self) -> None:
+        """What --precision needs: tf32 and fp16 are the GPU's (tf32 is a mode of NVIDIA's
+        tensor cores; on the CPU mixed precision is bf16, the dtype CPU autocast defaults
+        to), and bf16/fp16 cannot autocast a step that a strategy runs in one piece."""
+        if self.precision in ("tf32", "fp16") and self.device != "cuda":
+            raise ConfigError(f"--precision {self.precision} is for GPUs: add --device cuda, or use "
+                              f"--precision bf16 (or fp32) on the CPU")
+        why = NO_AUTOCAST.get(self.strategy)
+        if self.precision in ("bf16", "fp16") and why:
+            raise ConfigError(f"the {self.strategy} strategy cannot run --precision {self.precision} "
+                              f"({why}): use --precision fp32 or tf32, or --strategy ddp")
 
     def check_strategy(self) -> None:
         """The strategy's own rules: which framework runs it, what it takes."""

@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from lab import models
-from lab.common.config import BACKENDS, COMPRESSIONS, FRAMEWORKS, STRATEGIES, RunConfig
+from lab.common.config import BACKENDS, COMPRESSIONS, FRAMEWORKS, PRECISIONS, STRATEGIES, RunConfig
 from lab.common.stats import fewest_to_separate
 
 RUN = object()                  # default: RunConfig's field of the same name
@@ -73,6 +73,10 @@ OPTIONS = (
     Option("data", "synthetic, mnist (downloaded into the data folder when it is not there) or digits (offline)", _E,
            tasks=ONE_JOB, key=True, setup=True),
     Option("device", "cpu or cuda (one GPU per rank)", _E, tasks=ONE_JOB, key=True, setup=True),
+    Option("precision", "the ranks' arithmetic: fp32; tf32 (fp32 with TF32 matrix products, GPUs); "
+           "bf16 or fp16 (autocast mixed precision, fp16 with a gradient scaler; GPUs, bf16 on "
+           "CPUs too; DeepSpeed: its own bf16/fp16 mode); the ceiling is measured at it; a comma "
+           "list sweeps", _E, tasks=ONE_JOB, choices=PRECISIONS, sweeps=True, key=True, setup=True),
     Option("batch_size", "images per rank per step", _E, kind=int, tasks=ONE_JOB, key=True, setup=True),
     Option("epochs", "epochs per run", _E, kind=int, tasks=ONE_JOB, key=True, setup=True),
     Option("max_steps", "cap on steps per epoch (0: the whole shard)", _E, kind=int, tasks=ONE_JOB,
@@ -156,7 +160,7 @@ BY_NAME = {o.name: o for o in OPTIONS}
 SETTINGS = tuple(o for o in OPTIONS if o.setting)            # bench's settings, in this order
 # The options a comma list sweeps, in the order a sweep crosses them (the first varies
 # slowest): the order the runs happen in and the report's rows first appear.
-SWEEP_FIELDS = ("strategy", "framework", "backend", "compression", "nodes")
+SWEEP_FIELDS = ("strategy", "framework", "backend", "compression", "precision", "nodes")
 assert set(SWEEP_FIELDS) == {o.name for o in OPTIONS if o.sweeps}, "a sweeping option without its place"
 # A run in a run folder: these of its configuration, its nodes and ranks, its repeat index.
 KEY_FIELDS = tuple(o.name for o in OPTIONS if o.key and o.name != "repeat")

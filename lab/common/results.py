@@ -32,7 +32,8 @@ SCHEMA = {
                "repeat of its combination, from 0: bench --repeat), strategy (how the work is spread: "
                "ddp, zero1, fsdp, pipeline, model-parallel, deepspeed, rpc-pipeline, dataparallel), "
                "micro_batches and schedule (pipelines), zero_stage (deepspeed), devices "
-               "(dataparallel's GPUs)"),
+               "(dataparallel's GPUs), precision (fp32, tf32, bf16 or fp16; absent in records "
+               "made before it existed: fp32)"),
     "world.np": ("int", "number of processes (ranks); on every record, whatever its status"),
     "world.nodes": ("int", "number of distinct hosts the ranks ran on (failed and skipped "
                     "records: the hosts asked for); on every record"),
@@ -101,11 +102,16 @@ SCHEMA = {
                         "before, after, spread (before and after: each process's (p90 - p10) / median "
                         "step), processes, "
                         "hosts (where it was measured: every node or server of the run), input "
-                        "([channels, height, width] the run trains on) and classes"),
+                        "([channels, height, width] the run trains on), classes and precision (the "
+                        "run's --precision, at which it was measured)"),
     "figures.optimizer_state_split": ("list[object], optional", "deepspeed, per rank: the optimizer "
                                       "state split into ZeRO's fp32 master partition "
                                       "(master_weights) and the wrapped optimizer's own state"),
     "figures.lr_used": ("float", "learning rate after scaling by the world size"),
+    "figures.forward_dtype": ("str or null", "rank 0's model output dtype in its first step "
+                              "(bfloat16 or float16 under --precision bf16 or fp16, float32 "
+                              "otherwise; null for the pipeline strategies, whose schedule runs "
+                              "the forward)"),
     "figures.startup_s": ("float or null", "seconds from bench starting the launcher to the first "
                           "timed step, for the slowest rank; null when the job was not started "
                           "by bench"),

@@ -197,6 +197,7 @@ def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
                 cfg = dataclasses.replace(cfg, expected_np=1, devices=np)
             progress.start((f"{s.strategy}, " if s.strategy != "ddp" else "")
                            + f"{framework} over {s.backend}, {s.compression}, np {np}"
+                           + (f", {s.precision}" if s.precision != "fp32" else "")
                            + (f", repeat {rep + 1} of at most {s.repeat_max}" if s.repeat_max else
                               f", repeat {rep + 1} of {s.repeat}" if s.repeat > 1 else ""))
             load, line = oversubscription(runner.machines(cfg.expected_np, stack), s.threads)

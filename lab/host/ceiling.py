@@ -1,6 +1,6 @@
 """The compute ceiling around a run (bench --ceiling): the model's own steps on the run's
-own input with no framework (lab.worker.ceiling) in as many independent processes as the
-run has ranks, placed where its ranks run (each node or server its share, all at once),
+own input at its --precision with no framework (lab.worker.ceiling) in as many independent
+processes as the run has ranks, placed where its ranks run (each node or server its share, all at once),
 just before and just after the run. The result goes into the run's record
 (figures.ceiling), so a table shows every run against its own ceiling."""
 from __future__ import annotations
@@ -19,7 +19,7 @@ def command(s: BenchSettings, processes: int, python: str) -> list[str]:
     return [python, "-m", "lab.worker.ceiling", "--processes", str(processes), "--model", s.model,
             "--data", s.data, "--batch-size", str(s.batch_size), "--threads", str(s.threads),
             "--device", s.device, "--steps", str(steps), "--warmup", str(warmup),
-            "--min-seconds", str(MIN_SECONDS)]
+            "--min-seconds", str(MIN_SECONDS), "--precision", s.precision]
 
 
 def _parse(rc, out, where=""):
@@ -49,7 +49,8 @@ def measure(s: BenchSettings, processes: int, runner: Runner) -> dict:
             "per_process": [v for m in per_host.values() for v in m["per_process"]],
             "spread": [v for m in per_host.values() for v in m.get("spread", [])],
             "per_host": {h: m["images_per_s"] for h, m in per_host.items() if h},
-            "input": first.get("input"), "classes": first.get("classes")}
+            "input": first.get("input"), "classes": first.get("classes"),
+            "precision": first.get("precision", "fp32")}
 
 
 def around(s: BenchSettings, processes: int, before: dict, runner: Runner) -> dict:
@@ -59,4 +60,5 @@ def around(s: BenchSettings, processes: int, before: dict, runner: Runner) -> di
     b, a = before["images_per_s"], after["images_per_s"]
     return {"processes": processes, "images_per_s": (a + b) / 2, "before": b, "after": a,
             "spread": {"before": before.get("spread"), "after": after.get("spread")},
-            "hosts": list(after["per_host"]), "input": after["input"], "classes": after["classes"]}
+            "hosts": list(after["per_host"]), "input": after["input"], "classes": after["classes"],
+            "precision": after.get("precision")}

@@ -129,7 +129,7 @@ def plan_of(s: BenchSettings, lists: dict | None = None, resume: bool = False) -
 
 
 def combinations(base: BenchSettings, lists: dict) -> list[BenchSettings]:
-    """The cross product of the lists (strategy, framework, back end, compression, nodes),
+    """The cross product of the lists (strategy, framework, back end, compression, precision, nodes),
     each with all of base.np."""
     keys = [k for k in SWEEP_FIELDS if k in lists]
     return [dataclasses.replace(base, **dict(zip(keys, values)))
@@ -138,7 +138,8 @@ def combinations(base: BenchSettings, lists: dict) -> list[BenchSettings]:
 
 def label(s: BenchSettings) -> str:
     how = f"strategy {s.strategy}, " if s.strategy != "ddp" else ""
-    return f"{how}{s.framework} over {s.backend}, compression {s.compression}, {s.nodes} node(s)"
+    arithmetic = f", precision {s.precision}" if s.precision != options.BY_NAME["precision"].value else ""
+    return f"{how}{s.framework} over {s.backend}, compression {s.compression}{arithmetic}, {s.nodes} node(s)"
 
 
 def recorded(have: set, s: BenchSettings, np: int, repeat: int) -> str | None:

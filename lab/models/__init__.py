@@ -29,6 +29,7 @@ class ModelSpec:
     ceiling_steps: tuple[int, int] = (200, 10)   # (steps, warm-up) the ceiling times
     optimizer: str = "sgd"             # sgd (RunConfig's lr and momentum) or adam (its lr)
     refuses: dict = field(default_factory=dict)  # strategy -> why it cannot run this model
+    channels_last: bool = False        # a CNN: channels-last on GPUs below fp32 (lab.worker.precision)
 
     @property
     def net(self):

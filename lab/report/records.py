@@ -48,7 +48,9 @@ def setup_key(r: dict) -> tuple:
     torch (summary.place, summary.stack): runs that differ in any are never one group,
     curve or sentence either."""
     c = r.get("config", {})
-    return (*(c.get(k) for k in SETUP_FIELDS), summary.strategy_name(c), summary.place(r),
+    # a field a record lacks (written before its option existed) is the option's default
+    return (*(c.get(k, options.BY_NAME[k].value) for k in SETUP_FIELDS), summary.strategy_name(c),
+            summary.place(r),
             summary.stack(r))
 
 

@@ -60,7 +60,9 @@ def config_key(record: dict) -> tuple:
     """The configuration, where it ran and its stack: runs of one run folder made in
     different places (local processes and the image) or stacks are never one row."""
     c = record.get("config", {})
-    return (*(c.get(k) for k in _SAME), strategy_name(c), place(record), stack(record))
+    # a setup field a record lacks (written before its option existed) is its default
+    return (*(c.get(k, options.BY_NAME[k].value) for k in _SAME), strategy_name(c), place(record),
+            stack(record))
 
 
 def group_key(record: dict) -> tuple:

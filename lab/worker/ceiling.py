@@ -46,23 +46,31 @@ def summarize(times: list[float], batch_size: int) -> dict:
 
 def measure(model_name: str = "mnist", batch_size: int = 64, threads: int = 1, steps: int = 200,
             warmup: int = 10, device: str = "cpu", seed: int = 0, data_name: str = "synthetic",
-            min_seconds: float = MIN_SECONDS) -> dict:
+            min_seconds: float = MIN_SECONDS, precision_name: str = "fp32") -> dict:
     """The model's training steps on random batches of the input the run trains on: the
     data set's shape and classes (MNIST and the digits: 1x28x28, 10), or on synthetic
-    data the model's own (lab.models: the spec's input)."""
+    data the model's own (lab.models: the spec's input), at the run's --precision as a
+    rank of the ddp strategy takes it (lab.worker.precision: autocast, fp16's scaler,
+    TF32, channels-last)."""
     import torch
 
     from lab import models as specs
-    from lab.worker import data, models
+    from lab.worker import data, models, precision
 
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
     dev = torch.device(device)
+    precision.set_math(precision_name, dev)
+    last = precision.channels_last(precision_name, dev, model_name)
+    scaler = precision.scaler(precision_name, dev)
     channels, size, classes = specs.get(model_name).input(data_name)
     ds = data.synthetic(channels, size, classes, batch_size * 4, 1, seed=seed)
     x, y = ds.train.to(dev).take(slice(None))
+    x = precision.to_layout(x, last)
     n_batches = len(y) // batch_size
     model, loss_fn = models.build(model_name, ds.channels, ds.size, ds.classes)
+    if last:
+        model = model.to(memory_format=torch.channels_last)
     model.to(dev).train()
     # the model's own optimizer (its spec), as its run steps it
     if specs.get(model_name).optimizer == "adam":
@@ -70,22 +78,32 @@ def measure(model_name: str = "mnist", batch_size: int = 64, threads: int = 1, s
     else:
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
     i = 0
+    dtypes: set[str] = set()     # the model's output dtype(s): what the precision made of it
 
     def step():
         nonlocal i
         j = i % n_batches
         i += 1
         opt.zero_grad(set_to_none=True)
-        loss_fn(model(x[j * batch_size:(j + 1) * batch_size]),
-                y[j * batch_size:(j + 1) * batch_size]).backward()
-        opt.step()
+        with precision.autocast(precision_name, dev):
+            out = model(x[j * batch_size:(j + 1) * batch_size])
+            loss = loss_fn(out, y[j * batch_size:(j + 1) * batch_size])
+        dtypes.add(str(out.dtype).removeprefix("torch."))
+        if scaler:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            opt.step()
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
     for _ in range(warmup):
         step()
     times = time_steps(step, steps, min_seconds)
     return {"model": model_name, "input": [channels, size, size], "classes": classes,
-            "batch_size": batch_size, "threads": threads, "device": device,
+            "batch_size": batch_size, "threads": threads, "device": device, "precision": precision_name,
+            "forward_dtypes": sorted(dtypes),
             "min_steps": steps, "min_seconds": min_seconds,
             "step_time_mean_s": sum(times) / len(times), **summarize(times, batch_size)}
 
@@ -105,7 +123,8 @@ def child_env(index: int, threads: int, device: str, base: dict) -> dict:
 def measure_concurrent(processes: int, model_name: str = "mnist", batch_size: int = 64,
                        threads: int = 1, steps: int = 200, warmup: int = 10,
                        device: str = "cpu", timeout_s: float = 3600,
-                       data_name: str = "synthetic", min_seconds: float = MIN_SECONDS) -> dict:
+                       data_name: str = "synthetic", min_seconds: float = MIN_SECONDS,
+                       precision_name: str = "fp32") -> dict:
     """The same measurement in `processes` independent processes at once: what the machine
     gives N ranks that never communicate (shared cores, memory bandwidth, caches). When
     one fails or the time runs out, the others are stopped."""
@@ -115,7 +134,8 @@ def measure_concurrent(processes: int, model_name: str = "mnist", batch_size: in
     # Each process is this module measuring in itself, so torch is set up afresh in each.
     cmd = [sys.executable, "-m", "lab.worker.ceiling", "--model", model_name, "--batch-size",
            str(batch_size), "--threads", str(threads), "--steps", str(steps), "--warmup",
-           str(warmup), "--device", device, "--data", data_name, "--min-seconds", str(min_seconds)]
+           str(warmup), "--device", device, "--data", data_name, "--min-seconds", str(min_seconds),
+           "--precision", precision_name]
     procs = [proc.start(cmd, env=child_env(i, threads, device, os.environ), merge=False)
              for i in range(processes)]
     deadline = time.monotonic() + timeout_s
@@ -134,13 +154,13 @@ def measure_concurrent(processes: int, model_name: str = "mnist", batch_size: in
             "per_process": [o["images_per_s"] for o in outs],
             "spread": [o["spread"] for o in outs], "steps": [o["steps"] for o in outs],
             "input": outs[0]["input"],
-            "classes": outs[0]["classes"]}
+            "classes": outs[0]["classes"], "precision": precision_name}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m lab.worker.ceiling", description=__doc__.split("\n\n")[0])
     from lab import models
-    from lab.common.config import DATASETS
+    from lab.common.config import DATASETS, PRECISIONS
     p.add_argument("--model", default="mnist", choices=models.names())
     p.add_argument("--data", default="synthetic", choices=DATASETS,
                    help="the run's data set: its input shape and classes are measured")
@@ -151,16 +171,19 @@ def main(argv=None) -> int:
                    help="the fewest seconds of steps timed (the rule: lab.worker.ceiling)")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--precision", default="fp32", choices=PRECISIONS,
+                   help="the run's --precision (lab.worker.precision)")
     p.add_argument("--processes", type=int, default=0,
                    help="run this many independent processes at once, each with OMP_NUM_THREADS "
                         "set to --threads, and sum them (0: measure in this process)")
     a = p.parse_args(argv)
     if a.processes:
         out = measure_concurrent(a.processes, a.model, a.batch_size, a.threads, a.steps,
-                                 a.warmup, a.device, data_name=a.data, min_seconds=a.min_seconds)
+                                 a.warmup, a.device, data_name=a.data, min_seconds=a.min_seconds,
+                                 precision_name=a.precision)
     else:
         out = measure(a.model, a.batch_size, a.threads, a.steps, a.warmup, a.device,
-                      data_name=a.data, min_seconds=a.min_seconds)
+                      data_name=a.data, min_seconds=a.min_seconds, precision_name=a.precision)
     json.dump(out, sys.stdout)
     sys.stdout.write("\n")
     return 0

@@ -129,7 +129,7 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
     import torch
 
     from lab.common import metrics
-    from lab.worker import data, dist, horovod_tuning, manifest, models, step_parts, strategies
+    from lab.worker import data, dist, horovod_tuning, manifest, models, precision, step_parts, strategies
 
     started = results.now_iso()
     torch.set_num_threads(cfg.threads)
@@ -141,6 +141,7 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
         device = dist.select_gpu(d.local_rank, d.local_size)
     else:
         device = torch.device("cpu")
+    precision.set_math(cfg.precision, device)
 
     torch.manual_seed(cfg.seed)
     ds = data.load(cfg)
@@ -149,6 +150,8 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
     strategy = strategies.create(cfg, d, device)
     strategy.sample_shape = (ds.channels, ds.size, ds.size)
     model, loss_fn = models.build(cfg.model, ds.channels, ds.size, ds.classes)
+    if strategy.channels_last:
+        model = model.to(memory_format=torch.channels_last)
     strategy.build(model, loss_fn)
     marks = step_parts.StepParts(device)
     strategy.mark = step_parts.joined(hb.mark, marks.mark)
@@ -284,6 +287,7 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
             "parameter_digests": [p["digest"] for p in summary],
             "batch_semantics": strategy.batch_semantics(),
             "lr_used": strategy.lr(),
+            "forward_dtype": strategy.forward_dtype,
             "startup_s": slowest["total"],
             "startup_phases_s": {k: slowest[k] for k in STARTUP_PHASES},
             **({"collective_alone": probe} if probe else {}),

@@ -6,7 +6,7 @@ import torch
 
 from lab import models
 from lab.common.config import ConfigError
-from lab.worker import data
+from lab.worker import data, precision
 from lab.worker.strategies import memory
 
 
@@ -25,6 +25,16 @@ class Strategy:
     parts_note: str | None = None
     # The end of the backward's compute is taken from the last gradient's hook.
     hook_gradients = True
+    # Each rank holds a shard of the gradients: fp16's scaler must agree over the ranks
+    # on a step's overflow (lab.worker.precision.scaler).
+    sharded_gradients = False
+    # The step is the base class's (autocast around forward and loss, a gradient scaler
+    # for fp16): False where a strategy does its precision itself, or refuses it
+    # (lab.common.config.NO_AUTOCAST), and takes its images in torch's default layout.
+    autocasts = True
+    # The dtype of the model's output in the first training step on this rank, as the
+    # record's figures.forward_dtype ("bfloat16" under bf16's autocast); None: no step yet
+    forward_dtype: str | None = None
 
     @staticmethod
     def mark(where: str) -> None:
@@ -34,6 +44,14 @@ class Strategy:
     def __init__(self, cfg, d, device):
         self.cfg, self.d, self.device = cfg, d, device
         self.model = self.optimizer = self.loss_fn = None
+        own = self.autocasts
+        self.scaler = precision.scaler(cfg.precision, device, self.sharded_gradients) if own else None
+        # the CNNs channels-last on a GPU below fp32 (train.py converts the model)
+        self.channels_last = own and precision.channels_last(cfg.precision, device, cfg.model)
+
+    def prepare(self, x: torch.Tensor) -> torch.Tensor:
+        """A batch of images as the model takes them (its layout; DeepSpeed: its dtype)."""
+        return precision.to_layout(x, self.channels_last)
 
     # -- what the training loop asks
     @property
@@ -71,31 +89,54 @@ class Strategy:
 
     def step(self, x, y) -> torch.Tensor | None:
         """One training step on this rank's batch; the loss (detached) where this rank
-        computes one."""
+        computes one. --precision bf16/fp16: autocast around the forward and the loss
+        only; fp16 scales the loss and steps through the scaler (lab.worker.precision)."""
         self.optimizer.zero_grad()  # set_to_none by default; Horovod takes no argument
+        x = self.prepare(x)
         # Where the rank is, for the stall watch: DDP's all-reduce is waited for at the
         # end of the backward (torch/csrc/distributed/c10d/reducer.cpp,
         # Reducer::finalize_backward: "Wait for asynchronous reduction to complete");
         # Horovod's in its optimizer's step (horovod/torch/optimizer.py 0.28.1,
         # _DistributedOptimizer.step calls self.synchronize()).
         self.mark("forward")
-        loss = self.loss_fn(self.model(x), y)
+        with precision.autocast(self.cfg.precision, self.device):
+            out = self.model(x)
+            loss = self.loss_fn(out, y)
+        self.saw(out)
         self.mark("backward")
-        loss.backward()
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
         if hasattr(self.optimizer, "skip_synchronize"):
             # Horovod: wait for the gradients' all-reduce apart from the update, so that
             # the step's parts separate them (horovod/torch/optimizer.py 0.28.1: the
             # pattern of skip_synchronize's docstring; step() would otherwise call
-            # synchronize() itself).
+            # synchronize() itself). With fp16's scaler, Horovod's AMP pattern: the
+            # all-reduced gradients unscaled in place between synchronize() and the step
+            # under skip_synchronize(), then scaler.update() (horovod/horovod
+            # examples/pytorch/pytorch_mnist.py, train_mixed_precision, 0.28.1).
             self.mark("communication")
             self.optimizer.synchronize()
+            if self.scaler:
+                self.scaler.unscale_(self.optimizer)
             self.mark("optimizer")
             with self.optimizer.skip_synchronize():
-                self.optimizer.step()
+                self.optimizer_step()
         else:
             self.mark("optimizer")
-            self.optimizer.step()
+            self.optimizer_step()
         return loss.detach()
+
+    def saw(self, out: torch.Tensor) -> None:
+        if self.forward_dtype is None:
+            self.forward_dtype = str(out.dtype).removeprefix("torch.")
+
+    def optimizer_step(self) -> None:
+        """The update: through fp16's scaler (which skips a step whose gradients overflowed
+        and adjusts its scale), else the optimizer's own."""
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
 
     def train_mode(self, training: bool) -> None:
         self.model.train(training)
@@ -116,10 +157,10 @@ class Strategy:
             for i in range(batches):
                 sel = idx[i * batch:(i + 1) * batch].to(self.device)
                 if len(sel) == 0:   # a lock-step pass with nothing left to count
-                    model(split.take(slice(0, 1))[0])
+                    model(self.prepare(split.take(slice(0, 1))[0]))
                     continue
                 x, y = split.take(sel)
-                out = model(x)
+                out = model(self.prepare(x))
                 correct += int((out.argmax(1) == y).sum())
         return correct, len(idx)
 
@@ -238,7 +279,10 @@ class SingleProcessDataParallel(Strategy):
 
     def build(self, model, loss_fn) -> None:
         super().build(model, loss_fn)
-        # The module must sit on device_ids[0] before DataParallel replicates it.
+        # The module must sit on device_ids[0] before DataParallel replicates it; its
+        # replicas' threads take autocast from inside their forward (bf16, fp16).
+        if precision.autocast_dtype(self.cfg.precision) is not None:
+            self.model = precision.AutocastForward(self.model, self.cfg.precision, self.device)
         self.model = torch.nn.DataParallel(self.model, device_ids=list(range(self.gpus)))
 
     def holdings(self) -> dict[str, int]:

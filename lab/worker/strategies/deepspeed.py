@@ -1,5 +1,6 @@
-"""`deepspeed`: DeepSpeed's engine with ZeRO stage 0 to 3 (--zero-stage), in fp32, on
-CPUs or GPUs. What this relies on, read in DeepSpeed 0.19.8's source:
+"""`deepspeed`: DeepSpeed's engine with ZeRO stage 0 to 3 (--zero-stage), in fp32 (or its
+own bf16/fp16 modes: --precision), on CPUs or GPUs. What this relies on, read in
+DeepSpeed 0.19.8's source:
 
 - The accelerator is DS_ACCELERATOR's when set, read once, the first time DeepSpeed asks
   for it (accelerator/real_accelerator.py, get_accelerator: the override before any
@@ -64,6 +65,7 @@ import warnings
 
 import torch
 
+from lab.worker import precision
 from lab.worker.strategies import memory
 from lab.worker.strategies.base import Strategy
 
@@ -107,6 +109,15 @@ class DeepSpeed(Strategy):
     engine's forward, engine.backward(loss), engine.step(). The batch is per rank
     (train_micro_batch_size_per_gpu, one micro-batch per step)."""
 
+    # bf16/fp16: DeepSpeed's own modes ("bf16"/"fp16" of its configuration), no autocast:
+    # the engine casts the module's parameters to the half type, and its floating buffers
+    # only when data_types.buffer_dtype says so (runtime/engine.py,
+    # _configure_distributed_model -> _cast_module_mixed_precision), so config() says so:
+    # BatchNorm's fp32 running statistics beside half weights fail on the CPU ("expected
+    # scalar type BFloat16 but found Float"). Its optimizer wrapper keeps fp32 master
+    # weights, and fp16 scales the loss in engine.backward. The images are cast to the
+    # module's dtype here (prepare): the engine's forward casts no inputs.
+    autocasts = False
     parts_note = ("DeepSpeed's engine runs the step's communication inside its backward and step: "
                   "not split into parts")
     hook_gradients = False
@@ -138,8 +149,10 @@ class DeepSpeed(Strategy):
             "train_batch_size": b * self.data_world,
             "zero_optimization": zero,
             "zero_allow_untested_optimizer": True,
-            "fp16": {"enabled": False},
-            "bf16": {"enabled": False},
+            "fp16": {"enabled": self.cfg.precision == "fp16"},
+            "bf16": {"enabled": self.cfg.precision == "bf16"},
+            **({"data_types": {"buffer_dtype": self.cfg.precision}}
+               if self.cfg.precision in ("bf16", "fp16") else {}),
             "steps_per_print": 2**31 - 1,
             "wall_clock_breakdown": False,
         }
@@ -153,8 +166,14 @@ class DeepSpeed(Strategy):
             model=model, optimizer=optimizer, config=self.config(sum(p.numel() for p in params)))
         self.model = self.engine
 
+    def prepare(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = precision.autocast_dtype(self.cfg.precision)
+        return x if dtype is None else x.to(dtype)
+
     def step(self, x, y):
-        loss = self.loss_fn(self.engine(x), y)
+        out = self.engine(self.prepare(x))
+        self.saw(out)
+        loss = self.loss_fn(out, y)
         self.engine.backward(loss)
         self.engine.step()
         return loss.detach()

@@ -40,6 +40,7 @@ class Pipeline(Strategy):
 
     parts_note = "a pipeline's step is its schedule of micro-batches over the stages: not split into parts"
     hook_gradients = False
+    autocasts = False          # refuses bf16/fp16 (lab.common.config.NO_AUTOCAST)
 
     replicated = False   # each rank holds its stage only
 

@@ -49,6 +49,7 @@ class FSDP(Strategy):
     parts_note = ("forward and backward include FSDP's all-gathers and reduce-scatters (its "
                   "communication is inside them, not apart)")
     hook_gradients = False     # a sharded gradient is ready only after its reduce-scatter
+    sharded_gradients = True   # fp16: ShardedGradScaler all-reduces its overflow check
 
     def build(self, model, loss_fn) -> None:
         from torch.distributed.device_mesh import init_device_mesh
