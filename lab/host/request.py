@@ -100,8 +100,8 @@ def settings_from_flags(flags: dict, defaults: dict) -> tuple[BenchSettings, dic
     local = flags.pop("local", False)
     image = flags.pop("image", None) or defaults.get("image") or ""
     values = {k: v for k, v in defaults.items() if k in BENCH_FLAGS}
-    # A switch left off (False) is a flag not given: invoke.yaml's default (ceiling: true) holds.
-    values.update({k: v for k, v in flags.items() if v is not None and v is not False})
+    # A flag not given is None: invoke.yaml's default holds; a switch's --no- form is False.
+    values.update({k: v for k, v in flags.items() if v is not None})
     if "np" not in values:
         raise BenchError("--np needs at least one process count (invoke.yaml's bench.np is missing)")
     values["np"] = parse_np(values["np"])
@@ -123,7 +123,7 @@ def settings_from_flags(flags: dict, defaults: dict) -> tuple[BenchSettings, dic
     values["image"] = image
     settings = BenchSettings(**values, **{k: v[0] for k, v in lists.items()})
     check_strategy_options(settings, lists["strategy"], {k for k, v in flags.items()
-                                                         if v is not None and v is not False})
+                                                         if v is not None})
     return settings, lists
 
 
