@@ -4,12 +4,11 @@ the stack the ranks will see (lab.worker.capabilities, probed by the runner)."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 import shutil
 
 from lab import models
-from lab.common import options
+from lab.common import options, results
 from lab.common.config import ConfigError, RunConfig, framework_of
 from lab.common.kit import NO_MPI_IN_PIP_TORCH, horovod_gpu_path_problem
 from lab.common.options import AUTO_FIRST, AUTO_MAX
@@ -218,12 +217,9 @@ def check_settings(s: BenchSettings) -> None:
 
     check_run_id(s.run_id)
     try:
-        os.makedirs(s.results_dir, exist_ok=True)
-        if not os.access(s.results_dir, os.W_OK | os.X_OK):
-            raise PermissionError(13, "not writable")
-    except OSError as e:
-        raise BenchError(f"--results-dir {s.results_dir} cannot be used "
-                         f"({e.strerror or e}): give a folder that can be created and written") from None
+        results.check_folder(s.results_dir)
+    except results.FolderError as e:
+        raise BenchError(str(e)) from None
 
 
 def resolve_framework(requested: str, stack: dict, strategy: str = "ddp") -> tuple[str, str | None]:
@@ -368,7 +364,6 @@ def gpus_per_node(s: BenchSettings, np: int, given: int | None) -> int:
 def script_config(s: BenchSettings, framework: str, np: int) -> RunConfig:
     """The one run a script for another cluster holds (invoke sbatch, invoke k8s): its
     run id checked or made, its configuration checked as a rank would, as a BenchError."""
-    from lab.common import results
     check_run_id(s.run_id)
     cfg = dataclasses.replace(base_config(s, framework), run_id=s.run_id or results.new_run_id(),
                               expected_np=np, attempt=attempt_name(s, framework, np))
