@@ -5,7 +5,7 @@ from invoke import task
 from invoke.exceptions import Exit
 
 from lab.host import cli_hints
-from lab.host.flag_help import BENCH_HELP, K8S_HELP, SBATCH_HELP, takes
+from lab.host.flag_help import BENCH_HELP, K8S_HELP, SBATCH_HELP, SwitchTask, takes
 from lab.host.task_defaults import TaskDefaultsError, section, settings_of
 
 cli_hints.install()     # an unknown flag gets the closest one, not only "No idea what ... is!"
@@ -19,7 +19,7 @@ def _defaults(c, name: str, allowed) -> dict:
         raise Exit(f"error: {e}", code=2)
 
 
-@task(help=BENCH_HELP, auto_shortflags=False)   # 38 flags: the automatic short ones ran out (micro-batches got "-")
+@task(help=BENCH_HELP, auto_shortflags=False, klass=SwitchTask)   # 38 flags: the automatic short ones ran out (micro-batches got "-")
 @takes("bench")     # every flag of lab.common.options' table that bench takes
 def bench(c, **flags):
     """Run distributed training (one run, or a sweep over lists), record it and print the table."""
@@ -60,7 +60,7 @@ def bench(c, **flags):
 
 
 
-@task(help=SBATCH_HELP, auto_shortflags=False)
+@task(help=SBATCH_HELP, auto_shortflags=False, klass=SwitchTask)
 @takes("sbatch")
 def sbatch(c, nodes=None, timeout_s=None, partition="", gpus_per_node=None, container="", output="",
            **run):
@@ -97,7 +97,7 @@ def sbatch(c, nodes=None, timeout_s=None, partition="", gpus_per_node=None, cont
 
 
 
-@task(help=K8S_HELP, auto_shortflags=False)
+@task(help=K8S_HELP, auto_shortflags=False, klass=SwitchTask)
 @takes("k8s")
 def k8s(c, nodes=None, timeout_s=None, api=None, registry=None, image=None, gpus_per_node=None,
         pvc=None, namespace=None, **run):

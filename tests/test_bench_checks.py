@@ -145,8 +145,10 @@ def test_an_unusable_results_folder_is_one_sentence(tmp_path):
         cp = subprocess.run([sys.executable, "-m", "invoke", "bench", "--local", "--framework", "ddp",
                              "--results-dir", str(where)], capture_output=True, text=True, timeout=120)
         assert cp.returncode == 2, cp.stderr
-        assert f"--results-dir {where} cannot be used" in cp.stderr and "Traceback" not in cp.stderr
+        assert f"--results-dir {where}" in cp.stderr and "Traceback" not in cp.stderr
+        assert f"{afile} is a file, not a folder" in cp.stderr and "left as it is" in cp.stderr
         assert len(cp.stderr.strip().splitlines()) == 1
+        assert afile.read_text() == "not a folder" and list(tmp_path.iterdir()) == [afile]
 
 
 def test_open_mpi_yields_on_cpu_runs_only_and_a_users_value_wins(monkeypatch):

@@ -175,3 +175,18 @@ def test_a_part_whose_every_run_was_skipped_is_not_ok():
 def test_an_unknown_device_is_one_sentence():
     with pytest.raises(course.CourseError, match=r"--device is one of auto, cpu or cuda, not 'gpu'"):
         course.look("gpu")
+
+
+@pytest.mark.parametrize("below", [False, True])
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]])
+def test_a_results_dir_that_is_a_file_is_one_sentence_and_the_file_is_left_alone(tmp_path, below, dry_run):
+    afile = tmp_path / "afile"
+    afile.write_text("kept")
+    where = afile / "below" if below else afile
+    cp = subprocess.run([sys.executable, "-m", "invoke", "lab", "--quick", "--device", "cpu",
+                         "--results-dir", str(where), *dry_run], cwd=REPO, capture_output=True,
+                        text=True, timeout=300)
+    assert cp.returncode == 2 and "Traceback" not in cp.stderr, cp.stderr
+    assert len(cp.stderr.strip().splitlines()) == 1 and "is a file, not a folder" in cp.stderr
+    assert f"{afile} is a file" in cp.stderr and "lab part" not in cp.stdout
+    assert afile.read_text() == "kept" and list(tmp_path.iterdir()) == [afile]

@@ -234,14 +234,20 @@ def test_the_plan_holds_the_options_of_launcher_k8s(tmp_path):
     assert p.settings.stall_s == 0 and make(tmp_path, np="2").place_options is None   # watched over its log
 
 
-def test_invoke_yamls_bench_switches_are_honoured(tmp_path):
-    """ceiling, debug and frozen given as defaults hold when the flags are left off."""
+def test_invoke_yamls_bench_switches_are_honoured_and_a_switch_given_wins(tmp_path):
+    """ceiling, debug and frozen given as defaults hold when the flags are left off (None);
+    --X (True) and --no-X (False) win over invoke.yaml either way."""
     from lab.host.request import settings_from_flags
-    flags = {"ceiling": False, "debug": False, "frozen": False, "local": False, "image": None, "np": None}
-    s, _ = settings_from_flags(flags, {"np": "2", "ceiling": True, "debug": True, "frozen": True})
+    flags = {"ceiling": None, "debug": None, "frozen": None, "local": False, "image": None, "np": None}
+    on = {"np": "2", "ceiling": True, "debug": True, "frozen": True}
+    s, _ = settings_from_flags(flags, on)
     assert s.ceiling and s.debug and s.frozen
     s, _ = settings_from_flags(dict(flags, ceiling=True), {"np": "2"})
     assert s.ceiling and not s.debug and not s.frozen
+    s, _ = settings_from_flags(dict(flags, ceiling=False, debug=False, frozen=False), on)
+    assert not (s.ceiling or s.debug or s.frozen)
+    s, _ = settings_from_flags(dict(flags, debug=False), on)
+    assert s.ceiling and not s.debug and s.frozen
 
 
 @pytest.mark.parametrize("key,hint", [("epoch", "did you mean 'epochs'?"), ("cieling", "did you mean 'ceiling'?"),

@@ -350,6 +350,7 @@ def test_report_of_nothing_is_one_sentence(tmp_path):
                             capture_output=True, text=True)
         assert cp.returncode == 2 and words in cp.stderr and "Traceback" not in cp.stderr
         assert len(cp.stderr.strip().splitlines()) == 1
+    assert (tmp_path / "a-file").read_text() == "x"     # a file given as the folder: left as it is
 
 
 @pytest.mark.parametrize("example", ["example-report", "example-report-b"])

@@ -185,6 +185,51 @@ def test_the_default_bound_fits_the_phase_and_the_slowest_step():
     assert heartbeat.bound_s(20, "import", None) == heartbeat.IMPORT_S   # but torch's import is slow
 
 
+class QueuedDevice:
+    """A GPU as the rank's clock sees it: a call returns once its work is queued, and
+    synchronize() waits until the queue has run."""
+
+    def __init__(self):
+        self.done_at, self.waits = 0.0, 0
+
+    def queue(self, seconds: float) -> None:
+        self.done_at = max(self.done_at, time.monotonic()) + seconds
+
+    def synchronize(self) -> None:
+        self.waits += 1
+        time.sleep(max(0.0, self.done_at - time.monotonic()))
+
+
+def test_a_slow_first_backward_on_a_gpu_is_not_called_stalled(tmp_path):
+    """The first step's bound comes from its forward timed to its end: a forward whose
+    kernels take 0.5 s (queued in no time) and a first backward silent for 3 s (NCCL's
+    lazy set-up, cuDNN's autotuning), under --stall-s 1, are left alone."""
+    from lab.worker.heartbeat import Heartbeat
+    run_dir, device, forward_s, backward_s = tmp_path / "run", QueuedDevice(), 0.5, 3.0
+    stopped = []
+    hb = Heartbeat(str(run_dir), "a", 0, stall_s=1.0, launch=7.0)
+    hb.synchronize = device.synchronize
+    w = StallWatch(heartbeat.folder(run_dir, "a"), 1, 1.0, 7.0, stop=lambda: stopped.append(1),
+                   poll_s=0.1).start()
+    try:
+        hb.beat("warm-up", 0, "in")
+        hb.mark("forward")
+        device.queue(forward_s)             # the forward's kernels, launched
+        hb.mark("backward")
+        assert hb.forward_s >= forward_s
+        time.sleep(backward_s)              # the first backward: no beat
+        hb.mark("optimizer")
+        hb.step_took(forward_s + backward_s)
+        hb.mark("forward")                  # a later step waits for nothing
+        hb.mark("backward")
+        assert device.waits == 2
+        hb.close()
+    finally:
+        w.close()
+    assert w.error is None and stopped == [], w.error
+    assert heartbeat.read(heartbeat.beat_path(run_dir, "a", 0))["phase"] == "done"
+
+
 HOROVOD_REPORT = [   # horovod/common/stall_inspector.cc's message as horovodrun prefixes it
     "[0]<stderr>:[2026-11-24 06:40:01.1: W /horovod/common/stall_inspector.cc:107] One or more "
     "tensors were submitted to be reduced, gathered or broadcasted by subset of ranks and are "

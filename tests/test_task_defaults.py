@@ -46,3 +46,32 @@ def test_a_right_key_is_taken(tmp_path):
                         capture_output=True, text=True, timeout=120)
     assert cp.returncode == 0, cp.stderr
     assert str(tmp_path / "r") in cp.stdout and not (tmp_path / "r").exists()
+
+
+REFUSED = "--ceiling measures the compute ceiling"     # a Kubernetes job's refusal of it
+
+
+@pytest.mark.parametrize("yaml_says,flag,on", [
+    ("true", [], True), ("true", ["--no-ceiling"], False), ("false", ["--ceiling"], True),
+    ("false", ["--no-ceiling"], False), ("true", ["--ceiling"], True)])
+def test_a_switch_given_wins_over_invoke_yaml_either_way(tmp_path, yaml_says, flag, on):
+    """invoke.yaml's bench: ceiling: true holds when the flag is left off, and --no-ceiling
+    turns it off (--ceiling on): seen through a place that refuses the ceiling before any
+    job (--launcher k8s), so nothing runs."""
+    config = tmp_path / "invoke.yaml"
+    config.write_text(f"bench:\n  np: \"1\"\n  ceiling: {yaml_says}\n")
+    cp = subprocess.run([sys.executable, "-m", "invoke", "-f", str(config), "bench", "--launcher", "k8s",
+                         "--results-dir", str(tmp_path / "r"), *flag], cwd=REPO,
+                        capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 2 and "Traceback" not in cp.stderr, cp.stderr
+    assert (REFUSED in cp.stderr) == on, cp.stderr
+
+
+def test_bench_help_names_the_off_form_of_each_switch_invoke_yaml_can_turn_on():
+    from lab.common import options
+    cp = subprocess.run([sys.executable, "-m", "invoke", "--help", "bench"], cwd=REPO,
+                        capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 0, cp.stderr
+    for o in options.of_task("bench"):
+        if o.kind is bool:
+            assert (f"--[no-]{o.flag} " in cp.stdout) == o.setting, o.flag

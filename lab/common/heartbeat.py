@@ -23,8 +23,9 @@ S is --stall-s (0: auto):
 - a step (warm-up or timed): never under the floor F = S (auto: STEP_MIN_S), and
   once a step has been timed, STEP_FACTOR times the slowest step so far when that is
   more; in the very first step, once its forward is timed (the rank marks where it is in
-  the step: forward, backward, optimizer), STEP_FACTOR times FORWARD_SHARE times that
-  forward; before that first forward is timed nothing of this run's speed is known:
+  the step: forward, backward, optimizer; on a GPU the device is synchronised at both
+  ends of that forward, whose calls otherwise return once their kernels are queued),
+  STEP_FACTOR times FORWARD_SHARE times that forward; before that first forward is timed nothing of this run's speed is known:
   max(S, STARTUP_S). So --stall-s bounds silence outside steps and is a floor for steps,
   never a cap that cuts a step that is merely slow;
 - evaluation: max(S or STARTUP_S, STEP_FACTOR x the slowest step x the test batches)."""

@@ -215,6 +215,33 @@ def run_dir(results_dir: str | os.PathLike, run_id: str) -> Path:
     return Path(results_dir) / run_id
 
 
+class FolderError(ValueError):
+    """A results folder that cannot be: one sentence that says what to do."""
+
+
+def check_folder(path: str | os.PathLike, what: str = "--results-dir", make: bool = True) -> None:
+    """A results folder `path` (`what`: the flag that gave it), made with its parents when
+    `make`; FolderError when it or a folder above it is a file (left as it is), or when it
+    cannot be made or written."""
+    p = Path(path)
+    for q in (p, *p.parents):
+        if q.exists():
+            if not q.is_dir():
+                where = f"{what} {path}" if q == p else f"{what} {path}: {q}"
+                raise FolderError(f"{where} is a file, not a folder: give a folder (it is made "
+                                  f"when missing); the file is left as it is")
+            break
+    if not make:
+        return
+    try:
+        os.makedirs(p, exist_ok=True)
+        if not os.access(p, os.W_OK | os.X_OK):
+            raise PermissionError(13, "not writable")
+    except OSError as e:
+        raise FolderError(f"{what} {path} cannot be used ({e.strerror or e}): give a folder "
+                          f"that can be created and written") from None
+
+
 def append_record(path: str | os.PathLike, record: dict) -> None:
     """Append one record as a line and push it to disk before returning."""
     record = {"schema_version": SCHEMA_VERSION, **record}

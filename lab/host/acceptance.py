@@ -19,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from lab.common import kit, proc
+from lab.common import kit, proc, results
 from lab.host import acceptance_plan
 from lab.host.acceptance_plan import Plan, Step
 
@@ -283,9 +283,10 @@ def run(out_root: str = "results", full: bool = False, dry_run: bool = False, ec
     the archive's path. AcceptanceError before anything runs when an image is missing, or
     when out_root is not a folder that can be made."""
     out_root = out_root or "results"
-    if os.path.exists(out_root) and not os.path.isdir(out_root):
-        raise AcceptanceError(f"--results-dir {out_root} is a file, not a folder: give a folder "
-                              f"(it is made when missing)")
+    try:
+        results.check_folder(out_root, make=False)
+    except results.FolderError as e:
+        raise AcceptanceError(str(e)) from None
     out = os.path.abspath(os.path.join(out_root, f"acceptance-{time.strftime('%Y%m%d-%H%M%S')}"))
     plan, missing_images, count = make_plan(out, full, environ, local)
     echo(acceptance_plan.render(plan, missing_images))

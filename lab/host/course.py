@@ -12,6 +12,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 
+from lab.common import results
 from lab.host import course_plan
 from lab.host.course_plan import Part, Plan, minutes
 
@@ -67,6 +68,10 @@ def look(device: str = "auto") -> Machine:
 
 
 def make(results_dir: str, quick: bool, machine: Machine) -> Plan:
+    try:
+        results.check_folder(results_dir, make=False)
+    except results.FolderError as e:
+        raise CourseError(str(e)) from None
     p = course_plan.plan(results_dir, quick=quick, gpus=machine.gpus, backends=machine.backends,
                          cluster=machine.cluster)
     p.notes += machine.notes
@@ -98,7 +103,10 @@ def run(plan: Plan, *, resume: bool = False, defaults: dict | None = None, build
     check_folders(plan, resume)
     if any(p.place == "cluster" and not p.skipped for p in plan.parts):
         check_cluster_folder(plan)
-    os.makedirs(plan.results_dir, exist_ok=True)
+    try:
+        results.check_folder(plan.results_dir)
+    except results.FolderError as e:
+        raise CourseError(str(e)) from None
     outcome: dict = {}
     started_cluster = False
     t0 = time.monotonic()

@@ -7,6 +7,9 @@ import functools
 import inspect
 import re
 
+from invoke import Task
+from invoke.parser import Argument
+
 from lab.common import options
 
 BENCH_HELP = {o.flag: o.help for o in options.of_task("bench")}
@@ -24,16 +27,19 @@ def one_value(task: str) -> dict[str, str]:
 def takes(task: str):
     """A task body `def t(c, own=..., **run)` gets the signature invoke reads its flags
     from: its own parameters, then every option of the table that `task` takes (not
-    given: None, or False for a switch). The body receives each of them in `run`, given
-    or not, and a name it does not take is a TypeError, as for any function (a call from
-    Python too, not only invoke's parser)."""
+    given: None; a switch that is no setting, such as --resume: False). The body receives
+    each of them in `run`, given or not, and a name it does not take is a TypeError, as
+    for any function (a call from Python too, not only invoke's parser). A switch that is
+    a setting (invoke.yaml may turn it on) is three-state: None (not given), True (--X)
+    or False (--no-X); the task's class is SwitchTask (`@task(klass=SwitchTask)`)."""
     def wrap(body):
         sig = inspect.signature(body)
         own = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
         names = {p.name for p in own}
+        rows = [o for o in options.of_task(task) if o.name not in names]
         table = [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY,
-                                   default=False if o.kind is bool else None)
-                 for o in options.of_task(task) if o.name not in names]
+                                   default=False if o.kind is bool and not o.setting else None)
+                 for o in rows]
         signature = sig.replace(parameters=own + table)
 
         @functools.wraps(body)
@@ -42,8 +48,36 @@ def takes(task: str):
             bound.apply_defaults()
             return body(*bound.args, **bound.kwargs)
         with_every_flag.__signature__ = signature
+        with_every_flag.switches = frozenset(o.name for o in rows if o.kind is bool and o.setting)
         return with_every_flag
     return wrap
+
+
+class Switch(Argument):
+    """A flag with a --no- form whose value is None when neither is given. invoke makes
+    the --no- form only for a bool argument whose default is True (ParserContext.add_arg,
+    invoke/parser/context.py), and an Argument's value is its default when it was not
+    given (Argument.value): this one's default is True, its value only what was given."""
+
+    def __init__(self, **kwargs):
+        super().__init__(kind=bool, default=True, **kwargs)
+
+    @property
+    def value(self):
+        return self._value
+
+    @value.setter
+    def value(self, arg):
+        self.set_value(arg, cast=True)
+
+
+class SwitchTask(Task):
+    """An invoke task whose body's `switches` (set by `takes`) are Switch flags."""
+
+    def get_arguments(self, ignore_unknown_help=None):
+        switches = getattr(self.body, "switches", ())
+        return [Switch(names=a.names, help=a.help, attr_name=a.attr_name) if a.name in switches
+                else a for a in super().get_arguments(ignore_unknown_help)]
 
 
 SBATCH_OWN = {

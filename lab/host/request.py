@@ -4,12 +4,11 @@ the stack the ranks will see (lab.worker.capabilities, probed by the runner)."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 import shutil
 
 from lab import models
-from lab.common import options
+from lab.common import options, results
 from lab.common.config import ConfigError, RunConfig, framework_of
 from lab.common.kit import NO_MPI_IN_PIP_TORCH, horovod_gpu_path_problem
 from lab.common.options import AUTO_FIRST, AUTO_MAX
@@ -100,8 +99,8 @@ def settings_from_flags(flags: dict, defaults: dict) -> tuple[BenchSettings, dic
     local = flags.pop("local", False)
     image = flags.pop("image", None) or defaults.get("image") or ""
     values = {k: v for k, v in defaults.items() if k in BENCH_FLAGS}
-    # A switch left off (False) is a flag not given: invoke.yaml's default (ceiling: true) holds.
-    values.update({k: v for k, v in flags.items() if v is not None and v is not False})
+    # A flag not given is None: invoke.yaml's default holds; a switch's --no- form is False.
+    values.update({k: v for k, v in flags.items() if v is not None})
     if "np" not in values:
         raise BenchError("--np needs at least one process count (invoke.yaml's bench.np is missing)")
     values["np"] = parse_np(values["np"])
@@ -123,7 +122,7 @@ def settings_from_flags(flags: dict, defaults: dict) -> tuple[BenchSettings, dic
     values["image"] = image
     settings = BenchSettings(**values, **{k: v[0] for k, v in lists.items()})
     check_strategy_options(settings, lists["strategy"], {k for k, v in flags.items()
-                                                         if v is not None and v is not False})
+                                                         if v is not None})
     return settings, lists
 
 
@@ -218,12 +217,9 @@ def check_settings(s: BenchSettings) -> None:
 
     check_run_id(s.run_id)
     try:
-        os.makedirs(s.results_dir, exist_ok=True)
-        if not os.access(s.results_dir, os.W_OK | os.X_OK):
-            raise PermissionError(13, "not writable")
-    except OSError as e:
-        raise BenchError(f"--results-dir {s.results_dir} cannot be used "
-                         f"({e.strerror or e}): give a folder that can be created and written") from None
+        results.check_folder(s.results_dir)
+    except results.FolderError as e:
+        raise BenchError(str(e)) from None
 
 
 def resolve_framework(requested: str, stack: dict, strategy: str = "ddp") -> tuple[str, str | None]:
@@ -368,7 +364,6 @@ def gpus_per_node(s: BenchSettings, np: int, given: int | None) -> int:
 def script_config(s: BenchSettings, framework: str, np: int) -> RunConfig:
     """The one run a script for another cluster holds (invoke sbatch, invoke k8s): its
     run id checked or made, its configuration checked as a rank would, as a BenchError."""
-    from lab.common import results
     check_run_id(s.run_id)
     cfg = dataclasses.replace(base_config(s, framework), run_id=s.run_id or results.new_run_id(),
                               expected_np=np, attempt=attempt_name(s, framework, np))

@@ -45,6 +45,10 @@ class Heartbeat:
                       "phase": "import", "step": None, "where": None}
         self.slowest: float | None = None
         self.forward_s: float | None = None      # the first step's forward, timed
+        # Waits for the device's queued work (train sets torch.cuda.synchronize on a GPU):
+        # a GPU's forward returns once its kernels are launched, so timed without it the
+        # first forward is launch time and the first step's bound falls to its floor.
+        self.synchronize = _nothing_queued
         self._forward_at = 0.0
         self.eval_steps = 0.0
         self.channel = os.environ.get(heartbeat.CHANNEL_VAR, "folder")
@@ -72,12 +76,15 @@ class Heartbeat:
 
     def mark(self, where: str) -> None:
         """Where in its step the rank is (forward, backward, optimizer): a strategy's step
-        calls it; the first step's forward is timed (its bound: lab.common.heartbeat)."""
+        calls it; the first step's forward is timed (its bound: lab.common.heartbeat),
+        synchronised at both ends; later steps wait for nothing here."""
         s = self.state
         if self.forward_s is None:
             if where == "forward":
+                self.synchronize()
                 self._forward_at = time.perf_counter()
             elif s["where"] == "forward":
+                self.synchronize()
                 self.forward_s = time.perf_counter() - self._forward_at
         s["where"] = where
         s["seq"] += 1
@@ -148,6 +155,10 @@ class Heartbeat:
         self._thread.join(timeout=2)
         self._flush()
         faulthandler.cancel_dump_traceback_later()
+
+
+def _nothing_queued() -> None:
+    """A CPU's work is done when its call returns."""
 
 
 def main_frames(ident: int | None, limit: int = 12) -> list[str]:

@@ -154,6 +154,8 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
         model = model.to(memory_format=torch.channels_last)
     strategy.build(model, loss_fn)
     marks = step_parts.StepParts(device)
+    if device.type == "cuda":   # the first forward timed to its end (lab.worker.heartbeat)
+        hb.synchronize = lambda: _sync(device)
     strategy.mark = step_parts.joined(hb.mark, marks.mark)
     if strategy.hook_gradients:
         marks.watch(strategy.eval_module().parameters())

@@ -58,7 +58,8 @@ class K8sRunner(Runner):
     in_container = True
     unsupported = {
         "ceiling placement": "--ceiling measures the compute ceiling by running processes where the "
-                             "ranks run, which a Kubernetes job does not offer: leave out --ceiling",
+                             "ranks run, which a Kubernetes job does not offer: leave out --ceiling "
+                             "(--no-ceiling where invoke.yaml's bench: turns it on)",
     }
 
     def __init__(self, nodes: int = 1, device: str = "cpu", image: str = "",
