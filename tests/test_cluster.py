@@ -576,7 +576,9 @@ def test_bench_on_a_list_of_hosts_runs_from_the_first_over_ssh(up):
         assert rc == 1, left                                  # nothing left running anywhere
     for args, words in [(["--hosts", "node1:1,node9:1", "--np", "2"], "host node9 does not answer over SSH"),
                         (["--hosts", "node1:1,node2:1", "--np", "4"], "offer 2 slot(s)"),
-                        (["--hosts", "node1:1", "--hostfile", "/dev/null", "--np", "1"], "--hosts or --hostfile")]:
+                        (["--hosts", "node1:1", "--hostfile", "/dev/null", "--np", "1"], "--hosts or --hostfile"),
+                        # run from node1, a machine other than the first host
+                        (["--hosts", "node2:1,node1:1", "--np", "2"], "this machine is not node2")]:
         rc, out = bench_from_node1(node1, *args, "--framework", "ddp", "--results-dir", inside,
                                    "--run-id", "refused")
         assert rc == 2 and words in out and "Traceback" not in out, out[-2000:]

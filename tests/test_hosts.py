@@ -3,12 +3,16 @@ against --np, the stacks of the hosts compared, and the ssh commands of a DDP la
 The launch itself runs for real from node1 of the simulated cluster
 (tests/test_cluster.py::test_bench_on_a_list_of_hosts_runs_from_the_first_over_ssh)."""
 import shlex
+import socket
 import types
 
 import pytest
 
+from lab.host import places
 from lab.host.launch import Host, HostsError
+from lab.host.places import hosts as hosts_place
 from lab.host.places.hosts import (
+    check_first_host,
     check_hosts,
     check_slots,
     ddp_commands,
@@ -85,3 +89,48 @@ def test_the_rendezvous_is_named_as_the_hosts_reach_it():
     ports = {rendezvous_port(f"run{i}/000-ddp") for i in range(50)}
     assert min(ports) >= 29500 and max(ports) < 30000 and len(ports) > 40
     assert rendezvous_port("r/a") == rendezvous_port("r/a")
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    """This machine as `box` (box.lab, 10.0.0.5), an ssh alias `me` for it and a server
+    `far` (10.0.0.9), nothing resolved or asked of ssh for real."""
+    monkeypatch.setattr(hosts_place, "this_machine", lambda: {"box", "box.lab", "10.0.0.5", "localhost"})
+    monkeypatch.setattr(hosts_place, "ssh_hostname", lambda h: {"me": "box.lab"}.get(h, h))
+    monkeypatch.setattr(hosts_place, "addresses", lambda n: {"box.lab": {"10.0.0.5"}, "far": {"10.0.0.9"},
+                                                              "loop": {"127.0.1.1"}}.get(n, set()))
+
+
+@pytest.mark.parametrize("first", ["box", "BOX.lab", "10.0.0.5", "me", "loop", "localhost"])
+def test_the_first_host_may_be_this_machine_by_any_of_its_names(machine, first):
+    check_first_host([Host(first, 1), Host("far", 1)])
+
+
+@pytest.mark.parametrize("first", ["far", "10.0.0.9", "elsewhere"])
+def test_a_first_host_that_is_not_this_machine_is_refused_in_one_sentence(machine, first):
+    """Rank 0 would write the record on the first host, and bench reads it here."""
+    with pytest.raises(HostsError, match=f"^rank 0 runs on the first host, {first}, .* this "
+                                         f"machine is not {first}: run bench on {first}") as e:
+        check_first_host([Host(first, 1), Host("box", 1)])
+    assert "\n" not in str(e.value)
+
+
+def test_hosts_naming_another_machine_first_are_refused_before_any_rank(tmp_path, monkeypatch):
+    """For real: this machine's own names and addresses, no fakes; nothing is started
+    (no ssh to the host, no run folder)."""
+    from lab.common import proc
+    from lab.host.places.base import RunnerError
+    from lab.host.request import settings_from_flags
+    started = []
+    real_start = proc.start
+    monkeypatch.setattr(proc, "start", lambda argv, **kw: (started.append(argv), real_start(argv, **kw))[1])
+    s, lists = settings_from_flags({"np": "2", "hosts": "not-this-machine.invalid:2",
+                                    "results_dir": str(tmp_path)}, {"where": "auto"})
+    with pytest.raises(RunnerError, match="this machine is not not-this-machine.invalid"):
+        places.for_request(s, sweep=lists)
+    assert all(argv[:2] == ["ssh", "-G"] for argv in started), started     # only ssh's config read
+    assert list(tmp_path.iterdir()) == []
+    here = socket.gethostname()
+    s, lists = settings_from_flags({"np": "2", "hosts": f"{here}:1,not-this-machine.invalid:1",
+                                    "results_dir": str(tmp_path)}, {"where": "auto"})
+    assert places.for_request(s, sweep=lists)[0].nodes == 2

@@ -17,6 +17,7 @@ import pytest
 
 from lab.common import results
 from lab.common.config import parse_args
+from lab.host import places
 from lab.host.places.base import RunnerError
 from lab.host.places.k8s import cluster as k8s_cluster
 from lab.host.places.k8s import manifest as k8s
@@ -278,8 +279,8 @@ def test_what_cannot_run_on_a_cluster_is_refused_in_one_sentence(tmp_path):
     s = BenchSettings(np=[2], launcher="k8s", ceiling=True, where="auto")
     with pytest.raises(BenchError, match="leave out --ceiling"):
         k8s_runner.for_bench(s, {})
-    with pytest.raises(BenchError, match="leave it out with --launcher k8s"):
-        k8s_runner.for_bench(BenchSettings(np=[2], launcher="k8s", where="local"), {})
+    with pytest.raises(RunnerError, match=r"^--local is not honoured by Kubernetes \(--launcher k8s\)"):
+        places.for_request(BenchSettings(np=[2], launcher="k8s", where="local", timeout_s=60))
     with pytest.raises(RunnerError, match="give --image"):
         k8s_runner.K8sRunner(1, "cpu", "", str(tmp_path), None)
     with pytest.raises(BenchError, match="has no setting 'regsitry'"):

@@ -12,20 +12,30 @@ import textwrap
 
 import pytest
 
-from lab.common import heartbeat
-from lab.host import places
+from lab.common import heartbeat, options
+from lab.common.config import RunConfig
+from lab.host import launch, places
 from lab.host.errors import RunnerError
 from lab.host.places.base import FEATURES, Runner
-from lab.host.request import BenchError, BenchSettings
+from lab.host.request import BenchError, BenchSettings, settings_from_flags
 
 CELLS = [(name, feature) for name in places.PLACES for feature in FEATURES]
 
 
+@pytest.fixture(autouse=True)
+def first_host_here(monkeypatch):
+    """This machine is `a`, request_for's first host (hosts.check_first_host)."""
+    from lab.host.places import hosts
+    monkeypatch.setattr(hosts, "is_this_machine", lambda name: name == "a")
+
+
 def request_for(name: str, **kw) -> BenchSettings:
-    """A request that the registry's place_of sends to `name`."""
+    """A request that the registry's place_of sends to `name`, asking for nothing the
+    place does not honour (where: auto, as invoke.yaml's, outside local processes)."""
     how = {"local": dict(where="local"), "image": dict(where="image"), "compose": dict(nodes=2),
-           "hosts": dict(hosts="a:1,b:1"), "k8s": dict(launcher="k8s", nodes=2, where="auto")}.get(name)
-    s = BenchSettings(np=[2], timeout_s=60, **(how or dict(launcher=name, nodes=2)), **kw)
+           "hosts": dict(hosts="a:1,b:1"), "k8s": dict(launcher="k8s", nodes=2)}.get(name)
+    how = how or dict(launcher=name, nodes=2)
+    s = BenchSettings(np=[2], timeout_s=60, **{"where": "auto", **how, **kw})
     assert places.place_of(s) == name
     return s
 
@@ -136,6 +146,8 @@ from lab.host.places.local import LocalRunner
 
 class ToyRunner(LocalRunner):
     kind = "toy"
+    title = "the toy place"
+    honours = LocalRunner.honours | {"launcher", "nodes"}
     unsupported = {"stall watch": "the toy place keeps no time: the stall watch is off"}
 '''
 
@@ -169,28 +181,127 @@ def test_the_hosts_are_parsed_by_their_place_and_make_its_runner(tmp_path):
     assert [(h.name, h.slots) for h in hosts] == [("a", 1), ("b", 1)] and s.nodes == 2
     runner, _ = places.runner_for(s, hosts)
     assert runner.hosts == list(hosts)
-    with pytest.raises(RunnerError, match="leave out --nodes"):
+    with pytest.raises(RunnerError, match=r"^--nodes 2 is not honoured by your servers"):
         places.for_request(request_for("hosts"), sweep={"nodes": [1, 2]})
 
 
-@pytest.mark.parametrize("setting", places.OWN_SETTINGS)
-def test_a_setting_of_one_place_is_refused_elsewhere_with_its_line(setting):
-    """OWN_SETTINGS: a setting only one place takes (--partition: Slurm's) is refused in
-    one line in every other place, and where the engine decides."""
-    owner, line = places.OWN_SETTINGS[setting]
-    others = [request_for(n) for n in places.PLACES if n not in (owner, "hosts")]
-    for s in [*others, BenchSettings(np=[1], where="auto")]:
-        with pytest.raises(RunnerError, match=re.escape(line)):
-            places.for_request(dataclasses.replace(s, **{setting: "x"}))
-    s, _ = places.for_request(dataclasses.replace(request_for(owner), **{setting: "x"}))
-    assert getattr(s, setting) == "x"
-
-
 def test_the_hosts_own_refusal_comes_before_another_places_setting():
-    """--hosts with --launcher slurm --partition p: the hosts' line (leave out --launcher),
-    not Slurm's to someone who gave it."""
+    """--hosts with --launcher slurm --partition p: refused for --launcher (the first of
+    them in the option table), naming the servers, not as Slurm's to someone who gave it."""
     s = dataclasses.replace(request_for("hosts"), launcher="slurm", partition="p")
-    with pytest.raises(RunnerError, match="--hosts runs on your servers over SSH: leave out --nodes"):
+    with pytest.raises(RunnerError, match=r"^--launcher slurm is not honoured by your servers over SSH"):
         places.for_request(s)
-    with pytest.raises(RunnerError, match="--partition is Slurm's"):
+    with pytest.raises(RunnerError, match=r"^--partition p is not honoured by your servers"):
         places.for_request(dataclasses.replace(request_for("hosts"), partition="p"))
+
+
+# ------------------------------------------------ every option x every place
+
+# A value of each option of reach "place" that asks for it (places.asked): a new such row
+# needs one here, and every place must then honour it or refuse it.
+ASK = {"local": dict(where="local"), "where": dict(where="image"), "image": dict(image="x:1"),
+       "frozen": dict(frozen=True), "nodes": dict(nodes=2), "link": dict(link="1gbit"),
+       "launcher": dict(launcher="slurm"), "partition": dict(partition="p"),
+       "hosts": dict(hosts="a:1,b:1"), "hostfile": dict(hostfile="hosts.txt"),
+       "results_dir": dict(results_dir="elsewhere"), "data_dir": dict(data_dir="elsewhere")}
+OPTION_CELLS = [(name, o.name) for name in places.PLACES for o in options.OPTIONS]
+
+
+def reaches_the_ranks(o) -> bool:
+    """In the ranks' arguments (a field of RunConfig) or their environment (job_env)."""
+    return (o.name in {f.name for f in dataclasses.fields(RunConfig)}
+            or f"s.{o.name}" in inspect.getsource(launch.job_env))
+
+
+def passes_the_ranks_through(cls) -> bool:
+    """The place's commands carry the launch's arguments and environment."""
+    sources = "".join(inspect.getsource(sys.modules[c.__module__]) for c in cls.__mro__
+                      if c is not object and c is not Runner)
+    return ("worker_args" in sources or "to_args" in sources or "run=cfg" in sources) and (
+        "job.environment" in sources or "job_env" in sources or "environ" in sources)
+
+
+@pytest.mark.parametrize("name,option", OPTION_CELLS, ids=[f"{n}-{o}" for n, o in OPTION_CELLS])
+def test_an_option_is_honoured_by_a_place_or_refused_in_one_sentence(name, option):
+    """Every row of the option table x every place of the registry: the row's reach
+    (lab.common.options.Option.reach) says how, and a place honours it or refuses it."""
+    o, cls = options.BY_NAME[option], places.place(name)
+    if o.reach == "ranks":
+        # the default: what the ranks get, which every place passes through
+        assert reaches_the_ranks(o), (f"--{o.flag} reaches neither the ranks' arguments nor their "
+                                      f"environment: declare its reach in lab/common/options.py")
+        assert passes_the_ranks_through(cls), name
+    elif o.reach == "bench":
+        # bench's own, on this machine; a feature it asks for is the place's to offer
+        # or to say why not (the feature x place cells above)
+        assert not o.feature or o.feature in FEATURES, o.feature
+    else:
+        assert o.name in ASK, f"give ASK a value that asks for --{o.flag}"
+        s = dataclasses.replace(BenchSettings(np=[2], where="auto"), **ASK[o.name])
+        assert places.asked(s, o)
+        if o.name in cls.honours:
+            return
+        line = places.refusal(s, name)
+        assert line and "\n" not in line and len(line) < 240, line
+        assert line.startswith(places.shown(s, o)) and cls.title in line, line
+
+
+def test_what_a_place_honours_is_an_option_of_its_own():
+    """A misspelt name in a place's honours would refuse the option it meant."""
+    own = {o.name for o in options.OPTIONS if o.reach == "place"}
+    for name in places.PLACES:
+        assert places.place(name).honours <= own, name
+        assert places.place(name).title != Runner.title, name
+
+
+def test_the_option_check_fails_for_an_undeclared_row(monkeypatch):
+    """A row that reaches neither the ranks nor a place's declaration fails its cells."""
+    row = options.Option("colour", "a setting no rank reads", options.GROUPS[0], default="red")
+    monkeypatch.setitem(options.BY_NAME, "colour", row)
+    with pytest.raises(AssertionError, match="declare its reach"):
+        test_an_option_is_honoured_by_a_place_or_refused_in_one_sentence("local", "colour")
+    placed = dataclasses.replace(row, reach="place")
+    monkeypatch.setitem(options.BY_NAME, "colour", placed)
+    with pytest.raises(AssertionError, match="give ASK a value"):
+        test_an_option_is_honoured_by_a_place_or_refused_in_one_sentence("local", "colour")
+
+
+def flags(**kw):
+    """The request `invoke bench` makes of these flags, over invoke.yaml's where: auto."""
+    return settings_from_flags({"np": "2", **kw}, {"where": "auto"})
+
+
+@pytest.mark.parametrize("given,refused", [
+    (dict(local=True, nodes="2"), "--local is not honoured by the simulated cluster (--nodes)"),
+    (dict(local=True, nodes="1,2"), "--local is not honoured by the simulated cluster (--nodes)"),
+    (dict(local=True, launcher="slurm"), "--local is not honoured by Slurm on the simulated cluster"),
+    (dict(local=True, hosts="a:1,b:1"), "--local is not honoured by your servers over SSH (--hosts)"),
+    (dict(image="dl-lab-kit:gpu-nccl", hosts="a:1,b:1"),
+     "--image dl-lab-kit:gpu-nccl is not honoured by your servers over SSH (--hosts)"),
+    (dict(image="x:1", launcher="slurm"), "--image x:1 is not honoured by Slurm"),
+    (dict(image="x:1", nodes="2"), "--image x:1 is not honoured by the simulated cluster"),
+    (dict(image="x:1", local=True), "--image x:1 is not honoured by local processes"),
+    (dict(frozen=True, local=True), "--frozen is not honoured by local processes"),
+    (dict(frozen=True, hosts="a:1,b:1"), "--frozen is not honoured by your servers over SSH"),
+    (dict(data_dir="/d", launcher="k8s", nodes="2"), "--data-dir /d is not honoured by Kubernetes"),
+    (dict(partition="p", local=True), "--partition p is not honoured by local processes"),
+    (dict(partition="p"), "--partition p is not honoured by local processes or the lab image"),
+])
+def test_a_flag_its_place_cannot_honour_is_refused_before_anything_runs(given, refused):
+    s, lists = flags(**given)
+    with pytest.raises(RunnerError, match="^" + re.escape(refused)):
+        places.for_request(s, sweep=lists)
+
+
+def test_frozen_where_the_engine_decides_insists_on_the_image(monkeypatch):
+    """--frozen (the image's own kit) never falls back to local processes."""
+    from lab.common import docker_api
+    def no_engine():
+        raise docker_api.DockerUnavailable("no Docker engine answers")
+    monkeypatch.setattr(docker_api, "client", no_engine)
+    s, lists = flags(frozen=True)
+    assert places.for_request(s, sweep=lists)[0].frozen
+    with pytest.raises(RunnerError, match="no Docker engine answers"):
+        places.choose_runner(where="auto", frozen=True)
+    runner, _ = places.choose_runner(where="auto")
+    assert runner.kind == "local"

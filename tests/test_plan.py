@@ -88,7 +88,14 @@ def test_the_even_spread_refuses_one_run_and_skips_a_sweeps_combination(tmp_path
     assert [(j.settings.nodes, j.np) for j in p.jobs] == [(1, 1), (1, 2), (2, 1), (2, 2)]
 
 
-def test_hosts_are_parsed_once_and_fill_their_slots(tmp_path):
+@pytest.fixture
+def first_host_here(monkeypatch):
+    """This machine is h1, the first host (lab.host.places.hosts.check_first_host)."""
+    from lab.host.places import hosts
+    monkeypatch.setattr(hosts, "is_this_machine", lambda name: name == "h1")
+
+
+def test_hosts_are_parsed_once_and_fill_their_slots(tmp_path, first_host_here):
     p = make(tmp_path, np="3", hosts="h1:2,h2:1")
     assert [(h.name, h.slots) for h in p.place_options] == [("h1", 2), ("h2", 1)]
     assert p.settings.nodes == 2 and p.jobs[0].settings.nodes == 2
@@ -200,9 +207,10 @@ def test_resume_in_a_run_folder_of_another_model_runs_it(tmp_path):
         assert len(plans.make_plan({**same, **other}, DEFAULTS, resume=True).jobs) == 1, other
 
 
-def test_hosts_take_no_setting_of_the_simulated_cluster(tmp_path):
-    for flags in (dict(link="1gbit"), dict(nodes="1,2"), dict(nodes="2")):
-        with pytest.raises(BenchError, match="leave out --nodes, --link and --launcher"):
+def test_hosts_take_no_setting_of_the_simulated_cluster(tmp_path, first_host_here):
+    for flags, shown in ((dict(link="1gbit"), "--link 1gbit"), (dict(nodes="1,2"), "--nodes 2"),
+                         (dict(nodes="2"), "--nodes 2")):
+        with pytest.raises(BenchError, match=f"^{shown} is not honoured by your servers over SSH"):
             make(tmp_path, np="2", hosts="h1:1,h2:1", **flags)
 
 
@@ -264,7 +272,7 @@ def test_a_sweep_over_nodes_with_a_link_runs_one_node_unshaped_as_the_baseline(t
     got = sorted((j.settings.nodes, j.np, j.settings.link) for j in p.jobs
                  if (j.combination, j.np) not in refused)
     assert got == [(1, 1, ""), (1, 2, ""), (2, 2, "1gbit")]       # np 1 on 2 nodes: uneven
-    with pytest.raises(BenchError, match="add --nodes 2 or more"):
+    with pytest.raises(BenchError, match="^--link 1gbit is not honoured by local processes"):
         make(tmp_path, np="1", nodes="1", link="1gbit", framework="ddp")
 
 

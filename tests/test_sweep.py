@@ -2,6 +2,7 @@
 product into one results directory; what cannot run here is skipped with the reason
 recorded; --resume runs only what has no ok record yet."""
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -76,23 +77,17 @@ def test_resume_needs_the_run_id(tmp_path):
     assert cp.returncode == 2 and "--run-id" in cp.stderr and "Traceback" not in cp.stderr
 
 
-def test_link_is_checked_for_every_combination_of_a_local_sweep(tmp_path):
-    cp = subprocess.run([sys.executable, "-m", "invoke", "bench", "--local", "--np", "1",
-                         "--framework", "ddp", "--nodes", "1,2", "--link", "1gbit",
-                         "--results-dir", str(tmp_path), "--run-id", "link"],
-                        capture_output=True, text=True, timeout=300)
-    recs = results.read_records(tmp_path / "link" / results.RESULTS_FILE)[0]
-    # one node has no link to shape: it runs unshaped, the baseline; 2 nodes with np 1 cannot
-    assert [r["status"] for r in recs] == ["ok", "skipped"], cp.stdout[-2000:]
-    assert recs[0]["world"]["nodes"] == 1 and recs[0]["config"]["link"] == ""
-    assert recs[1]["world"]["nodes"] == 2 and "does not spread evenly" in recs[1]["error"]["reason"]
-    # a spec no link takes is the request's error, before anything runs
-    bad = subprocess.run([sys.executable, "-m", "invoke", "bench", "--local", "--np", "1",
-                          "--framework", "ddp", "--nodes", "1,2", "--link", "1zbit",
-                          "--results-dir", str(tmp_path), "--run-id", "badlink"],
-                         capture_output=True, text=True, timeout=300)
-    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "--link" in bad.stderr, bad.stderr
-    assert not (tmp_path / "badlink").exists()
+def test_a_sweep_over_nodes_is_checked_where_its_most_nodes_run(tmp_path):
+    """--nodes 1,2 runs its 2-node combinations on the simulated cluster: --local is
+    refused there, and a --link spec no link takes is the request's error, both before
+    anything runs (the 1-node baseline, unshaped: tests/test_plan.py)."""
+    for args, words in [(["--local", "--link", "1gbit"], "--local is not honoured by the simulated cluster"),
+                        (["--link", "1zbit"], "--link")]:
+        bad = subprocess.run([sys.executable, "-m", "invoke", "bench", "--np", "1", "--framework", "ddp",
+                              "--nodes", "1,2", *args, "--results-dir", str(tmp_path), "--run-id", "bad"],
+                             capture_output=True, text=True, timeout=300)
+        assert bad.returncode == 2 and "Traceback" not in bad.stderr and words in bad.stderr, bad.stderr
+        assert not (tmp_path / "bad").exists()
 
 
 def test_repeats_are_interleaved_counted_by_resume_and_each_has_its_start_up(tmp_path):
@@ -131,16 +126,18 @@ def test_repeat_must_be_at_least_one(tmp_path):
 
 
 def test_a_sweep_with_hosts_runs_on_the_hosts_not_here(tmp_path):
-    """--hosts in a sweep goes to the hosts as a single run does (here: hosts that do not
-    answer, so every combination is skipped with that reason), never to local processes."""
-    cp = subprocess.run([sys.executable, "-m", "invoke", "bench", "--local", "--hosts", "nohost-a.invalid:1",
+    """--hosts in a sweep goes to the hosts as a single run does (here: this machine, by
+    its host name, over an SSH that does not let bench in, so every combination is skipped
+    with that reason), never to local processes."""
+    host = socket.gethostname()
+    cp = subprocess.run([sys.executable, "-m", "invoke", "bench", "--hosts", f"{host}:1",
                          "--np", "1", "--framework", "ddp", "--compression", "none,fp16", "--max-steps", "8",
                          "--warmup-steps", "2", "--results-dir", str(tmp_path), "--run-id", "sweep"],
                         cwd=REPO, capture_output=True, text=True, timeout=300)
     recs = results.read_records(tmp_path / "sweep" / results.RESULTS_FILE)[0] \
         if (tmp_path / "sweep" / results.RESULTS_FILE).exists() else []
     assert [r["status"] for r in recs] == ["skipped", "skipped"], cp.stdout[-2000:]
-    assert all("nohost-a.invalid" in r["error"]["reason"] for r in recs)
+    assert all(f"host {host} " in r["error"]["reason"] for r in recs)
     assert "Traceback" not in cp.stderr
 
 

@@ -19,6 +19,7 @@ from lab.common.stats import fewest_to_separate
 RUN = object()                  # default: RunConfig's field of the same name
 BENCH = ("bench",)
 ONE_JOB = ("bench", "sbatch", "k8s")    # a script for another cluster carries it (one value)
+REACHES = ("ranks", "bench", "place")    # Option.reach
 GROUPS = ("the experiment", "where it runs", "measurement and records", "parallel strategies",
           "advanced")               # invoke bench --help's groups, in this order
 
@@ -38,6 +39,19 @@ class Option:
     setup: bool = False         # runs that differ are never compared by the report
     setting: bool = True        # a field of bench's settings (False: what the task does with them)
     strategies: tuple = ()      # the strategies that read it (): all of them
+    # How every place honours it (tests/test_places.py walks every row x every place):
+    # "ranks" (the default: a row that only changes what the ranks do needs nothing more):
+    #   what the ranks get, their arguments (a field of RunConfig: RunConfig.to_args) or
+    #   their environment (lab.host.launch.job_env), which every place passes through;
+    # "bench": what bench does on this machine, the same whatever the place;
+    # "place": it chooses or shapes where the ranks run: each place honours it (its
+    #   Runner.honours) or refuses it in one sentence (lab.host.places.refusal).
+    reach: str = "ranks"
+    feature: str = ""           # a feature of lab.host.places.base.FEATURES that the place
+                                # offers, or says in one line why not
+
+    def __post_init__(self):
+        assert self.reach in REACHES, f"{self.name}: reach is one of {REACHES}"
 
     @property
     def flag(self) -> str:
@@ -60,7 +74,7 @@ _E, _W, _M, _S, _A = GROUPS
 OPTIONS = (
     # the experiment
     Option("np", "process counts, one or a comma list: 2 or 1,2,4 (a sweep)", _E,
-           default=dataclasses.MISSING, kind=list, tasks=ONE_JOB),
+           default=dataclasses.MISSING, kind=list, tasks=ONE_JOB, reach="bench"),
     Option("framework", "auto (Horovod if installed, else DDP), horovod, ddp or none; a comma list sweeps",
            _E, default="auto", tasks=ONE_JOB, choices=("auto", *FRAMEWORKS), sweeps=True, key=True),
     Option("backend", "gloo, mpi or nccl; a comma list sweeps (what cannot run here is skipped and "
@@ -85,51 +99,51 @@ OPTIONS = (
            tasks=ONE_JOB, key=True),
     # where it runs
     Option("local", "run the ranks as local processes even when a lab image is built", _W,
-           default=False, kind=bool, setting=False),
+           default=False, kind=bool, setting=False, reach="place"),
     Option("where", "local | image | auto (invoke.yaml: auto): set by --local and --image", _W,
-           default="local", tasks=()),
+           default="local", tasks=(), reach="place"),
     Option("image", "the lab image to run in (default: the built one that fits --device)", _W,
-           default=""),
+           default="", reach="place"),
     Option("frozen", "in the image, run its own copy of the kit instead of the checkout's", _W,
-           default=False, kind=bool),
+           default=False, kind=bool, reach="place"),
     Option("nodes", "run on this many nodes of the simulated cluster (invoke up), --np spread "
-           "evenly; 1,2 sweeps", _W, default=1, kind=int, sweeps=True),
+           "evenly; 1,2 sweeps", _W, default=1, kind=int, sweeps=True, reach="place"),
     Option("link", "with --nodes: limit each node's link, RATE[/DELAY] such as 1gbit or 100mbit/1ms",
-           _W, key=True),
+           _W, key=True, reach="place"),
     Option("launcher", "on the cluster: direct (the kit starts the launchers) or slurm (an sbatch "
            "job; invoke up --scheduler slurm); k8s: a Kubeflow job on the kubeconfig's cluster "
-           "(invoke.yaml's k8s: options)", _W, default="direct"),
+           "(invoke.yaml's k8s: options)", _W, default="direct", reach="place"),
     Option("partition", "with --launcher slurm: the partition to submit to (default: the cluster's "
-           "default)", _W, default=""),
+           "default)", _W, default="", reach="place"),
     Option("hosts", "your servers over SSH, HOST:SLOTS,...: h1:4,h2:4 (run from the first; same "
-           "kit, Python path and results folder on each)", _W, default=""),
+           "kit, Python path and results folder on each)", _W, default="", reach="place"),
     Option("hostfile", "or a file of `host slots=N` lines (mpirun's and horovodrun's format)", _W,
-           default=""),
+           default="", reach="place"),
     Option("threads", "CPU threads per rank", _W, kind=int, tasks=ONE_JOB, key=True, setup=True),
     # measurement and records
     Option("repeat", "runs of each combination, interleaved (all once, then all again); tables give "
-           f"medians and spread; {REPEAT_AUTO_HELP}", _M, default=1, kind=int, key=True),
+           f"medians and spread; {REPEAT_AUTO_HELP}", _M, default=1, kind=int, key=True, reach="bench"),
     Option("repeat_max", "--repeat auto[:N]: at most N (0: exactly --repeat)", _M, default=0,
-           kind=int, tasks=()),
+           kind=int, tasks=(), reach="bench"),
     Option("warmup_steps", "steps left out of the timing", _M, kind=int, tasks=ONE_JOB, key=True),
-    Option("results_dir", "where results/<run-id>/results.jsonl goes", _M, tasks=ONE_JOB),
+    Option("results_dir", "where results/<run-id>/results.jsonl goes", _M, tasks=ONE_JOB, reach="place"),
     Option("run_id", "append to this run instead of starting a new one", _M, default="",
            tasks=ONE_JOB),
     Option("resume", "with --run-id: run only the sweep's combinations that have no ok record yet",
-           _M, default=False, kind=bool, setting=False),
+           _M, default=False, kind=bool, setting=False, reach="bench", feature="resume"),
     Option("ceiling", "also measure the compute ceiling (model steps, no framework) and compare", _M,
-           default=False, kind=bool),
+           default=False, kind=bool, reach="bench", feature="ceiling placement"),
     Option("timeout_s", "seconds a run may take before it is stopped and recorded as failed "
            "(0: no limit)", _M,
-           default=0.0, kind=float),
+           default=0.0, kind=float, reach="bench"),
     Option("stall_s", "seconds of silence outside steps before the run is stopped and recorded as "
            "stalled (a step may take 10 x the slowest step, never less than this; auto: 60 s for "
            "steps, 180 s in the rendezvous, 300 s elsewhere; off: no watch)", _M, default=0.0,
-           kind=float),
+           kind=float, reach="bench", feature="stall watch"),
     Option("profile_startup", "after the table, where each run's start-up went: the host's phases "
            "(plan, runner, stack probe, checks), the launcher, the ranks' imports, rendezvous, data, "
            "setup and warm-up (every record holds them)", _M, default=False, kind=bool,
-           setting=False),
+           setting=False, reach="bench"),
     # parallel strategies
     Option("strategy", "how the work is spread: ddp (data parallel, the default), zero1, fsdp, "
            "pipeline, model-parallel, deepspeed, rpc-pipeline or dataparallel (GPUs); a comma list "
@@ -141,7 +155,7 @@ OPTIONS = (
     Option("zero_stage", "deepspeed: ZeRO stage 0, 1, 2 or 3 (default: 0)", _S, kind=int, tasks=ONE_JOB,
            key=True, strategies=("deepspeed",)),
     # advanced
-    Option("data_dir", "where MNIST is cached", _A, tasks=("bench", "sbatch")),
+    Option("data_dir", "where MNIST is cached", _A, tasks=("bench", "sbatch"), reach="place"),
     Option("synthetic_size", "samples of --data synthetic (0: a default per model)", _A, kind=int,
            key=True),
     Option("fault", "RANK:STEP[:MODE]: that rank raises (MODE kill: SIGKILLs itself; hang: stops "

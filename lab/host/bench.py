@@ -143,6 +143,10 @@ def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
             raise BenchError(f"the ranks here write their records to {fixed} (the folder they "
                              f"mount): give --results-dir {fixed}, or leave --results-dir out "
                              f"when running from the checkout")
+        given = s.data_dir not in (None, "", RunConfig.data_dir)
+        if given and runner.data_dir and os.path.realpath(s.data_dir) != os.path.realpath(runner.data_dir):
+            raise BenchError(f"the ranks here read their data from {runner.data_dir} (the folder "
+                             f"they mount): give --data-dir {runner.data_dir}, or leave it out")
         s = dataclasses.replace(s, data_dir=runner.data_dir or s.data_dir)
     stack = stack if stack is not None else probe_stack(runner)
     CLOCK.mark("probe")
@@ -152,7 +156,8 @@ def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
         # `where: auto` means wherever the request can run: when the image's stack
         # refuses it (CI's CPU image has no torchvision, say) and this machine's accepts
         # it, the ranks run here, and the output says why.
-        if not (runner.falls_back_to_local and s.where == "auto" and not s.image):
+        if not (runner.falls_back_to_local and s.where == "auto" and not s.image
+                and not s.frozen):
             raise
         local = LocalRunner(s.results_dir, s.data_dir)
         local_stack = probe_stack(local)

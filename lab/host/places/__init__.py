@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 
+from lab.common import options as opts
 from lab.host import images
 from lab.host.errors import RunnerError
 from lab.host.places.base import WHERE, Runner
@@ -20,12 +21,6 @@ PLACES = {
     "slurm": "lab.host.places.slurm.runner:SlurmClusterRunner",
     "hosts": "lab.host.places.hosts:HostsRunner",
     "k8s": "lab.host.places.k8s.runner:K8sRunner",
-}
-
-# Settings only one place takes: the place, and the line a request run elsewhere is told
-# (here, not on the class: asking must not import every place).
-OWN_SETTINGS = {
-    "partition": ("slurm", "--partition is Slurm's (--launcher slurm): leave it out here"),
 }
 
 # The places other flags choose (--local, --image or where: auto, --nodes, --hosts);
@@ -59,22 +54,61 @@ def place_of(s) -> str | None:
     return "image" if s.where == "image" or s.image else None
 
 
+# Whether a request asks for an option of reach "place" (lab.common.options): its value is
+# not the default, except these two, which say where the ranks run.
+ASKED = {"local": lambda s: s.where == "local",        # --local, or invoke.yaml's where: local
+         "where": lambda s: s.where == "image"}        # --image, or invoke.yaml's where: image
+AUTO = ("local", "image")       # where: auto: the engine picks one of these (choose_runner)
+
+
+def asked(s, o: opts.Option) -> bool:
+    """Whether request `s` asks for option `o` (one of reach "place")."""
+    if o.name in ASKED:
+        return ASKED[o.name](s)
+    return getattr(s, o.name) != o.value
+
+
+def shown(s, o: opts.Option) -> str:
+    """How the user asked for option `o`: its flag (and value), or invoke.yaml's key."""
+    if o.name == "where":
+        return f"--image {s.image}" if s.image else "invoke.yaml's where: image"
+    if o.kind is bool:
+        return f"--{o.flag}"
+    return f"--{o.flag} {getattr(s, o.name)}"
+
+
+def refusal(s, name: str | None) -> str | None:
+    """The one sentence refusing the first option of reach "place" that request `s` asks
+    for and its place (`name`; None: where: auto, local processes or the image) does not
+    honour (Runner.honours); None when it honours all it is asked."""
+    classes = [place(name)] if name else [place(n) for n in AUTO]
+    for o in opts.OPTIONS:
+        if o.reach == "place" and asked(s, o) and not any(o.name in c.honours for c in classes):
+            title = " or ".join(c.title for c in classes)
+            return f"{shown(s, o)} is not honoured by {title}, where this request runs: leave it out"
+    return None
+
+
 def for_request(s, sections=None, echo=None, sweep: dict | None = None) -> tuple:
     """(the request as it runs in its place, the place's options: from its section of
     invoke.yaml, `sections` (invoke's Config or a dict, by place name), or from the
-    request): what cannot work there refused in one line (RunnerError), then a setting of
-    another place (OWN_SETTINGS) with that place's line, and a feature the place cannot
-    offer turned off with its one line told (`echo`)."""
+    request): an option the place does not honour (refusal; a sweep over --nodes: where
+    its most nodes run) and what else cannot work there refused in one line
+    (RunnerError), and a feature the place cannot offer turned off with its one line told
+    (`echo`)."""
     if s.launcher not in launchers():
         raise RunnerError(f"--launcher is one of {', '.join(launchers())}, not {s.launcher!r}")
     name = place_of(s)
+    # A sweep over --nodes runs where its most nodes run (its 1-node runs on the
+    # cluster's node1: Runner.sweep_shares).
+    most = dataclasses.replace(s, nodes=max((sweep or {}).get("nodes") or [s.nodes]))
+    line = refusal(most, place_of(most))
+    if line:
+        raise RunnerError(line)
     cls = place(name) if name else None
     options = None
     if cls is not None:
         s, options = cls.for_request(s, dict((sections or {}).get(name, {}) or {}), sweep)
-    for setting, (owner, line) in OWN_SETTINGS.items():
-        if owner != name and getattr(s, setting):
-            raise RunnerError(line)
     if cls is None:
         return s, None
     for line in told(cls, s):
@@ -133,7 +167,7 @@ def choose_runner(*, where: str = "auto", nodes: int = 1, image: str = "", froze
     # Which image: auto as for the lab images' stack, which has Horovod (docker/Dockerfile).
     tags = [image] if image else images.candidate_images(
         device, resolve_framework(framework, {"horovod": True})[0], backend, images.matrix_cudas())
-    insist = where == "image" or bool(image)
+    insist = where == "image" or bool(image) or frozen     # --frozen: the image's copy of the kit
     try:
         cli = docker_api.client()
     except docker_api.DockerUnavailable as e:

@@ -80,6 +80,12 @@ class Runner:
     # not divide is refused before any job; False: the place's own slots (--hosts)
     spreads_evenly = True
     unsupported: dict[str, str] = {}    # feature -> the one line that says why it does not work here
+    # The options of reach "place" (lab.common.options) this place honours, each visible in
+    # what it launches (its command, environment or record); any other a request asks for
+    # is refused before anything runs, in one sentence naming it and `title`
+    # (lab.host.places.refusal; tests/test_places.py walks every option x every place).
+    honours: frozenset[str] = frozenset()
+    title = "this place"            # the place, as a refusal names it
     python = "python"
     tag = ""
     nodes = 1

@@ -11,13 +11,16 @@ the others (lab.worker.capabilities, run there with the same Python): a host tha
 not answer, or has another kit, Python, torch, Horovod, DeepSpeed or MPI version, is one
 sentence naming it. Every host needs the same Python at the same path (as horovodrun
 assumes) and the results folder at the same path; rank 0 (on the first host) writes the
-record, and a failed rank's file lands on its own host unless the folder is shared."""
+record, and a failed rank's file lands on its own host unless the folder is shared. The
+first host must be this machine (check_first_host), since bench reads the record here."""
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import os
 import shlex
+import socket
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -143,6 +146,89 @@ def check_hosts(hosts: list[Host]) -> None:
                          f"they reach each other (their host names or addresses)")
 
 
+def addresses(name: str) -> set[str]:
+    """The addresses `name` resolves to here (none where it does not resolve)."""
+    try:
+        return {a[4][0] for a in socket.getaddrinfo(name, None)}
+    except (OSError, UnicodeError):
+        return set()
+
+
+def interface_addresses() -> set[str]:
+    """The addresses this machine's network interfaces hold (Linux: IPv4 by SIOCGIFADDR,
+    IPv6 from /proc/net/if_inet6); none where that cannot be read."""
+    out: set[str] = set()
+    try:
+        import fcntl
+        import struct
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            for _, name in socket.if_nameindex():
+                try:
+                    packed = fcntl.ioctl(sock.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
+                    out.add(socket.inet_ntoa(packed[20:24]))
+                except OSError:
+                    pass            # an interface without an IPv4 address
+    except (ImportError, OSError):
+        pass
+    try:
+        with open("/proc/net/if_inet6") as f:
+            for line in f:
+                h = line.split()[0]
+                out.add(str(ipaddress.IPv6Address(int(h, 16))))
+    except (OSError, ValueError, IndexError):
+        pass
+    return out
+
+
+def this_machine() -> set[str]:
+    """This machine's names and addresses, lower case: localhost and 127.0.0.1, its host
+    name (short and fully qualified), what those resolve to, and its interfaces' addresses."""
+    names = {"localhost", "127.0.0.1", "::1"}
+    for n in (socket.gethostname(), socket.getfqdn()):
+        names |= {n, n.split(".")[0]}
+    for n in list(names):
+        names |= addresses(n)
+    return {n.lower() for n in names | interface_addresses() if n}
+
+
+def ssh_hostname(host: str) -> str:
+    """The machine ssh reaches as `host` (an alias of ~/.ssh/config names its HostName:
+    `ssh -G`, which connects to nothing); `host` itself where ssh cannot say."""
+    try:
+        res = proc.run(["ssh", "-G", host], timeout=10)
+    except proc.NotFound:
+        return host
+    for line in (res.stdout or "").splitlines() if res.returncode == 0 else []:
+        key, _, value = line.partition(" ")
+        if key == "hostname" and value.strip():
+            return value.strip()
+    return host
+
+
+def is_this_machine(host: str, here: set[str] | None = None) -> bool:
+    """Whether `host` (as --hosts names it) is this machine: its name, the name ssh
+    reaches it by, or an address either resolves to is one of this machine's
+    (this_machine) or a loopback address."""
+    here = this_machine() if here is None else here
+    real = ssh_hostname(host)
+    for name in {host, real, *addresses(real)}:
+        name = name.lower().split("%")[0]
+        if name in here or name.startswith("127.") or name == "::1":
+            return True
+    return False
+
+
+def check_first_host(hosts: list[Host]) -> None:
+    """Rank 0 runs on the first host and writes the record into its results folder, which
+    bench reads here: the first host must be this machine (a shared results folder is not
+    checked for, so it is no exception)."""
+    first = hosts[0].name
+    if not is_this_machine(first):
+        raise HostsError(f"rank 0 runs on the first host, {first}, and writes the record there, "
+                         f"and this machine is not {first}: run bench on {first}, or list this "
+                         f"machine first")
+
+
 def ddp_commands(hosts: list[Host], worker_args: list[str], python: str,
                  env: dict[str, str], port: int = 29500) -> dict[str, list[str]]:
     """host -> the ssh command that starts its torch.distributed.run: a static
@@ -161,6 +247,9 @@ class HostsRunner(Runner):
     """The ranks on the user's hosts, launched from here."""
 
     kind = "hosts"
+    title = "your servers over SSH (--hosts)"
+    # Their own Python, never an image; the folders at the same paths on every server.
+    honours = frozenset({"hosts", "hostfile", "results_dir", "data_dir"})
     # The ranks' results folder is each server's own unless the user shares it: their
     # heartbeats come back over the launchers' output (lab.common.heartbeat).
     heartbeat_channel = "stream"
@@ -182,17 +271,16 @@ class HostsRunner(Runner):
     def for_request(cls, s, config: dict, sweep: dict | None = None) -> tuple:
         """--hosts or --hostfile parsed once (the request's servers are this place's
         options), the slots checked against --np and the names (check_hosts: not this
-        machine's own names); the request's nodes are its servers."""
+        machine's own names; check_first_host: the first is this machine); the request's
+        nodes are its servers. --nodes, --link, --launcher: lab.host.places.refusal."""
         s, _ = super().for_request(s, config, sweep)
         if s.hosts and s.hostfile:
             raise RunnerError("give the hosts once: --hosts or --hostfile")
-        if s.nodes > 1 or (sweep or {}).get("nodes", [1]) != [1] or s.launcher != "direct" or s.link:
-            raise RunnerError("--hosts runs on your servers over SSH: leave out --nodes, --link "
-                              "and --launcher (they are the simulated cluster's)")
         try:
             hosts = host_list(s)
             check_slots(hosts, list(s.np))
             check_hosts(hosts)
+            check_first_host(hosts)
         except HostsError as e:
             raise RunnerError(str(e)) from None
         return dataclasses.replace(s, nodes=len(hosts)), tuple(hosts)

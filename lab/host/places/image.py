@@ -167,6 +167,8 @@ class ImageRunner(Runner):
     """Runs commands in containers of one image; each container is removed at the end."""
 
     kind = "image"
+    title = "the lab image"
+    honours = frozenset({"where", "image", "frozen", "results_dir", "data_dir"})
     in_container = True
     falls_back_to_local = True
 

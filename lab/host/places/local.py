@@ -13,6 +13,8 @@ class LocalRunner(Runner):
     """The ranks as processes of this machine, started by the framework's launcher."""
 
     kind = "local"
+    title = "local processes"
+    honours = frozenset({"local", "results_dir", "data_dir"})
     records_where_note = False
 
     @classmethod

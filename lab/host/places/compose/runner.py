@@ -103,6 +103,10 @@ class ClusterRunner(Runner):
     results and data folders are the ones the nodes mount."""
 
     kind = "cluster"
+    title = "the simulated cluster (--nodes)"
+    # where: image: its nodes run the image `invoke up` started them with (never another
+    # --image); the results and data folders: the ones they mount (bench refuses others).
+    honours = frozenset({"where", "frozen", "nodes", "link", "results_dir", "data_dir"})
     sweep_shares = True
     up_flags = ""          # what `invoke up` needs beside --nodes to bring this place up
 

@@ -48,6 +48,10 @@ class K8sRunner(Runner):
     """The ranks as the pods of one Kubeflow job per launch, on the kubeconfig's cluster."""
 
     kind = "k8s"
+    title = "Kubernetes (--launcher k8s)"
+    # The pods run the image's own kit (frozen, always); rank 0's record is streamed into
+    # the results folder; their data is the pods' own, never this machine's folder.
+    honours = frozenset({"where", "image", "frozen", "nodes", "launcher", "results_dir"})
     launcher = "k8s"
     # The ranks print their heartbeats into the job's output (lab.common.heartbeat), which
     # _stream_log hands line by line to bench's stall watch: rank 0's pod's log (the
@@ -346,11 +350,7 @@ def for_bench(s, k8s_config: dict) -> tuple:
     from lab.host.request import BenchError
     if s.ceiling:
         raise BenchError(K8sRunner.cannot("ceiling placement"))
-    if s.where == "local":
-        raise BenchError("--local (or invoke.yaml's bench: where: local) runs the ranks on this "
-                         "machine: leave it out with --launcher k8s")
-    if s.link:
-        raise BenchError("--link shapes the simulated cluster's links: leave it out with --launcher k8s")
+    # --local, --link and the other options it does not honour: lab.host.places.refusal
     if s.timeout_s <= 0:
         # Nothing else bounds a job whose pods never appear (the stall watch starts with
         # the ranks' first heartbeat lines in the log).

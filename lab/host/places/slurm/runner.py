@@ -28,6 +28,8 @@ class SlurmClusterRunner(ClusterRunner):
     sweep_shares = False        # each combination its own batch jobs: bench's choice
 
     launcher = "slurm"
+    title = "Slurm on the simulated cluster (--launcher slurm)"
+    honours = ClusterRunner.honours | {"launcher", "partition"}
     POLL_S = 1.0
     CONTROLLER_SILENCE_S = 60.0     # scontrol failing this long: the job's state is unknown
 
