@@ -179,6 +179,10 @@ def test_bf16_trains_on_the_cpu(stack, tmp_path, framework, strategy):
     r = bf16_run(stack, tmp_path, framework=framework, strategy=strategy)
     d = r["figures"]["parameter_digests"]
     assert d[0] is not None and d[0] == d[1]      # the replicas agree
+    from lab.report import summary               # bench's table says which precision ran
+    head, _, row = summary.render(summary.rows([r])).splitlines()[:3]
+    cells = [c.strip() for c in row.split("|")]
+    assert cells[[c.strip() for c in head.split("|")].index("precision")] == "bf16"
 
 
 @needs_deepspeed

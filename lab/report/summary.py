@@ -91,7 +91,7 @@ def rows(records: list[dict]) -> list[dict]:
         c = r.get("config", {})
         row = {"strategy": strategy_name(c), "model": c.get("model"), "framework": c.get("framework"),
                "back end": c.get("backend"), "compression": c.get("compression"),
-               "np": r["world"]["np"], "record": r}
+               "precision": c.get("precision") or "fp32", "np": r["world"]["np"], "record": r}
         if r.get("status") != "ok":
             row.update({"servers": r["world"]["nodes"], "devices per server": None,
                         "failed": r.get("error", {}).get("reason", "failed"),
@@ -178,6 +178,9 @@ def render(table_rows: list[dict]) -> str:
     repeated = any(r.get("runs", 1) > 1 for r in table_rows)
     strategies = any(r.get("strategy", "ddp") != "ddp" for r in table_rows)
     columns = (("strategy",) if strategies else ()) + COLUMNS + (("runs",) if repeated else ())
+    if any(r.get("precision", "fp32") != "fp32" for r in table_rows):     # else every row is fp32
+        at = columns.index("compression") + 1
+        columns = columns[:at] + ("precision",) + columns[at:]
 
     # A run that did not finish: its status in the row, its reason a numbered note under
     # the table (no cell holds a sentence).
@@ -185,7 +188,7 @@ def render(table_rows: list[dict]) -> str:
 
     def cell(row, col):
         if "failed" in row and col not in ("strategy", "model", "framework", "back end", "compression",
-                                           "np", "servers"):
+                                           "precision", "np", "servers"):
             if col != "time per step (ms)":
                 return ""
             return f"{row.get('status', 'failed').upper()} [{reasons[id(row)]}]"
