@@ -57,6 +57,12 @@ def test_channels_last_only_for_the_cnns_on_gpus_below_fp32():
     assert not precision.channels_last("fp32", cuda, "mnist")
     assert not precision.channels_last("bf16", cuda, "lstm")
     assert not precision.channels_last("bf16", CPU, "mnist")
+    # not where every parameter must be contiguous: Horovod's collectives, FSDP's shards
+    assert not precision.channels_last("bf16", cuda, "resnet50", framework="horovod")
+    assert not precision.channels_last("bf16", cuda, "resnet50", strategy="fsdp")
+    assert precision.channels_last("bf16", cuda, "resnet50", strategy="zero1")
+    conv = torch.nn.Conv2d(8, 16, 3).to(memory_format=torch.channels_last)
+    assert not conv.weight.is_contiguous()          # what those two refuse
     x = torch.zeros(2, 3, 4, 4)
     assert precision.to_layout(x, True).is_contiguous(memory_format=torch.channels_last)
     assert precision.to_layout(torch.zeros(2, 3), True).shape == (2, 3)
@@ -179,7 +185,8 @@ def test_bf16_trains_on_the_cpu(stack, tmp_path, framework, strategy):
     r = bf16_run(stack, tmp_path, framework=framework, strategy=strategy)
     d = r["figures"]["parameter_digests"]
     assert d[0] is not None and d[0] == d[1]      # the replicas agree
-    from lab.report import summary               # bench's table says which precision ran
+    # bench's table says which precision ran
+    from lab.report import summary
     head, _, row = summary.render(summary.rows([r])).splitlines()[:3]
     cells = [c.strip() for c in row.split("|")]
     assert cells[[c.strip() for c in head.split("|")].index("precision")] == "bf16"

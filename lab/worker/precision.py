@@ -72,9 +72,21 @@ def set_math(precision: str, device: torch.device) -> None:
     torch.backends.cudnn.allow_tf32 = tf32
 
 
-def channels_last(precision: str, device: torch.device, model_name: str) -> bool:
+# Where channels-last cannot go: its weights are not contiguous, and Horovod 0.28.1 refuses
+# a tensor that is not (horovod/torch/mpi_ops.py, _check_function: "Tensor is required to
+# be contiguous", on broadcast_parameters and every gradient's allreduce), as FSDP2's
+# fully_shard does ("FSDP does not support non-contiguous parameters yet", torch 2.13
+# torch/distributed/fsdp/_fully_shard/_fsdp_param.py). DDP, ZeRO-1 and nn.DataParallel
+# take either layout.
+CONTIGUOUS_ONLY = {"framework": ("horovod",), "strategy": ("fsdp",)}
+
+
+def channels_last(precision: str, device: torch.device, model_name: str,
+                  framework: str = "ddp", strategy: str = "ddp") -> bool:
     """Whether the run's model and images are channels-last (see the module's notes)."""
     from lab import models
+    if framework in CONTIGUOUS_ONLY["framework"] or strategy in CONTIGUOUS_ONLY["strategy"]:
+        return False
     return (device.type == "cuda" and precision != "fp32"
             and models.get(model_name).channels_last)
 

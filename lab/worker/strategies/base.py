@@ -47,7 +47,8 @@ class Strategy:
         own = self.autocasts
         self.scaler = precision.scaler(cfg.precision, device, self.sharded_gradients) if own else None
         # the CNNs channels-last on a GPU below fp32 (train.py converts the model)
-        self.channels_last = own and precision.channels_last(cfg.precision, device, cfg.model)
+        self.channels_last = own and precision.channels_last(cfg.precision, device, cfg.model,
+                                                             cfg.framework, cfg.strategy)
 
     def prepare(self, x: torch.Tensor) -> torch.Tensor:
         """A batch of images as the model takes them (its layout; DeepSpeed: its dtype)."""
