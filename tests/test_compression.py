@@ -74,22 +74,25 @@ def test_bytes_per_step():
 
 
 def bench(framework, compression, results_dir):
+    """One sweep over `compression` (comma-separated): its records by compression."""
     cp = subprocess.run([sys.executable, "-m", "invoke", "bench", "--local", "--np", "2", "--framework",
                          framework, "--compression", compression, "--data", "digits", "--epochs", "12",
                          "--batch-size", "32", "--results-dir", str(results_dir)],
                         cwd=REPO, capture_output=True, text=True, timeout=600)
     assert cp.returncode == 0, cp.stdout[-2000:] + cp.stderr[-2000:]
-    [rec] = [json.loads(line) for p in sorted(results_dir.glob("*/results.jsonl"))[-1:]
-             for line in p.read_text().splitlines()]
-    return rec
+    recs = [json.loads(line) for p in sorted(results_dir.glob("*/results.jsonl"))[-1:]
+            for line in p.read_text().splitlines()]
+    by = {r["config"]["compression"]: r for r in recs}
+    assert sorted(by) == sorted(compression.split(",")) and len(recs) == len(by), recs
+    return by
 
 
 @pytest.mark.parametrize("framework", [
     pytest.param("horovod", marks=requires_horovod), "ddp"])
 def test_int8_trains_like_uncompressed_and_the_naive_cast_does_not(framework, tmp_path):
-    plain = bench(framework, "none", tmp_path / "none")
-    int8 = bench(framework, "int8", tmp_path / "int8")
-    naive = bench(framework, "int8-naive", tmp_path / "naive")
+    # one sweep, each compression its own run of two ranks (one bench and stack probe, not three)
+    by = bench(framework, "none,int8,int8-naive", tmp_path)
+    plain, int8, naive = by["none"], by["int8"], by["int8-naive"]
     p_loss = [e["train_loss"] for e in plain["epochs"]]
     q_loss = [e["train_loss"] for e in int8["epochs"]]
     assert q_loss[-1] < 0.5 * q_loss[0]                          # it learns...

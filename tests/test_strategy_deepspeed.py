@@ -63,7 +63,7 @@ def runs(tmp_path_factory):
             lines: list[str] = []
             outcome = bench.run(BenchSettings(
                 np=[2], framework="ddp", backend="gloo", strategy=strategy, zero_stage=stage,
-                data="digits", epochs=3, batch_size=32, warmup_steps=3,
+                data="digits", epochs=2, batch_size=32, warmup_steps=3,
                 results_dir=str(out), timeout_s=180), echo=lines.append, stack=stack)
             assert outcome.failed == 0 and len(outcome.records) == 1, "\n".join(lines)
             done[key] = outcome.records[0]
