@@ -223,11 +223,11 @@ def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
 
 def skip_refused(plan, jobs, refused: dict, progress: Progress, echo, skipped: set) -> list:
     """`jobs` less the process counts `refused` names: those skipped, said and recorded
-    with their reason by the sweep's writer (lab.host.sweep.skip), for this repeat and
+    with their reason by the plan's writer (lab.host.plan.skip), for this repeat and
     the plan's later ones."""
     if not refused:
         return jobs
-    from lab.host.sweep import skip
+    from lab.host.plan import skip
     first = jobs[0]
     by_reason: dict[str, set] = {}
     for np in dict.fromkeys(j.np for j in jobs):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 from dataclasses import dataclass
 
 from lab.common import options, results, stats
@@ -19,7 +20,9 @@ from lab.host.request import (
     BenchError,
     BenchSettings,
     attempt_name,
+    base_config,
     check_settings,
+    resolve_framework,
     settings_from_flags,
 )
 
@@ -208,3 +211,24 @@ def check_link(s: BenchSettings) -> None:
             place(place_of(s) or "local").check_link(s.link)
         except RunnerError as e:
             raise BenchError(str(e)) from None
+
+
+def skip(plan: Plan, left: list, reason: str, skipped: set, progress, echo) -> None:
+    """The runs `left` (one combination's, from this repeat on) skipped: said once, and
+    recorded once per process count (`progress`: bench's Progress, its total lowered)."""
+    base, s = plan.settings, left[0].settings
+    rfile = results.run_dir(base.results_dir, base.run_id) / results.RESULTS_FILE
+    nps = list(dict.fromkeys(j.np for j in left))
+    skipped.update((left[0].combination, n) for n in nps)
+    progress.total -= len(left)
+    counts = "" if nps == list(s.np) else f" (np {', '.join(map(str, nps))})"
+    echo(f"-- skipped {label(s)}{counts}: {reason}")
+    os.makedirs(rfile.parent, exist_ok=True)
+    for n in nps:      # --resume: not those recorded ok
+        # a skipped run's ranks never ran: auto as for a stack not known (ddp)
+        framework = resolve_framework(s.framework, {}, s.strategy)[0]
+        cfg = dataclasses.replace(base_config(s, framework),
+                                  run_id=base.run_id, expected_np=n, link=s.link)
+        results.append_record(rfile, results.make_record(
+            "skipped", run_id=base.run_id, config=cfg.as_record(), np=n, nodes=s.nodes,
+            started_at=results.now_iso(), error={"reason": reason}))

@@ -3,9 +3,7 @@ directory; what cannot run here skipped with the reason recorded. Also what `inv
 benchmark` runs, and `run_request`, what `invoke bench` calls with its plan."""
 from __future__ import annotations
 
-import dataclasses
 import itertools
-import os
 import shutil
 
 from lab.common import results
@@ -13,8 +11,8 @@ from lab.host.bench import Outcome, Progress, probe_stack, run_jobs
 from lab.host.errors import RunnerError
 from lab.host.places import place, place_of
 from lab.host.places.local import LocalRunner
-from lab.host.plan import Plan, label
-from lab.host.request import BenchError, BenchSettings, base_config, resolve_framework
+from lab.host.plan import Plan, skip
+from lab.host.request import BenchError, BenchSettings
 
 
 def run_request(plan: Plan, echo=print) -> Outcome:
@@ -87,27 +85,6 @@ def run_sweep(plan: Plan, echo=print) -> list[Outcome]:
             skip(plan, [j for j in plan.jobs if j.combination == i and j.np in nps
                         and j.repeat >= jobs[0].repeat], str(e), skipped, progress, echo)
     return outcomes
-
-
-def skip(plan: Plan, left: list, reason: str, skipped: set, progress: Progress, echo) -> None:
-    """The runs `left` (one combination's, from this repeat on) skipped: said once, and
-    recorded once per process count."""
-    base, s = plan.settings, left[0].settings
-    rfile = results.run_dir(base.results_dir, base.run_id) / results.RESULTS_FILE
-    nps = list(dict.fromkeys(j.np for j in left))
-    skipped.update((left[0].combination, n) for n in nps)
-    progress.total -= len(left)
-    counts = "" if nps == list(s.np) else f" (np {', '.join(map(str, nps))})"
-    echo(f"-- skipped {label(s)}{counts}: {reason}")
-    os.makedirs(rfile.parent, exist_ok=True)
-    for n in nps:      # --resume: not those recorded ok
-        # a skipped run's ranks never ran: auto as for a stack not known (ddp)
-        framework = resolve_framework(s.framework, {}, s.strategy)[0]
-        cfg = dataclasses.replace(base_config(s, framework),
-                                  run_id=base.run_id, expected_np=n, link=s.link)
-        results.append_record(rfile, results.make_record(
-            "skipped", run_id=base.run_id, config=cfg.as_record(), np=n, nodes=s.nodes,
-            started_at=results.now_iso(), error={"reason": reason}))
 
 
 class Places:
