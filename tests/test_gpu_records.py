@@ -7,6 +7,7 @@ import torch
 
 from lab.common.config import RunConfig
 from lab.worker import dist, horovod_tuning, train
+from lab.worker.strategies import memory
 
 MIB = 1024 * 1024
 
@@ -67,9 +68,9 @@ def test_gpu_memory_records_reserved_beside_allocated(monkeypatch):
     monkeypatch.setattr(torch.cuda, "max_memory_reserved", counter("max_reserved", 3 * MIB))
     monkeypatch.setattr(torch.cuda, "memory_reserved", counter("reserved", 2 * MIB))
     gpu = torch.device("cuda", 1)
-    assert train._reserved_memory(gpu) == {"peak": 3 * MIB, "end": 2 * MIB}
+    assert memory.reserved(gpu) == {"peak": 3 * MIB, "end": 2 * MIB}
     assert asked == [("max_reserved", gpu), ("reserved", gpu)]
-    assert train._reserved_memory(torch.device("cpu")) is None
+    assert memory.reserved(torch.device("cpu")) is None
 
 
 def test_the_strategy_table_shows_reserved_beside_the_peak_on_gpus():

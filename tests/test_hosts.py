@@ -8,9 +8,8 @@ import types
 
 import pytest
 
-from lab.host import places
+from lab.host import places, this_machine
 from lab.host.launch import Host, HostsError
-from lab.host.places import hosts as hosts_place
 from lab.host.places.hosts import (
     check_first_host,
     check_hosts,
@@ -95,9 +94,9 @@ def test_the_rendezvous_is_named_as_the_hosts_reach_it():
 def machine(monkeypatch):
     """This machine as `box` (box.lab, 10.0.0.5), an ssh alias `me` for it and a server
     `far` (10.0.0.9), nothing resolved or asked of ssh for real."""
-    monkeypatch.setattr(hosts_place, "this_machine", lambda: {"box", "box.lab", "10.0.0.5", "localhost"})
-    monkeypatch.setattr(hosts_place, "ssh_hostname", lambda h: {"me": "box.lab"}.get(h, h))
-    monkeypatch.setattr(hosts_place, "addresses", lambda n: {"box.lab": {"10.0.0.5"}, "far": {"10.0.0.9"},
+    monkeypatch.setattr(this_machine, "this_machine", lambda: {"box", "box.lab", "10.0.0.5", "localhost"})
+    monkeypatch.setattr(this_machine, "ssh_hostname", lambda h: {"me": "box.lab"}.get(h, h))
+    monkeypatch.setattr(this_machine, "addresses", lambda n: {"box.lab": {"10.0.0.5"}, "far": {"10.0.0.9"},
                                                               "loop": {"127.0.1.1"}}.get(n, set()))
 
 

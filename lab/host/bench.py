@@ -123,9 +123,9 @@ def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
     """Jobs of one combination of a plan (lab.host.plan.Job: the combination's settings,
     a process count, a repeat) into the plan's results directory, in the plan's order:
     the runner chosen and the stack probed once, the request checked against that stack.
-    The process counts that stack cannot run (request.refused_counts: more GPU ranks than
-    GPUs) are skipped and recorded as a sweep skips them, the rest run; `skipped`: the
-    sweep's (combination, np) set of what it skipped, which this adds to."""
+    The counts that stack cannot run (request.refused_counts: more GPU ranks than GPUs)
+    are skipped and recorded (plan.skip_refused), the rest run; `skipped`: the sweep's
+    (combination, np) set of what it skipped, which this adds to."""
     s = jobs[0].settings
     if runner is None:
         runner, where_note = select_runner(s, plan.place_options, echo)
@@ -174,8 +174,8 @@ def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
     if where_note and runner.records_where_note:
         notes.insert(0, where_note)
     progress = progress or Progress(len(jobs), echo)
-    jobs = skip_refused(plan, jobs, refused_counts(s, stack, framework), progress, echo,
-                        set() if skipped is None else skipped)
+    from lab.host.plan import skip_refused
+    jobs = skip_refused(plan, jobs, refused_counts(s, stack, framework), progress, echo, skipped)
     nps = list(dict.fromkeys(j.np for j in jobs))
     check_steps(s, framework, nps)
     run_id = s.run_id           # fixed by the plan
@@ -219,24 +219,6 @@ def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
             echo(f"note: {e}")
     records = [r for r in results.read_records(rfile)[0] if r.get("run_id") == run_id]
     return Outcome(str(rdir), records, failed, notes)
-
-
-def skip_refused(plan, jobs, refused: dict, progress: Progress, echo, skipped: set) -> list:
-    """`jobs` less the process counts `refused` names: those skipped, said and recorded
-    with their reason by the plan's writer (lab.host.plan.skip), for this repeat and
-    the plan's later ones."""
-    if not refused:
-        return jobs
-    from lab.host.plan import skip
-    first = jobs[0]
-    by_reason: dict[str, set] = {}
-    for np in dict.fromkeys(j.np for j in jobs):
-        if np in refused:
-            by_reason.setdefault(refused[np], set()).add(np)
-    for reason, nps in by_reason.items():
-        skip(plan, [j for j in plan.jobs if j.combination == first.combination and j.np in nps
-                    and j.repeat >= first.repeat], reason, skipped, progress, echo)
-    return [j for j in jobs if j.np not in refused]
 
 
 def oversubscription(machines: list[tuple[str, int, int]], threads: int) -> tuple[dict, str | None]:

@@ -232,3 +232,21 @@ def skip(plan: Plan, left: list, reason: str, skipped: set, progress, echo) -> N
         results.append_record(rfile, results.make_record(
             "skipped", run_id=base.run_id, config=cfg.as_record(), np=n, nodes=s.nodes,
             started_at=results.now_iso(), error={"reason": reason}))
+
+
+def skip_refused(plan, jobs, refused: dict, progress, echo, skipped: set | None) -> list:
+    """`jobs` less the process counts `refused` names: those skipped, said and recorded
+    with their reason by the plan's writer (lab.host.plan.skip), for this repeat and
+    the plan's later ones."""
+    if not refused:
+        return jobs
+    skipped = set() if skipped is None else skipped
+    first = jobs[0]
+    by_reason: dict[str, set] = {}
+    for np in dict.fromkeys(j.np for j in jobs):
+        if np in refused:
+            by_reason.setdefault(refused[np], set()).add(np)
+    for reason, nps in by_reason.items():
+        skip(plan, [j for j in plan.jobs if j.combination == first.combination and j.np in nps
+                    and j.repeat >= first.repeat], reason, skipped, progress, echo)
+    return [j for j in jobs if j.np not in refused]

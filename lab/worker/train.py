@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import signal
 import sys
 import time
@@ -103,25 +102,6 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def _peak_memory(device) -> int:
-    import torch
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-
-
-def _reserved_memory(device) -> dict | None:
-    """On a GPU, what torch's caching allocator holds from CUDA, peak and at the end
-    (torch.cuda.max_memory_reserved, memory_reserved: allocated tensors plus the cached
-    blocks kept for reuse, so what nvidia-smi shows for the process, less CUDA's own
-    context); None on the CPU, where no allocator reserves."""
-    import torch
-    if device.type != "cuda":
-        return None
-    return {"peak": int(torch.cuda.max_memory_reserved(device)),
-            "end": int(torch.cuda.memory_reserved(device))}
-
-
 def train(cfg, d, log=print, hb=None) -> dict | None:
     """Train and measure; return the record on rank 0 (None elsewhere). `hb`: the
     rank's heartbeat (lab.worker.heartbeat)."""
@@ -130,6 +110,7 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
 
     from lab.common import metrics
     from lab.worker import data, dist, horovod_tuning, manifest, models, precision, step_parts, strategies
+    from lab.worker.strategies import memory
 
     started = results.now_iso()
     torch.set_num_threads(cfg.threads)
@@ -246,8 +227,8 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
     hb.beat("finish", global_step)
     summary = d.allgather_object({"host": dist.hostname(), "timed_s": sum(step_times),
                                   "timed_steps": len(step_times),
-                                  "peak_memory": _peak_memory(device),
-                                  "reserved": _reserved_memory(device),
+                                  "peak_memory": memory.peak(device),
+                                  "reserved": memory.reserved(device),
                                   "held": strategy.holdings(),
                                   "digest": strategy.parameter_digest(),
                                   "startup": startup_phases(MARKS, cfg.launched_at),

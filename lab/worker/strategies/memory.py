@@ -1,8 +1,11 @@
 """What a rank holds, measured from its tensors: the bytes of the storages behind its
 parameters, their gradients and its optimizer's state, each storage counted once
 (a view, a bucket shared by several gradients, a DTensor's local shard: its storage).
-Nothing is computed from a formula, so a strategy that shards shows it."""
+Nothing is computed from a formula, so a strategy that shards shows it. Beside it, what
+the process's allocator came to (peak, reserved: figures.peak_memory, figures.reserved)."""
 from __future__ import annotations
+
+import resource
 
 import torch
 
@@ -79,3 +82,22 @@ def holdings(parameters, optimizer=None, extra_state=()) -> dict[str, int]:
                             exclude=counted, counted=counted)
     return {"parameters": p_bytes, "gradients": g_bytes, "optimizer_state": s_bytes,
             "total": p_bytes + g_bytes + s_bytes}
+
+
+def peak(device) -> int:
+    """The most memory the rank held: on a GPU torch's allocated peak, on the CPU the
+    process's peak resident set."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+
+
+def reserved(device) -> dict | None:
+    """On a GPU, what torch's caching allocator holds from CUDA, peak and at the end
+    (torch.cuda.max_memory_reserved, memory_reserved: allocated tensors plus the cached
+    blocks kept for reuse, so what nvidia-smi shows for the process, less CUDA's own
+    context); None on the CPU, where no allocator reserves."""
+    if device.type != "cuda":
+        return None
+    return {"peak": int(torch.cuda.max_memory_reserved(device)),
+            "end": int(torch.cuda.memory_reserved(device))}
