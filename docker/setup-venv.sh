@@ -21,6 +21,10 @@
 #                    packages and holds this checkout's kit: two checkouts sharing the
 #                    cache each import their own `lab`, whichever ran this script last.
 #   PIP_CA_BUNDLE    CA bundle for pip (default: Debian's /etc/ssl/certs/ca-certificates.crt)
+#   CUDA_ARCHS       compute capabilities Horovod's CUDA kernels are compiled for, when
+#                    torch is a CUDA build and a toolkit is found (e.g. 90 for an H100;
+#                    default: the matrix's list for the toolkit, six of them, which takes
+#                    several times as long to compile as one)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -64,7 +68,7 @@ index="${TORCH_INDEX_URL:-}"
 key="$( { grep -E '^(TORCH|TORCHVISION|HOROVOD|SETUPTOOLS|WHEEL|DEEPSPEED)_' "$here/versions.env"
           cat "$here/install-torch.sh" "$here/install-horovod.sh" "$here/setup-venv.sh" \
               "$here/matrix.sh" "$here/torch-nccl.sh"
-          python3 --version; echo "$index"; } | sha256sum | cut -c1-16)"
+          python3 --version; echo "$index"; echo "${CUDA_ARCHS:-}"; } | sha256sum | cut -c1-16)"
 cache="${LAB_ENV_CACHE-$HOME/.cache/dl-lab-kit}"
 if [[ -n "$cache" ]]; then
     env="$cache/venv-$key"

@@ -1,6 +1,8 @@
 """IDX reader, MNIST fetching and its errors, the digits set, sharding."""
 import hashlib
 import http.server
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -116,6 +118,36 @@ def test_digits_are_real_offline_images():
     assert torch.equal(ds.test.labels, again.test.labels)
     flat_train = {tuple(x.flatten().tolist()) for x in ds.train.images[:200]}
     assert not any(tuple(x.flatten().tolist()) in flat_train for x in ds.test.images)
+
+
+def test_digits_read_from_the_file_are_scikit_learns_own():
+    """The digits come from the file scikit-learn's load_digits reads, without importing
+    scikit-learn: the same images and labels as its loader returns, and a process that
+    loads them has not imported it (nor SciPy)."""
+    sklearn_datasets = pytest.importorskip("sklearn.datasets")
+    theirs = sklearn_datasets.load_digits()
+    ds = data.load_digits(seed=3, test_size=0)
+    assert len(ds.train) == len(theirs.target) == 1797
+    # the split's order is a seeded permutation: undo it and compare image by image
+    order = torch.randperm(1797, generator=torch.Generator().manual_seed(3))
+    mine = torch.empty_like(ds.train.labels)
+    mine[order] = ds.train.labels
+    assert torch.equal(mine, torch.from_numpy(theirs.target.astype("int64")))
+    x = torch.from_numpy(theirs.images.astype("float32") / 16.0).unsqueeze(1)
+    x = torch.nn.functional.interpolate(x, size=(20, 20), mode="bilinear", align_corners=False)
+    x = data._normalise(torch.nn.functional.pad(x, (4, 4, 4, 4)).clamp_(0, 1))
+    assert torch.equal(ds.train.images, x[order])
+    code = ("import sys; from lab.worker import data; data.load_digits(); "
+            "print(sorted(m for m in ('sklearn', 'scipy') if m in sys.modules))")
+    cp = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 0 and cp.stdout.strip() == "[]", cp.stdout + cp.stderr
+
+
+def test_digits_without_scikit_learn_is_one_sentence(monkeypatch):
+    import importlib.util
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    with pytest.raises(data.DataUnavailable, match="pip install scikit-learn"):
+        data.load_digits()
 
 
 @pytest.mark.parametrize("n,world", [(60000, 1), (60000, 2), (1000, 3), (10, 4)])
