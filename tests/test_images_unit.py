@@ -159,3 +159,26 @@ def test_readme_carries_the_version_table():
     page = (DOCKERFILE.parent.parent / "docs" / "pages" / "images.md").read_text()
     assert versions.markdown() in page, \
         "docs/pages/images.md's version table is stale: paste the output of python -m lab.common.versions --markdown"
+
+
+def test_the_kits_dependencies_are_installed_before_horovod_and_the_kit_after(tmp_path):
+    """The build context lists the kit's dependencies with the image's extras (from its
+    metadata, as pip made it of pyproject.toml); the Dockerfile installs them before
+    Horovod's compile and installs the kit itself, with the same extras, after it."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+    images.assemble_context(tmp_path, images.BuildSettings(flavor="cpu"))
+    listed = [Requirement(r).name for r in (tmp_path / images.KIT_REQUIREMENTS).read_text().split()]
+    declared = [Requirement(r) for r in metadata.requires("dl-lab-kit")]
+    base = [r.name for r in declared if r.marker is None]
+    train = [r.name for r in declared if r.marker and r.marker.evaluate({"extra": "train"})]
+    only_elsewhere = [r.name for r in declared if r.marker and r.marker.evaluate({"extra": "deepspeed"})]
+    assert base and set(base) <= set(listed) and set(train) <= set(listed) and "pytest" in listed
+    assert not set(only_elsewhere) & set(listed)          # DeepSpeed has its own layer
+    text = DOCKERFILE.read_text()
+    deps, horovod = text.index("COPY kit-requirements.txt"), text.index("install-horovod.sh /tmp/build")
+    kit_step = text.index('extras="')
+    assert deps < horovod < kit_step
+    extras = text[kit_step:].split('"', 2)[1].split("$", 1)[0]
+    assert tuple(extras.split(",")) == images.IMAGE_EXTRAS

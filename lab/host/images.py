@@ -10,12 +10,15 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from lab.common import docker_api, versions
+from lab.common import docker_api, kit, versions
 from lab.common.docker_api import IMAGE_REPO, LABEL_PREFIX
 from lab.common.kit import PACKAGES, REPO_ROOT, kit_version
 from lab.host.errors import RunnerError
 
 FLAVORS = ("gpu", "cpu")
+# The kit's extras an image installs (docker/Dockerfile's kit step names the same).
+IMAGE_EXTRAS = ("train", "test")
+KIT_REQUIREMENTS = "kit-requirements.txt"
 GPU_OPERATIONS = ("NCCL", "MPI")
 
 
@@ -166,8 +169,25 @@ def labels(s: BuildSettings, args: dict[str, str], matrix: dict[str, str],
     return out
 
 
+def kit_requirements(extras=IMAGE_EXTRAS) -> list[str]:
+    """The kit's dependencies with those extras, from its installed metadata (what pip
+    made of pyproject.toml): the image installs them in a layer before Horovod's, so that
+    editing the kit re-runs only the kit's own install. A list out of date (pyproject.toml
+    edited since the kit was installed) costs nothing wrong: the kit's install after it
+    resolves its dependencies again."""
+    from importlib import metadata
+    try:
+        from packaging.requirements import Requirement
+        reqs = [Requirement(r) for r in metadata.requires(kit.DIST_NAME) or []]
+    except Exception:           # the kit not installed, or no packaging: the kit's step does it all
+        return []
+    return [str(r).split(";")[0].strip() for r in reqs
+            if r.marker is None or any(r.marker.evaluate({"extra": e}) for e in extras)]
+
+
 def assemble_context(dest: Path, s: BuildSettings) -> None:
     """Copy what the Dockerfile needs into dest."""
+    (dest / KIT_REQUIREMENTS).write_text("".join(f"{r}\n" for r in kit_requirements()))
     for item in ("docker", *PACKAGES):
         shutil.copytree(REPO_ROOT / item, dest / item,
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
