@@ -96,6 +96,9 @@ def main(argv: list[str]) -> int:
     for path in argv:
         rows, why = of_results(path)
         print(f"\n{path}:")
+        if not rows and not why:
+            print(f"no multi-worker row in the records under {path}")
+            continue
         print("\n".join(lines(rows)) if rows else "no multi-worker row predicted")
         print("\n".join(f"- not predicted: {w}" for w in why))
     return 0
