@@ -365,6 +365,9 @@ def test_the_example_report_is_what_its_records_give(tmp_path, example):
     text = report.write(str(run)).read_text()
     expected = (src / "report.md").read_text().replace("`results/cpu-sweep`", f"`{run}`")
     assert text == expected
+    # and prediction.json beside it: its 2-worker rows, each unpredicted with why (no
+    # collective was timed in these runs)
+    assert (run / "prediction.json").read_text() == (src / "prediction.json").read_text()
 
 
 def test_a_cell_with_a_pipe_or_a_newline_keeps_the_table_whole():

@@ -85,18 +85,21 @@ def test_interleaving_runs_every_combination_before_any_again():
 def test_repeats_needed_to_separate_two_configurations():
     import math
     import random
-    # medians 100 and 104, pooled standard deviation 2: n = pi/2 * 2 * (1.96 * 2 / 4)^2 = 3.02 -> 4
+    zz = 1.96 + statistics.NormalDist().inv_cdf(0.8)      # 80% power at 5%
+    # medians 100 and 104, pooled standard deviation 2: n = pi/2 * 2 * (2.80 * 2 / 4)^2 = 6.2 -> 7
     a, b = [98.0, 100.0, 102.0], [102.0, 104.0, 106.0]
-    assert stats.repeats_to_separate(a, b) == math.ceil(math.pi * (1.96 * 2 / 4) ** 2)
+    assert stats.repeats_to_separate(a, b) == math.ceil(math.pi * (zz * 2 / 4) ** 2) == 7
     # twice the spread needs four times the repeats; half the difference too
     wide = stats.repeats_to_separate([96.0, 100.0, 104.0], [100.0, 104.0, 108.0])
-    assert wide == math.ceil(math.pi * (1.96 * 4 / 4) ** 2)
-    assert stats.repeats_to_separate(a, [b[0] - 2, b[1] - 2, b[2] - 2]) == math.ceil(math.pi * (1.96 * 2 / 2) ** 2)
+    assert wide == math.ceil(math.pi * (zz * 4 / 4) ** 2)
+    assert stats.repeats_to_separate(a, [b[0] - 2, b[1] - 2, b[2] - 2]) == math.ceil(math.pi * (zz * 2 / 2) ** 2)
     assert stats.repeats_to_separate([1.0], b) is None and stats.repeats_to_separate(a, a) is None
     # and the claim holds by simulation: with that many repeats of two normal samples, the
-    # difference of the medians exceeds 0 in most draws
+    # medians' 95% intervals of a difference (z = 1.96 standard errors, the median's
+    # standard error sqrt(pi/2) times the mean's) leave out 0 in about 80% of draws
     rng = random.Random(1)
-    n = stats.repeats_to_separate(a, b)
-    wins = sum(statistics.median(rng.gauss(104, 2) for _ in range(n))
-               > statistics.median(rng.gauss(100, 2) for _ in range(n)) for _ in range(2000))
-    assert wins / 2000 > 0.9
+    n = stats.repeats_to_separate([96.0, 100.0, 104.0], [100.0, 104.0, 108.0])
+    se = math.sqrt(math.pi / 2 * 2 * 16 / n)
+    apart = sum(statistics.median(rng.gauss(104, 4) for _ in range(n))
+                - statistics.median(rng.gauss(100, 4) for _ in range(n)) > 1.96 * se for _ in range(2000))
+    assert abs(apart / 2000 - 0.8) <= 0.05

@@ -67,8 +67,8 @@ class Option:
 # (an interval needs at least 2), and the most, unless auto:N says otherwise.
 AUTO_FIRST = 3
 AUTO_MAX = 10
-REPEAT_AUTO_HELP = (f"auto: {AUTO_FIRST} repeats, then more of the configurations whose intervals "
-                    f"still overlap, up to {AUTO_MAX} (auto:N: up to N, at least {fewest_to_separate()})")
+REPEAT_AUTO_HELP = (f"auto: {AUTO_FIRST} repeats, then one more a round of the configurations a t test "
+                    f"does not yet tell apart, up to {AUTO_MAX} (auto:N: up to N, at least {fewest_to_separate()})")
 
 _E, _W, _M, _S, _A = GROUPS
 OPTIONS = (

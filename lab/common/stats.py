@@ -94,13 +94,14 @@ def ratio(numerator: list[float], denominator: list[float], seed: int = SEED) ->
                    _quantile(draws, 1 - tail), "95% bootstrap")
 
 
-def repeats_to_separate(a: list[float], b: list[float], z: float = 1.96) -> int | None:
+def repeats_to_separate(a: list[float], b: list[float], z: float = 1.96, power: float = 0.8) -> int | None:
     """About how many repeats of each of two configurations would tell their medians
-    apart at the spread their repeats show: the n at which the difference of the means,
-    d, is z standard errors of a difference, d = z * s * sqrt(2 / n) with s the pooled
-    standard deviation (a normal approximation; the median needs about pi/2 times as
-    many as the mean, Kendall & Stuart's asymptotic efficiency of the median). None with
-    fewer than 2 repeats on a side or no difference."""
+    apart, with probability `power`, at the difference and spread their repeats show: the n
+    at which the difference, d, is (z + z_power) standard errors of a difference,
+    d = (z + z_power) * s * sqrt(2 / n), with s the pooled standard deviation (a normal
+    approximation: at z alone the chance would be one half; the median needs about pi/2
+    times as many as the mean, Kendall & Stuart's asymptotic efficiency of the median).
+    None with fewer than 2 repeats on a side or no difference."""
     if len(a) < 2 or len(b) < 2:
         return None
     d = abs(statistics.median(a) - statistics.median(b))
@@ -109,7 +110,8 @@ def repeats_to_separate(a: list[float], b: list[float], z: float = 1.96) -> int 
     pooled = ((len(a) - 1) * statistics.variance(a) + (len(b) - 1) * statistics.variance(b)) / (
         len(a) + len(b) - 2)
     import math
-    return max(2, math.ceil(math.pi / 2 * 2 * (z * math.sqrt(pooled) / d) ** 2))
+    zp = statistics.NormalDist().inv_cdf(power)
+    return max(2, math.ceil(math.pi / 2 * 2 * ((z + zp) * math.sqrt(pooled) / d) ** 2))
 
 
 def fewest_to_separate(level: float = LEVEL) -> int:

@@ -2,22 +2,25 @@
 or a stated maximum of repeats is reached.
 
 Compared are the configurations that ran at the same world (nodes and processes): the
-report's tables put them side by side. After the first repeats of every (3:
-lab.common.options.AUTO_FIRST)
-combination, each round runs one more repeat of the configurations whose throughput
-interval (the report's own: lab.common.stats.summarize, the repeats' range below
-BOOTSTRAP_FROM and a 95% bootstrap interval from there) overlaps the interval of the one
-closest to it, at the same world; the rest have been told apart and are not run again.
-It stops when every such pair has separated, when the next round would pass the
-maximum, or early, when the repeats needed at the measured spread
-(lab.common.stats.repeats_to_separate) are more than the maximum allows: then the two
-perform the same within this machine's noise, and the line says so."""
+report's tables put them side by side. After the first repeats of every combination (3:
+lab.common.options.AUTO_FIRST), each round runs one more repeat of each configuration and
+its closest neighbour in mean throughput at the same world while Welch's t interval of
+the difference of their means (lab.common.repeat_stats) holds 0; the rest have been told
+apart and are not run again. Every round is a look at the same pairs: each of the K looks
+(AUTO_FIRST up to the maximum, one a round) uses the level 5% / K (Bonferroni), so that two
+configurations that perform the same are called apart in any look at most 5% of the time
+when the runs' noise is normal. It stops when every such pair has separated, when the next
+round would pass the maximum, or early, when the repeats needed for 80% power at the
+measured difference and spread (lab.common.repeat_stats.repeats_needed) are more than the
+maximum allows: then the two perform the same within this machine's noise, and the line
+says so."""
 from __future__ import annotations
 
 import dataclasses
 import statistics
 
-from lab.common import stats
+from lab.common import repeat_stats
+from lab.common.options import AUTO_FIRST
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,16 +61,22 @@ def last_repeats(plan, records: list[dict]) -> dict[tuple[int, int], int]:
     return last
 
 
-def undecided(table: list[Row]) -> list[tuple[Row, Row]]:
-    """Each world's neighbours by median throughput whose intervals overlap."""
+def looks(most: int) -> int:
+    """How many looks a maximum of `most` repeats allows: one at AUTO_FIRST, then one a round."""
+    return max(1, most - AUTO_FIRST + 1)
+
+
+def undecided(table: list[Row], most: int) -> list[tuple[Row, Row]]:
+    """Each world's neighbours by mean throughput not told apart at one look's level."""
     worlds: dict[tuple[int, int], list[Row]] = {}
     for row in table:
         worlds.setdefault((row.nodes, row.np), []).append(row)
+    alpha = repeat_stats.look_alpha(looks(most))
     pairs = []
     for group in worlds.values():
-        group.sort(key=lambda r: -statistics.median(r.values))
+        group.sort(key=lambda r: -statistics.fmean(r.values))
         for a, b in zip(group, group[1:]):
-            if stats.summarize(list(a.values)).overlaps(stats.summarize(list(b.values))):
+            if not repeat_stats.apart(list(a.values), list(b.values), alpha):
                 pairs.append((a, b))
     return pairs
 
@@ -79,11 +88,10 @@ def _pair(a: Row, b: Row) -> str:
 
 def next_round(plan, records: list[dict], most: int) -> tuple[dict[tuple[int, int], int], str]:
     """{(combination, np): the ok repeats it should have after this round}, or {} and the
-    one line that says why the repeats stop. Until stats.fewest_to_separate() repeats (6)
-    an interval is the runs' whole range, which another run can only widen: a round takes
-    an overlapping pair straight there, then one more a round."""
+    one line that says why the repeats stop: one more repeat a round of each pair not told
+    apart."""
     table = rows(plan, records)
-    pairs = undecided(table)
+    pairs = undecided(table, most)
     if not pairs:
         worlds = {(r.nodes, r.np) for r in table}
         if all(sum((r.nodes, r.np) == w for r in table) < 2 for w in worlds):
@@ -91,21 +99,22 @@ def next_round(plan, records: list[dict], most: int) -> tuple[dict[tuple[int, in
         n = max((len(r.values) for r in table), default=0)
         return {}, f"--repeat auto: every compared configuration is told apart after {n} repeats"
     runs = max(max(len(a.values), len(b.values)) for a, b in pairs)
-    needed = {(a, b): stats.repeats_to_separate(list(a.values), list(b.values)) for a, b in pairs}
+    alpha = repeat_stats.look_alpha(looks(most))
+    needed = {(a, b): repeat_stats.repeats_needed(list(a.values), list(b.values), alpha) for a, b in pairs}
     hopeless = [p for p, n in needed.items() if n is not None and n > most]
-    same = "; ".join(f"{_pair(a, b)} would need about {needed[(a, b)]} repeats each"
+    same = "; ".join(f"{_pair(a, b)} would need about {needed[(a, b)]} repeats each (80% power)"
                      for a, b in hopeless)
     if runs >= most:
-        return {}, (f"--repeat auto: stopped at its maximum, {most} repeats; still overlapping: "
+        return {}, (f"--repeat auto: stopped at its maximum, {most} repeats; still not told apart: "
                     + "; ".join(_pair(a, b) for a, b in pairs))
     if len(hopeless) == len(pairs):
         return {}, (f"--repeat auto: stopped after {runs} repeats: at the measured spread {same}, "
                     f"more than its maximum {most}; they perform the same within this machine's noise")
-    target = min(most, max(runs + 1, stats.fewest_to_separate()))
+    target = min(most, runs + 1)
     todo = {(r.combination, r.np): target for p in pairs if p not in hopeless for r in p}
     line = (f"--repeat auto: up to {target} repeats (at most {most}) of "
             + "; ".join(_pair(a, b) for a, b in pairs if (a, b) not in hopeless)
-            + " (their intervals overlap)")
+            + f" (not told apart: the {1 - alpha:.2%} interval of their difference holds 0)")
     if hopeless:
         line += f"; not repeated, the same within this machine's noise: {same}"
     return todo, line

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lab.report import curves, html, markdown, prediction, step_parts, strategies, tables
+from lab.report import cost_model, curves, html, markdown, prediction, step_parts, strategies, tables
 from lab.report import document as d
 from lab.report.analysis import RANKING_HEADERS, analysis
 from lab.report.environment import differing, environment
-from lab.report.records import ReportError, load, ok
+from lab.report.records import ReportError, config_label, load, ok
 
 __all__ = ["FORMATS", "ReportError", "document", "formats", "render", "write", "write_files"]
 
@@ -56,12 +56,35 @@ def _why(records: list[dict], level: int = 2) -> list:
                              "same configuration beside it (data-parallel runs at 1 and 2 or more "
                              "workers make one).")]
     return [head, d.Table(prediction.HEADERS, prediction.table(records, preds), [
-        "Milliseconds but for busbw and speedups. Compute: the 1-worker step. Collective: the "
-        "run's own exchange of its gradient payload alone, timed before training on its ranks "
-        "(the slowest rank's median; bus bandwidth as nccl-tests computes it; the operation and "
-        "its size are in the sentences below). Predicted step: full overlap (the larger of the "
-        "two) to no overlap (their sum); beyond: the measured step less the no-overlap bound."]), *split, d.Items(prediction.sentences(records, preds)
-                                    + prediction.fp16_sentences(records, preds))]
+        "Milliseconds but for slowdown, error and speedups. Predicted step = compute (the 1-worker "
+        "step) x slowdown (compute ceiling at N processes against 1) + exposed (communication: the bucket "
+        "schedule against the backward pass, the collective's cost fitted per back end and place "
+        "from its timings) + waiting (measured arrival spread); error: predicted against measured; "
+        "unexplained: the measured step less the predicted one. Every term is in prediction.json.",
+        *_unpredicted(records)]), *_what_if(records, preds), *split,
+        d.Items(prediction.sentences(records, preds) + prediction.fp16_sentences(records, preds)),
+        d.Para("The model's assumptions:"), d.Items(_assumed(preds))]
+
+
+def _unpredicted(records: list[dict]) -> list[str]:
+    return [f"Not predicted: {config_label(u['row']['record'], records, ' / ')} at "
+            f"{u['row']['np']} workers ({u['why']})." for u in prediction.unpredicted(records)]
+
+
+def _what_if(records: list[dict], preds: list[dict]) -> list:
+    cases = prediction.what_if(records, preds)
+    if not cases:
+        return []
+    return [d.Para("What if (extrapolated, not measured): the predicted step, and the speedup in "
+                   "brackets, at more workers and on other links, each worker on a server of its own:"),
+            d.Table(prediction.WHAT_IF_HEADERS, prediction.what_if_table(cases), [
+                "Extrapolated: no row of this table ran. The link's rate replaces the fitted place's "
+                "in the collective's per-byte cost; compute is the 1-worker step."])]
+
+
+def _assumed(preds: list[dict]) -> list[str]:
+    used = {a for p in preds for a in p["model"]["assumptions"]} | {"link"}
+    return [text for key, text in cost_model.ASSUMPTIONS.items() if key in used]
 
 
 def document(records: list[dict], images: list[str], source: str) -> list:
@@ -202,6 +225,7 @@ def write_files(path: str, format: str = "md", sources: list[str] | None = None)
     blocks = document(records, images, where)
     written = [out_dir / "report.md"]
     written[0].write_text(markdown.render(blocks))
+    prediction.write_json(records, out_dir)
     if "html" in wanted:
         written.append(out_dir / "report.html")
         written[1].write_text(html.render(blocks, out_dir))

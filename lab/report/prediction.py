@@ -1,25 +1,29 @@
-"""Why a configuration scales as it does: a prediction beside each measurement. From the
-1-worker step (compute: the same configuration with one worker) and the run's own
-collective timed alone before training (figures.collective_alone, lab.worker.collective),
-a step at N workers takes between max(compute, collective) (the exchange fully hidden
-behind the backward pass) and compute + collective (not hidden at all); the speedup at a
-fixed per-worker batch is N x compute / step. What the measured step has beyond the
-no-overlap bound is not the collective: waiting for the slowest rank, ranks contending
-for cores (oversubscription), noise.
+"""Why a configuration scales as it does: each multi-worker row's step predicted by the cost
+model (lab.report.cost_model) from its 1-worker row, the collectives its back end timed
+(figures.collective_alone, fitted per framework, back end and place) and the bucket
+schedule, beside the measured step; what the measured step has beyond the prediction is
+unexplained. Then a what-if table for configurations not run, and prediction.json (every
+term, so the error can be recomputed).
 
 Every figure comes from the records (medians over repeats, lab.report.summary.rows)."""
 from __future__ import annotations
 
+import json
 import statistics
+from pathlib import Path
 
-from lab.common.link import rate_gbs
+from lab.common.link import DELAY, rate_gbs
+from lab.report import cost_model as cm
 from lab.report import records as rec
 from lab.report import step_parts, summary
 from lab.report.tables import row_oversubscribed
 
-HEADERS = ["configuration", "np", "servers", "compute", "collective", "busbw (GB/s)",
-           "predicted step", "measured step", "predicted speedup", "measured speedup",
-           "beyond"]
+HEADERS = ["configuration", "np", "servers", "compute", "slowdown", "exposed", "waiting",
+           "predicted", "measured", "error", "speedup (pred.)", "speedup (meas.)", "unexplained"]
+WHAT_IF_WORKERS = (1, 2, 4, 8, 16, 64)
+WHAT_IF_LINKS_GBIT = (1, 10, 100)
+WHAT_IF_HEADERS = ["configuration", "workers", *(f"{g} Gbit/s" for g in WHAT_IF_LINKS_GBIT)]
+JSON_FILE = "prediction.json"
 
 
 def _collective(row: dict) -> dict | None:
@@ -32,81 +36,228 @@ def _collective(row: dict) -> dict | None:
     return {**figs[0], "time_s": t, "busbw_gbs": statistics.median(f["busbw_gbs"] for f in figs)}
 
 
-def predictions(records: list[dict]) -> list[dict]:
-    """One entry per multi-worker row that has its 1-worker row and a timed collective."""
+def _link(record: dict) -> tuple[float | None, float]:
+    """(rate in GB/s, delay in s) of a multi-server record's shaped link; (None, 0) else."""
+    spec = record.get("config", {}).get("link", "") or ""
+    if record["world"]["nodes"] < 2 or not spec:
+        return None, 0.0
+    delay = spec.partition("/")[2]
+    m = DELAY.match(delay) if delay else None
+    scale = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+    return rate_gbs(spec), (float(m.group(1)) * scale[m.group(2).lower()] if m else 0.0)
+
+
+def fit_key(record: dict) -> tuple:
+    """Collectives that share a cost: framework, back end, place, across servers, link."""
+    c, w = record.get("config", {}), record["world"]
+    return (c.get("framework"), w.get("controller") or c.get("backend"), summary.place(record),
+            w["nodes"] > 1, (c.get("link", "") or "") if w["nodes"] > 1 else "")
+
+
+def fits(records: list[dict]) -> dict[tuple, cm.Fit]:
+    """One alpha-beta fit per fit_key from every ok record's collective timed alone."""
+    points: dict[tuple, list[dict]] = {}
+    links: dict[tuple, tuple] = {}
+    for r in records:
+        c = (r.get("figures") or {}).get("collective_alone") if r.get("status") == "ok" else None
+        if c and c.get("time_s"):
+            points.setdefault(fit_key(r), []).append(c)
+            links[fit_key(r)] = _link(r)
+    return {k: f for k, pts in points.items() if (f := cm.fit(pts, *links[k]))}
+
+
+def _median(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _ceiling(row: dict) -> float | None:
+    return _median([((r.get("figures") or {}).get("ceiling") or {}).get("images_per_s")
+                    for r in row["records"]])
+
+
+def arrival_spread(row: dict) -> float | None:
+    """The ranks' arrival spread at the collective (seconds): in each record the most any
+    rank waited for the slowest (its mean over typical steps), the median over repeats."""
+    return _median([max(x["parts_s"]["waiting"] for x in ranks) for r in row["records"]
+                    if (ranks := [x for x in ((r.get("figures") or {}).get("step_parts") or {}).get("ranks") or []
+                                  if x.get("parts_s")])]) if row.get("records") else None
+
+
+def inputs(row: dict, one: dict) -> cm.Inputs:
+    """The model's inputs for `row` from its records and its 1-worker row's."""
+    r, n = row["record"], row["np"]
+    f = r["figures"]
+    compute = one["time per step (ms)"] / 1000
+    parts = step_parts.of_row(one)
+    backward = compute * parts["backward"] / parts["step"] if parts and parts["step"] else None
+    c1, cn = _ceiling(one), _ceiling(row)
+    hv = r["world"].get("horovod") or {}
+    values = f.get("gradient_values")
+    grad = 4.0 * values if values else float(f.get("payload_bytes_per_step") or 0)
+    return cm.Inputs(
+        framework=r["config"].get("framework", "ddp"), np=n, compute_s=compute, backward_s=backward,
+        grad_bytes=grad, payload_bytes=float(f.get("payload_bytes_per_step") or grad),
+        op=f.get("collective") or "allreduce",
+        slowdown=(n * c1 / cn) if c1 and cn else None,
+        waiting_s=arrival_spread(row),
+        tensors=cm.MODEL_TENSORS.get(r["config"].get("model"), cm.DEFAULT_TENSORS),
+        cycle_s=hv.get("cycle_time_ms", cm.HOROVOD_CYCLE_S * 1000) / 1000,
+        fusion_bytes=hv.get("fusion_threshold_bytes", cm.HOROVOD_FUSION))
+
+
+def _pairs(records: list[dict]):
+    """(row, its 1-worker row or None) for every multi-worker row that ran."""
     rows = summary.rows(records)
     base = {summary.config_key(r["record"]): r for r in rows
             if r.get("runs") and r["np"] == 1 and r.get("servers") == 1}
-    out = []
     for row in rows:
-        if not row.get("runs") or row["np"] < 2:
+        if row.get("runs") and row["np"] >= 2:
+            yield row, base.get(summary.config_key(row["record"]))
+
+
+def predictions(records: list[dict]) -> list[dict]:
+    """One entry per multi-worker row that has its 1-worker row and a fitted collective."""
+    fitted = fits(records)
+    out = []
+    for row, one in _pairs(records):
+        fit = fitted.get(fit_key(row["record"]))
+        if one is None or fit is None:
             continue
-        one = base.get(summary.config_key(row["record"]))
-        coll = _collective(row)
-        if one is None or coll is None:
-            continue
-        compute = one["time per step (ms)"]
-        comm = coll["time_s"] * 1000
+        x = inputs(row, one)
+        p = cm.predict(x, fit)
         step = row["time per step (ms)"]
-        n = row["np"]
-        lost = step - compute
         parts, parts_one = step_parts.of_row(row), step_parts.of_row(one)
         out.append({"gap": step_parts.gap(parts, parts_one) if parts and parts_one else None,
-                    "row": row, "np": n, "servers": row["servers"], "compute_ms": compute,
-                    "collective": coll, "collective_ms": comm,
-                    "overlap_ms": max(compute, comm), "serial_ms": compute + comm,
-                    "step_ms": step, "beyond_ms": step - (compute + comm),
-                    "speedup_bounds": (n * compute / (compute + comm), n * compute / max(compute, comm)),
-                    "speedup": row.get("speedup"),
-                    "explained": (min(comm, lost) / lost) if lost > 0 else None,
+                    "row": row, "np": row["np"], "servers": row["servers"], "inputs": x, "fit": fit,
+                    "model": p, "collective": _collective(row),
+                    "predicted_ms": p["step_s"] * 1000, "step_ms": step,
+                    "compute_ms": x.compute_s * 1000,
+                    "error": p["step_s"] * 1000 / step - 1 if step else None,
+                    "unexplained_ms": step - p["step_s"] * 1000,
+                    "predicted_speedup": p["speedup"], "speedup": row.get("speedup"),
                     "oversubscribed": row_oversubscribed(row)})
     return out
 
 
-def _mb(b: float) -> str:
-    return f"{b / 1e6:.3g} MB"
+def unpredicted(records: list[dict]) -> list[dict]:
+    """The multi-worker rows the model could not predict, with why."""
+    fitted = fits(records)
+    out = []
+    for row, one in _pairs(records):
+        why = ("no 1-worker run of the same configuration" if one is None else
+               "no collective timed for its back end and place" if fit_key(row["record"]) not in fitted
+               else None)
+        if why:
+            out.append({"row": row, "why": why})
+    return out
+
+
+def _fmt(v: float | None, spec: str = ".1f") -> str:
+    return "n/a" if v is None else format(v, spec)
 
 
 def table(records: list[dict], preds: list[dict]) -> list[list]:
     rows = []
     for p in preds:
-        c = p["collective"]
-        lo, hi = p["speedup_bounds"]
+        m = p["model"]
         rows.append([
             rec.config_label(p["row"]["record"], records, " / "), p["np"], p["servers"],
-            f"{p['compute_ms']:.1f}", f"{p['collective_ms']:.1f}", f"{c['busbw_gbs']:.3g}",
-            f"{p['overlap_ms']:.1f}-{p['serial_ms']:.1f}", f"{p['step_ms']:.1f}",
-            f"{lo:.2f}-{hi:.2f}", "n/a" if p["speedup"] is None else f"{p['speedup']:.2f}",
-            f"{p['beyond_ms']:+.1f}" + (" (oversubscribed)" if p["oversubscribed"] else "")])
+            f"{p['compute_ms']:.1f}", f"{m['slowdown']:.2f}", f"{m['exposed_s'] * 1000:.1f}",
+            f"{m['waiting_s'] * 1000:.1f}", f"{p['predicted_ms']:.1f}", f"{p['step_ms']:.1f}",
+            _fmt(None if p["error"] is None else 100 * p["error"], "+.0f") + "%",
+            _fmt(p["predicted_speedup"], ".2f"), _fmt(p["speedup"], ".2f"),
+            f"{p['unexplained_ms']:+.1f}" + (" (oversubscribed)" if p["oversubscribed"] else "")])
     return rows
 
 
+def what_if(records: list[dict], preds: list[dict]) -> list[dict]:
+    """Each predicted configuration at WHAT_IF_WORKERS on links of WHAT_IF_LINKS_GBIT, every
+    worker on a server of its own (no shared cores), waiting as measured at the most workers."""
+    best: dict[tuple, dict] = {}
+    for p in preds:
+        key = summary.config_key(p["row"]["record"])
+        if key not in best or (p["np"], p["servers"]) > (best[key]["np"], best[key]["servers"]):
+            best[key] = p
+    out = []
+    for p in best.values():
+        x = p["inputs"]
+        for n in WHAT_IF_WORKERS:
+            for g in WHAT_IF_LINKS_GBIT:
+                fit = p["fit"].on_link(g / 8)
+                y = cm.Inputs(**{**x.__dict__, "np": n, "slowdown": None})
+                m = cm.predict(y, fit)
+                out.append({"configuration": rec.config_label(p["row"]["record"], records, " / "),
+                            "workers": n, "link_gbit": g, "predicted_step_ms": m["step_s"] * 1000,
+                            "predicted_speedup": m["speedup"], "extrapolated": True,
+                            "terms": _terms(m, fit)})
+    return out
+
+
+def what_if_table(cases: list[dict]) -> list[list]:
+    rows: dict[tuple, list] = {}
+    for c in cases:
+        rows.setdefault((c["configuration"], c["workers"]), []).append(
+            f"{c['predicted_step_ms']:.1f} ms ({c['predicted_speedup']:.2f}x)")
+    return [[name, n, *cells] for (name, n), cells in rows.items()]
+
+
+def _terms(m: dict, fit: cm.Fit) -> dict:
+    return {"compute_ms": m["compute_s"] * 1000, "compute_one_worker_ms": m["compute_one_s"] * 1000,
+            "slowdown": m["slowdown"], "backward_ms": m["backward_s"] * 1000,
+            "exposed_communication_ms": m["exposed_s"] * 1000, "waiting_ms": m["waiting_s"] * 1000,
+            "collective_alone_ms": m["collective_alone_s"] * 1000, "collectives_per_step": m["buckets"],
+            "collectives_ms": m["collectives_s"] * 1000, "fit": fit.as_dict(),
+            "assumptions": m["assumptions"]}
+
+
+def document(records: list[dict]) -> dict | None:
+    """prediction.json's content: None where no row has more than one worker."""
+    pairs = list(_pairs(records))
+    if not pairs:
+        return None
+    preds = predictions(records)
+    return {"model": "step = compute x slowdown + exposed communication + waiting (lab.report.cost_model)",
+            "assumptions": cm.ASSUMPTIONS,
+            "configurations": [
+                {"configuration": rec.config_label(p["row"]["record"], records, " / "), "np": p["np"],
+                 "servers": p["servers"], "link": p["row"]["record"].get("config", {}).get("link", ""),
+                 "predicted_step_ms": p["predicted_ms"], "measured_step_ms": p["step_ms"],
+                 "error": p["error"], "unexplained_ms": p["unexplained_ms"],
+                 "predicted_speedup": p["predicted_speedup"], "measured_speedup": p["speedup"],
+                 "terms": _terms(p["model"], p["fit"])} for p in preds]
+            + [{"configuration": rec.config_label(u["row"]["record"], records, " / "), "np": u["row"]["np"],
+                "servers": u["row"]["servers"], "predicted_step_ms": None,
+                "measured_step_ms": u["row"]["time per step (ms)"], "why": u["why"]}
+               for u in unpredicted(records)],
+            "what_if": what_if(records, preds)}
+
+
+def write_json(records: list[dict], out_dir: Path) -> Path | None:
+    """prediction.json beside report.md, for every report with a multi-worker row."""
+    doc = document(records)
+    if doc is None:
+        return None
+    path = Path(out_dir) / JSON_FILE
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    return path
+
+
 def sentences(records: list[dict], preds: list[dict]) -> list[str]:
-    """What explains each configuration's scaling, in one sentence each."""
+    """What explains each configuration's step, in one sentence each."""
     out = []
     for p in preds:
-        c = p["collective"]
-        lost = p["step_ms"] - p["compute_ms"]
         name = rec.config_label(p["row"]["record"], records)
         where = f"at {p['np']} workers" + (f" on {p['servers']} servers" if p["servers"] > 1 else "")
-        if lost <= 0:
-            out.append(f"{name} {where}: the step took no longer than with one worker "
-                       f"({p['step_ms']:.1f} against {p['compute_ms']:.1f} ms): the "
-                       f"{c['op']} of {_mb(c['size_bytes'])} ({p['collective_ms']:.1f} ms alone) "
-                       f"is hidden or negligible.")
-            continue
+        m = p["model"]
+        head = (f"{name} {where}: predicted {p['predicted_ms']:.1f} ms ({p['compute_ms']:.1f} compute x "
+                f"{m['slowdown']:.2f}, {m['exposed_s'] * 1000:.1f} exposed of {m['buckets']} "
+                f"collective(s) costing {m['collectives_s'] * 1000:.1f} ms, "
+                f"{m['waiting_s'] * 1000:.1f} waiting), measured {p['step_ms']:.1f} ms")
         if p["gap"] and p["gap"]["lost"] > 0:
-            out.append(_measured_split(p, name, where))
-            continue
-        share = p["explained"] or 0.0
-        rest = ("ranks contending for the cores (more ranks than cores)" if p["oversubscribed"]
-                else "waiting for the slowest rank, other work on the cores, and noise")
-        out.append(f"{name} {where}: {share:.0%} of the {lost:.1f} ms the step lost is the "
-                   f"{c['op']} of {_mb(c['size_bytes'])} at {c['busbw_gbs']:.3g} GB/s bus bandwidth "
-                   f"({p['collective_ms']:.1f} ms alone{_of_link(p)}); the rest, {max(0.0, lost - p['collective_ms']):.1f} "
-                   f"ms, is {rest}. Predicted speedup {p['speedup_bounds'][0]:.2f}-"
-                   f"{p['speedup_bounds'][1]:.2f}, measured "
-                   f"{'n/a' if p['speedup'] is None else format(p['speedup'], '.2f')}.")
+            out.append(head + "; " + _measured_split(p))
+        else:
+            out.append(head + ".")
     return out
 
 
@@ -138,7 +289,7 @@ def fp16_sentences(records: list[dict], preds: list[dict]) -> list[str]:
     out = []
     for p in preds:
         f = _with_fp16(p, rows)
-        if f is None:
+        if f is None or p["collective"] is None:
             continue
         name = rec.config_label(p["row"]["record"], records)
         where = f"at {p['np']} workers" + (f" on {p['servers']} servers" if p["servers"] > 1 else "")
@@ -164,8 +315,8 @@ def _of_link(p: dict) -> str:
     return f", {p['collective']['busbw_gbs'] / gbs:.0%} of its {spec.partition('/')[0]} link"
 
 
-def _measured_split(p: dict, name: str, where: str) -> str:
-    """The sentence from the measured parts of the step (lab.report.step_parts.gap)."""
+def _measured_split(p: dict) -> str:
+    """The measured parts of what the step lost against one worker (step_parts.gap)."""
     c, g = p["collective"], p["gap"]
     lost = g["lost"]
 
@@ -173,11 +324,14 @@ def _measured_split(p: dict, name: str, where: str) -> str:
         return f"{max(0.0, x) / lost:.0%} ({x * 1000:.1f} ms)"
     grew = ("compute slowed by ranks contending for the cores (more ranks than cores)"
             if p["oversubscribed"] else "compute that grew (cores and memory shared by more ranks)")
-    return (f"{name} {where}: of the {lost * 1000:.1f} ms the step lost against one worker, "
-            f"{share(g['communication'])} is exposed communication (the {c['op']} of "
-            f"{_mb(c['size_bytes'])}: {p['collective_ms']:.1f} ms alone at {c['busbw_gbs']:.3g} GB/s "
-            f"bus bandwidth{_of_link(p)}), {share(g['waiting'])} waiting for the slowest rank, "
-            f"{share(g['compute'])} {grew}, and {share(g['unexplained'])} unexplained "
-            f"(measured parts of each step). Predicted speedup {p['speedup_bounds'][0]:.2f}-"
-            f"{p['speedup_bounds'][1]:.2f}, measured "
-            f"{'n/a' if p['speedup'] is None else format(p['speedup'], '.2f')}.")
+    alone = (f" (the {c['op']} of {_mb(c['size_bytes'])}: {c['time_s'] * 1000:.1f} ms alone at "
+             f"{c['busbw_gbs']:.3g} GB/s bus bandwidth{_of_link(p)})") if c else ""
+    return (f"measured, of the {lost * 1000:.1f} ms the step lost against one worker, "
+            f"{share(g['communication'])} is exposed communication{alone}, "
+            f"{share(g['waiting'])} waiting for the slowest rank, {share(g['compute'])} {grew}, "
+            f"and {share(g['unexplained'])} not in the parts (each part's median over repeats). "
+            f"Speedup predicted {_fmt(p['predicted_speedup'], '.2f')}, measured {_fmt(p['speedup'], '.2f')}.")
+
+
+def _mb(b: float) -> str:
+    return f"{b / 1e6:.3g} MB"

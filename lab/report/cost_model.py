@@ -1,0 +1,245 @@
+"""A cost model of the data-parallel step: the step time of a configuration predicted from
+what its 1-worker run and the collectives' timings measure, so that a configuration can be
+predicted before it runs (docs/pages/report.md, "The cost model" names the sources).
+
+step(N) = compute x slowdown + exposed communication + waiting, where
+- compute is the 1-worker step (its parts: forward, backward, optimizer, other) and
+  slowdown the per-rank loss when N ranks share cores or a GPU, from the compute ceiling
+  measured at 1 and N processes (figures.ceiling), 1 where it was not measured;
+- the collective costs alpha x steps(op, n) + beta x size x factor(op, n): a latency and
+  a per-byte cost fitted by least squares per framework, back end and place, with the
+  ring algorithm's steps (2(n-1) for all-reduce, n-1 for all-gather) and bytes
+  (nccl-tests' bus factor: 2(n-1)/n for all-reduce);
+- exposed communication comes from the bucket schedule (DDP: a first bucket of 1 MiB, then
+  25 MiB; Horovod: what is ready every cycle time, fused up to the fusion threshold)
+  run against the gradients becoming ready during the backward pass, one collective at a
+  time: what ends after the backward is exposed, so the last bucket always is, and a
+  model whose gradients fit in one bucket overlaps nothing;
+- waiting is the measured arrival spread of the ranks, carried as it is.
+
+Pure functions on plain numbers: lab.report.prediction reads the records into them."""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from lab.common import collectives
+
+MIB = 2**20
+DDP_FIRST_BUCKET = 1 * MIB        # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES
+DDP_BUCKET_CAP = 25 * MIB         # DistributedDataParallel(bucket_cap_mb=25)
+HOROVOD_FUSION = 128 * MIB        # Horovod 0.28.1: HOROVOD_FUSION_THRESHOLD's default
+HOROVOD_CYCLE_S = 0.001           # HOROVOD_CYCLE_TIME's default, 1 ms
+BACKWARD_SHARE = 2 / 3            # without measured parts: backward twice the forward
+# Parameter tensors of the kit's models (lab.models): Horovod all-reduces tensor by tensor,
+# so no more collectives per step than tensors; unknown models: DEFAULT_TENSORS.
+MODEL_TENSORS = {"mnist": 8, "resnet50": 161, "lstm": 6}
+DEFAULT_TENSORS = 64
+
+ASSUMPTIONS = {
+    "ready": "Gradients become ready uniformly over the backward pass (bytes in proportion "
+             "to the backward's time), as the records hold no per-bucket ready times.",
+    "ring": "Every back end's all-reduce is a ring: 2(n-1) latency steps and 2(n-1)/n of "
+            "the payload per rank (all-gather: n-1 steps and (n-1)/n of its output).",
+    "serial": "Collectives run one at a time, in order, and a bucket's collective does not "
+              "slow the backward it overlaps.",
+    "slowdown": "Where the compute ceiling was not measured at 1 and N processes, ranks "
+                "sharing cores or a GPU are assumed not to slow each other.",
+    "waiting": "Waiting for the slowest rank is the arrival spread measured at the row's "
+               "own worker count, and for a configuration not run the one measured at the "
+               "most workers, carried unchanged.",
+    "backward": "Without measured step parts the backward is two thirds of the 1-worker "
+                "step (twice the forward).",
+    "link": "On another link the per-byte cost is the host's (the fitted cost less the "
+            "fitted place's link) plus the link's, and its delay adds to every latency "
+            "step; in the what-if table every worker has a server of its own.",
+    "codec": "Compression's encode and decode cost nothing beyond the 1-worker step's "
+             "(not measured apart).",
+    "fit": "With one size timed the latency is taken as 0 and the whole time as bandwidth.",
+}
+
+
+def steps(op: str, n: int) -> int:
+    """Latency steps of the ring algorithm (Thakur, Rabenseifner and Gropp 2005; Patarasuk
+    and Yuan 2009): all-reduce 2(n-1), all-gather and reduce-scatter n-1, others 1."""
+    if n < 2:
+        return 0
+    return 2 * (n - 1) if op == "allreduce" else (n - 1 if op in ("allgather", "reducescatter") else 1)
+
+
+def wire_bytes(op: str, size: float, n: int) -> float:
+    """Bytes each rank moves for `size` (nccl-tests' size): size x the bus factor."""
+    return size * collectives.bus_factor(op, n) if n > 1 else 0.0
+
+
+@dataclass
+class Fit:
+    """t = alpha_s x steps + beta_s_per_byte x wire bytes; `link_gbs` and `delay_s`: the
+    shaped link the points were timed on (None and 0 when unshaped)."""
+    alpha_s: float
+    beta_s_per_byte: float
+    points: int
+    sizes: int
+    how: str
+    link_gbs: float | None = None
+    delay_s: float = 0.0
+
+    def time(self, op: str, size: float, n: int) -> float:
+        if n < 2 or size <= 0:
+            return 0.0
+        return self.alpha_s * steps(op, n) + self.beta_s_per_byte * wire_bytes(op, size, n)
+
+    def on_link(self, gbs: float | None, delay_s: float = 0.0) -> Fit:
+        """The same host on another link: its per-byte cost and delay replace the
+        fitted place's (gbs None: no link between the ranks)."""
+        host_beta = max(0.0, self.beta_s_per_byte - (1 / (self.link_gbs * 1e9) if self.link_gbs else 0.0))
+        host_alpha = max(0.0, self.alpha_s - self.delay_s)
+        return Fit(host_alpha + delay_s, host_beta + (1 / (gbs * 1e9) if gbs else 0.0), self.points,
+                   self.sizes, self.how + ", moved to another link", gbs, delay_s)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def fit(points: list[dict], link_gbs: float | None = None, delay_s: float = 0.0) -> Fit | None:
+    """Least squares of alpha and beta over `points` (op, size_bytes, ranks, time_s), each
+    residual relative to its time (sizes spanning decades weigh alike); both kept at 0 or
+    above. One distinct size: beta alone through the points. None without points."""
+    rows = [(steps(p["op"], p["ranks"]), wire_bytes(p["op"], p["size_bytes"], p["ranks"]), p["time_s"])
+            for p in points if p.get("time_s") and p.get("ranks", 0) > 1 and p.get("size_bytes")]
+    if not rows:
+        return None
+    sizes = len({round(w) for _, w, _ in rows})
+    # relative residuals: divide each equation by its time
+    a = [(s / t, w / t) for s, w, t in rows]
+    if sizes >= 2:
+        s11 = sum(x * x for x, _ in a)
+        s12 = sum(x * y for x, y in a)
+        s22 = sum(y * y for _, y in a)
+        b1, b2 = sum(x for x, _ in a), sum(y for _, y in a)
+        det = s11 * s22 - s12 * s12
+        if det > 0:
+            alpha, beta = (b1 * s22 - b2 * s12) / det, (s11 * b2 - s12 * b1) / det
+            if alpha >= 0 and beta >= 0:
+                return Fit(alpha, beta, len(rows), sizes, "least squares", link_gbs, delay_s)
+        # a negative term: the best fit with it at 0
+        alpha_only = b1 / s11 if s11 else 0.0
+        beta_only = b2 / s22 if s22 else 0.0
+        err_a = sum((x * alpha_only - 1) ** 2 for x, _ in a)
+        err_b = sum((y * beta_only - 1) ** 2 for _, y in a)
+        if err_a < err_b:
+            return Fit(alpha_only, 0.0, len(rows), sizes, "least squares, beta 0", link_gbs, delay_s)
+        return Fit(0.0, beta_only, len(rows), sizes, "least squares, alpha 0", link_gbs, delay_s)
+    beta = sum(y for _, y in a) / sum(y * y for _, y in a)
+    return Fit(0.0, beta, len(rows), 1, "one size: bandwidth only", link_gbs, delay_s)
+
+
+def ddp_buckets(grad_bytes: float, first: float = DDP_FIRST_BUCKET, cap: float = DDP_BUCKET_CAP) -> list[float]:
+    """DDP's buckets in the order they become ready (the gradients in reverse order of the
+    parameters: the first bucket is the first ready): `first`, then up to `cap` each."""
+    out, left, size = [], float(grad_bytes), first
+    while left > 0:
+        out.append(min(size, left))
+        left -= out[-1]
+        size = cap
+    return out
+
+
+def _run(ops: list[tuple[float, float]], backward_s: float) -> dict:
+    """(ready at, seconds) per collective, from the backward's start: run one at a time;
+    what ends after the backward is exposed."""
+    free = 0.0
+    for ready, cost in ops:
+        free = max(free, ready) + cost
+    total = sum(c for _, c in ops)
+    return {"exposed_s": max(0.0, free - backward_s), "collectives": len(ops), "collective_s": total,
+            "end_s": free}
+
+
+def ddp_schedule(grad_bytes: float, payload_ratio: float, backward_s: float, fit_: Fit, op: str,
+                 n: int, first: float = DDP_FIRST_BUCKET, cap: float = DDP_BUCKET_CAP) -> dict:
+    """DDP: each bucket is ready when its last gradient is (uniformly over the backward),
+    and its collective moves the bucket's payload (fp32 bytes x `payload_ratio`; an
+    all-gather's size is n payloads)."""
+    ops, done = [], 0.0
+    for b in ddp_buckets(grad_bytes, first, cap):
+        done += b
+        size = b * payload_ratio * (n if op == "allgather" else 1)
+        ops.append((backward_s * done / grad_bytes, fit_.time(op, size, n)))
+    return {**_run(ops, backward_s), "buckets": len(ops)}
+
+
+def horovod_schedule(grad_bytes: float, payload_ratio: float, backward_s: float, fit_: Fit, op: str,
+                     n: int, tensors: int, cycle_s: float = HOROVOD_CYCLE_S,
+                     fusion: float = HOROVOD_FUSION) -> dict:
+    """Horovod: every cycle its background thread fuses the tensors ready since the last
+    one (up to the fusion threshold a collective) and starts them; tensors become ready
+    uniformly over the backward, so no more cycles carry work than there are tensors."""
+    ticks = max(1, min(tensors, math.ceil(backward_s / cycle_s) if cycle_s > 0 else tensors))
+    every = backward_s / ticks
+    ops, sent = [], 0.0
+    for k in range(1, ticks + 1):
+        # the tick after the k-th share is ready (a cycle's boundary: at most one cycle late)
+        ready_at = k * every
+        tick = math.ceil(ready_at / cycle_s - 1e-9) * cycle_s if cycle_s > 0 else ready_at
+        fresh = grad_bytes * k / ticks - sent
+        sent += fresh
+        while fresh > 0:
+            part = min(fresh, fusion)
+            fresh -= part
+            size = part * payload_ratio * (n if op == "allgather" else 1)
+            ops.append((tick, fit_.time(op, size, n)))
+    return {**_run(ops, backward_s), "buckets": len(ops)}
+
+
+@dataclass
+class Inputs:
+    """What one configuration's prediction needs: measured (compute, parts, ceilings,
+    waiting) and set (framework, gradients, payload, op, world, the settings)."""
+    framework: str
+    np: int
+    compute_s: float                # the 1-worker step
+    backward_s: float | None        # its backward (None: BACKWARD_SHARE of compute)
+    grad_bytes: float               # float32 gradient bytes (4 per value)
+    payload_bytes: float            # what one rank hands to the collective per step
+    op: str                         # allreduce, or allgather for the 8-bit codecs
+    slowdown: float | None = None   # measured: compute at N / compute at 1
+    waiting_s: float | None = None  # measured arrival spread
+    tensors: int = DEFAULT_TENSORS
+    cycle_s: float = HOROVOD_CYCLE_S
+    fusion_bytes: float = HOROVOD_FUSION
+
+
+def predict(x: Inputs, fit_: Fit) -> dict:
+    """The predicted step (seconds) and every term it is made of, with the assumptions
+    this prediction relied on (keys of ASSUMPTIONS)."""
+    used = ["ring", "serial", "codec"]
+    slow = x.slowdown if x.slowdown else 1.0
+    if not x.slowdown and x.np > 1:
+        used.append("slowdown")
+    backward1 = x.backward_s if x.backward_s is not None else BACKWARD_SHARE * x.compute_s
+    if x.backward_s is None:
+        used.append("backward")
+    compute, backward = x.compute_s * slow, backward1 * slow
+    ratio = x.payload_bytes / x.grad_bytes if x.grad_bytes else 1.0
+    if x.np < 2 or x.grad_bytes <= 0:
+        sched = {"exposed_s": 0.0, "collectives": 0, "collective_s": 0.0, "buckets": 0, "end_s": 0.0}
+    elif x.framework == "horovod":
+        sched = horovod_schedule(x.grad_bytes, ratio, backward, fit_, x.op, x.np, x.tensors,
+                                 x.cycle_s, x.fusion_bytes)
+        used.append("ready")
+    else:
+        sched = ddp_schedule(x.grad_bytes, ratio, backward, fit_, x.op, x.np)
+        used.append("ready")
+    waiting = (x.waiting_s or 0.0) if x.np > 1 else 0.0
+    if x.np > 1:
+        used.append("waiting")
+    if fit_ is not None and fit_.sizes < 2 and x.np > 1:
+        used.append("fit")
+    alone = fit_.time(x.op, x.payload_bytes * (x.np if x.op == "allgather" else 1), x.np) if x.np > 1 else 0.0
+    step = compute + sched["exposed_s"] + waiting
+    return {"step_s": step, "compute_s": compute, "compute_one_s": x.compute_s, "slowdown": slow,
+            "backward_s": backward, "exposed_s": sched["exposed_s"], "waiting_s": waiting,
+            "collective_alone_s": alone, "buckets": sched["buckets"],
+            "collectives_s": sched["collective_s"], "speedup": x.np * x.compute_s / step if step else None,
+            "assumptions": used}

@@ -1,0 +1,108 @@
+"""`python -m lab.report.model_check [RESULTS_DIR ...]`: the cost model (lab.report.cost_model)
+held against measurements: predicted and measured step and the error, one line per case.
+
+Without arguments, the cases docs/pages/report.md publishes ("Why it scales as it does"):
+their records are not kept, so each case's inputs are read back from the published figures
+(the 1-worker step from the speedups and the step lost, the collective from its time
+alone or from the published bounds' ratio, waiting from its published share), and what
+they do not give is the model's stated default (backward two thirds of the step, no
+measured slowdown, the latency 0 with one size timed). With RESULTS_DIR: every predicted
+multi-worker row of the records there (lab.report.prediction), and the rows it could not
+predict with why."""
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+from lab.report import cost_model as cm
+
+MNIST_GRAD = 87_360          # the MNIST CNN's float32 gradient bytes (21,840 values)
+
+
+def _case(name, framework, t1, t2, coll_s, coll_bytes, grad, waiting, tensors):
+    """A published case: 2 workers, 1-worker step t1, 2-worker step t2 (any one unit of
+    time, seconds where absolute), the collective alone coll_s on coll_bytes."""
+    fit = cm.fit([{"op": "allreduce", "size_bytes": coll_bytes, "ranks": 2, "time_s": coll_s}])
+    x = cm.Inputs(framework=framework, np=2, compute_s=t1, backward_s=None, grad_bytes=grad,
+                  payload_bytes=grad, op="allreduce", waiting_s=waiting, tensors=tensors)
+    return name, cm.predict(x, fit)["step_s"], t2
+
+
+def published() -> list[tuple[str, float, float]]:
+    """(case, predicted step, measured step) for the six published cases."""
+    out = []
+    # DDP MNIST, one machine: lost 11.7 ms, speedup 1.16, all-reduce of 0.087 MB in 0.9 ms,
+    # 19% of the lost step waiting.
+    t1 = 11.7 / (2 / 1.16 - 1)
+    out.append(_case("DDP MNIST, 1 machine, 2 workers", "ddp", t1, t1 + 11.7, 0.9, MNIST_GRAD,
+                     MNIST_GRAD, 0.19 * 11.7, cm.MODEL_TENSORS["mnist"]))
+    # DDP ResNet-50 batch 32, one machine: lost 12.0 s, speedup 1.42, 102 MB in 0.13 s, 5% waiting.
+    t1 = 12.0 / (2 / 1.42 - 1)
+    out.append(_case("DDP ResNet-50, 1 machine, 2 workers", "ddp", t1, t1 + 12.0, 0.13, 102e6, 102e6,
+                     0.05 * 12.0, cm.MODEL_TENSORS["resnet50"]))
+    # DDP MNIST, 2 servers at 1 Gbit/s: bounds 1.66-2.00 (collective / compute = 2/1.66 - 1),
+    # measured 0.96, 16% of the lost step waiting; the compute is the unit.
+    lost = 2 / 0.96 - 1
+    out.append(_case("DDP MNIST, 2 servers, 1 Gbit/s", "ddp", 1.0, 2 / 0.96, 2 / 1.66 - 1, MNIST_GRAD,
+                     MNIST_GRAD, 0.16 * lost, cm.MODEL_TENSORS["mnist"]))
+    # Horovod MNIST, 2 servers at 1 Gbit/s: bounds 1.49-2.00, collective 5.6 ms, measured
+    # 0.70; waiting not published (0).
+    t1 = 5.6 / (2 / 1.49 - 1)
+    out.append(_case("Horovod MNIST, 2 servers, 1 Gbit/s", "horovod", t1, 2 * t1 / 0.70, 5.6, MNIST_GRAD,
+                     MNIST_GRAD, 0.0, cm.MODEL_TENSORS["mnist"]))
+    # DDP ResNet-50, 2 servers at 1 Gbit/s: 94 MB at 0.119 GB/s bus bandwidth, bounds
+    # 0.65-0.96 (compute = 0.96 / 2 of the collective), measured 0.76; waiting not published.
+    c = 94e6 / 0.119e9
+    t1 = 0.96 / 2 * c
+    out.append(_case("DDP ResNet-50, 2 servers, 1 Gbit/s", "ddp", t1, 2 * t1 / 0.76, c, 94e6, 94e6, 0.0,
+                     cm.MODEL_TENSORS["resnet50"]))
+    # Horovod ResNet-50, same link: bounds 0.55-0.77 (compute = 0.77 / 2 of its collective,
+    # the collective the unit), measured 0.57.
+    t1 = 0.77 / 2
+    out.append(_case("Horovod ResNet-50, 2 servers, 1 Gbit/s", "horovod", t1, 2 * t1 / 0.57, 1.0, 94e6,
+                     94e6, 0.0, cm.MODEL_TENSORS["resnet50"]))
+    return out
+
+
+def of_results(path: str) -> tuple[list[tuple[str, float, float]], list[str]]:
+    from lab.common import results
+    from lab.report import prediction
+    from lab.report.records import config_label
+    recs = [r for f in sorted(Path(path).rglob(results.RESULTS_FILE)) for r in results.read_records(f)[0]]
+    rows = [(f"{config_label(p['row']['record'], recs, ' / ')}, {p['servers']} server(s), {p['np']} workers",
+             p["predicted_ms"], p["step_ms"]) for p in prediction.predictions(recs)]
+    why = [f"{config_label(u['row']['record'], recs, ' / ')} at {u['row']['np']} workers: {u['why']}"
+           for u in prediction.unpredicted(recs)]
+    return rows, why
+
+
+def lines(cases: list[tuple[str, float, float]]) -> list[str]:
+    out = ["| case | predicted step | measured step | error |", "| --- | --- | --- | --- |"]
+    errors = []
+    for name, pred, meas in cases:
+        errors.append(pred / meas - 1)
+        out.append(f"| {name} | {pred:.4g} | {meas:.4g} | {100 * errors[-1]:+.0f}% |")
+    if errors:
+        out.append(f"\nmedian absolute error {100 * statistics.median(abs(e) for e in errors):.0f}%, "
+                   f"largest {100 * max(abs(e) for e in errors):.0f}% ({len(errors)} cases)")
+    return out
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print("The published cases (docs/pages/report.md; steps in the unit each case gives):")
+        print("\n".join(lines(published())))
+    for path in argv:
+        rows, why = of_results(path)
+        print(f"\n{path}:")
+        if not rows and not why:
+            print(f"no multi-worker row in the records under {path}")
+            continue
+        print("\n".join(lines(rows)) if rows else "no multi-worker row predicted")
+        print("\n".join(f"- not predicted: {w}" for w in why))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
