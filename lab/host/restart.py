@@ -61,7 +61,12 @@ def run(run_one, s, cfg, np, runner, rfile, echo, load=None, torch_version=None)
         c = dataclasses.replace(cfg, restart=n, attempt=restarts.attempt_of(cfg.attempt, n))
         before = len(results.read_records(rfile)[0])
         launched = time.time()
-        failed = run_one(s, c, np, runner, rfile, echo, load, torch_version=torch_version)
+        try:
+            failed = run_one(s, c, np, runner, rfile, echo, load, torch_version=torch_version)
+        except KeyboardInterrupt:       # recorded as interrupted by run_one: with its restarts
+            if failures:
+                results.update_records(rfile, before, lambda r: {**r, "restarts": failures})
+            raise
         ended = time.time()
         failures = _resumed(folder, n, failures)
         new = results.read_records(rfile)[0][before:]
