@@ -14,6 +14,7 @@ from lab.host import bench, places, restart
 from lab.host.places.image import ImageRunner
 from lab.host.places.local import LocalRunner
 from lab.host.request import BenchError, BenchSettings, base_config, settings_from_flags
+from lab.report.bench_output import render, restart_line
 from lab.worker import checkpoint
 from tests.conftest import requires_horovod, requires_mpirun
 
@@ -116,6 +117,8 @@ def test_a_relaunch_that_ends_ok_is_one_ok_record_with_its_restart(tmp_path):
     assert entry["resumed_from_step"] == 10 and entry["attempt"] == "000-job"
     assert entry["lost_s"] == pytest.approx(entry["redone_s"] + entry["relaunch_s"])
     assert any("relaunching the job (1 of at most 2)" in line for line in lines)
+    assert restart_line(records[0]) == ("np=2: ok after 1 relaunch(es): rank 1 was killed, resumed "
+                                        f"from step 10 ({entry['lost_s']:.1f} s lost)")
 
 
 def test_a_job_failing_every_launch_is_recorded_failed_with_its_restarts(tmp_path):
@@ -187,3 +190,5 @@ def test_a_killed_rank_is_survived_from_the_last_checkpoint(stack, tmp_path, uni
     assert len(set(r["figures"]["parameter_digests"])) == 1
     # the relaunch's steps only: 40 - 10 resumed, none of them warm-up (--warmup-steps 5 < 10)
     assert r["figures"]["timed_steps"] == 30
+    shown = render(outcome.records, outcome.run_dir).splitlines()
+    assert any(line.startswith("np=2: ok after 1 relaunch(es): rank 1") for line in shown), shown
