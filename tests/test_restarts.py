@@ -48,7 +48,7 @@ def test_a_torn_checkpoint_is_skipped_and_the_one_before_it_loaded(tmp_path):
     with open(newest, "wb") as f:        # cut short, under its final name
         f.write(data[:len(data) // 2])
     said = []
-    path, state = checkpoint.newest_loadable(folder, "cpu", log=lambda *a, **k: said.append(a[0]))
+    path, state = checkpoint.newest_loadable(folder, log=lambda *a, **k: said.append(a[0]))
     assert path == checkpoint.path_of(folder, 10) and state["step"] == 10
     assert len(said) == 1 and "step-00000020.pt does not load" in said[0]
 

@@ -151,11 +151,13 @@ def save(cfg, d, strategy, global_step: int, epoch: int, step: int, loss_sum, ep
     prune(folder)
 
 
-def newest_loadable(folder: str, device, log=print) -> tuple[str | None, dict | None]:
-    """The newest checkpoint of `folder` that loads, and its state; (None, None) when none."""
+def newest_loadable(folder: str, log=print) -> tuple[str | None, dict | None]:
+    """The newest checkpoint of `folder` that loads, and its state; (None, None) when none.
+    Loaded on the CPU: the random states must stay CPU tensors, and load_state_dict
+    copies parameters and optimizer state onto their own device."""
     for _, path in listed(folder):
         try:
-            state = torch.load(path, map_location=device, weights_only=False)
+            state = torch.load(path, map_location="cpu", weights_only=False)
             if state.get("format") != FORMAT:
                 raise ValueError(f"format {state.get('format')!r}, not {FORMAT}")
             return path, state
@@ -165,20 +167,20 @@ def newest_loadable(folder: str, device, log=print) -> tuple[str | None, dict | 
     return None, None
 
 
-def resume(cfg, d, strategy, device, log=print) -> Position:
+def resume(cfg, d, strategy, log=print) -> Position:
     """Where this launch starts: step 0 on a first launch, or the newest checkpoint
     that loads on a relaunch (then the model, optimizer and this rank's random states
     are restored); rank 0 writes where it resumed (lab.common.restarts.resumed_path)."""
     if not cfg.restart:
         return Position()
     folder = job_folder(cfg)
-    path, state = newest_loadable(folder, device, log) if d.rank == 0 else (None, None)
+    path, state = newest_loadable(folder, log) if d.rank == 0 else (None, None)
     # rank 0's choice to every rank (the same type on each: Horovod names an object
     # collective by its type, horovod/torch/functions.py allgather_object)
     path = d.allgather_object(path or "")[0] or None
     horovod = cfg.framework == "horovod"
     if path is not None and d.rank != 0 and not horovod:
-        state = torch.load(path, map_location=device, weights_only=False)
+        state = torch.load(path, map_location="cpu", weights_only=False)
     if path is not None and state is not None:
         if state["world"] != d.size:
             raise ConfigError(f"the checkpoint {path} was written by {state['world']} ranks, not "

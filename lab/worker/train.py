@@ -151,7 +151,7 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
     steps = cfg.steps_per_epoch(len(train_split), strategy.data_world)
 
     step_times: list[float] = []
-    pos = ckpt.resume(cfg, d, strategy, device, log)     # step 0, or a relaunch's checkpoint
+    pos = ckpt.resume(cfg, d, strategy, log)     # step 0, or a relaunch's checkpoint
     epochs, global_step = pos.epochs, pos.global_step
     total_steps = steps * cfg.epochs
     said_at, said_step = time.perf_counter(), global_step   # the last progress line (rank 0)
