@@ -203,7 +203,8 @@ ASK = {"local": dict(where="local"), "where": dict(where="image"), "image": dict
        "frozen": dict(frozen=True), "nodes": dict(nodes=2), "link": dict(link="1gbit"),
        "launcher": dict(launcher="slurm"), "partition": dict(partition="p"),
        "hosts": dict(hosts="a:1,b:1"), "hostfile": dict(hostfile="hosts.txt"),
-       "results_dir": dict(results_dir="elsewhere"), "data_dir": dict(data_dir="elsewhere")}
+       "results_dir": dict(results_dir="elsewhere"), "data_dir": dict(data_dir="elsewhere"),
+       "checkpoint_every": dict(checkpoint_every=10), "max_restarts": dict(max_restarts=1)}
 OPTION_CELLS = [(name, o.name) for name in places.PLACES for o in options.OPTIONS]
 
 

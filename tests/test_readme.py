@@ -41,6 +41,8 @@ RUN = {   # command -> arguments the test adds (results go to a temporary folder
     ". .venv/bin/activate": None,   # test_activating_the_environment_puts_its_commands_first
 }
 COVERED = {   # command -> the test that runs it, or ".ci/run runs `what .ci/run holds`"
+    "invoke bench --local --np 2 --data synthetic --max-steps 40 --checkpoint-every 10 --max-restarts 1 "
+    "--fault 1:15:kill": "tests/test_restarts.py::test_a_killed_rank_is_survived_from_the_last_checkpoint",
     "invoke acceptance --local":
         "tests/test_acceptance.py::test_without_docker_or_with_local_the_same_plan_runs_as_local_processes",
     "bash docker/setup-venv.sh .venv": ".ci/run runs `bash docker/setup-venv.sh .venv`",

@@ -110,6 +110,8 @@ class RunConfig:
     zero_stage: int = 0           # deepspeed: ZeRO stage 0..3
     devices: int = 0              # dataparallel: GPUs of its one process (0: all it sees)
     precision: str = "fp32"       # fp32, tf32, bf16 or fp16 (PRECISIONS)
+    checkpoint_every: int = 0     # steps between checkpoints (0: none; lab.worker.checkpoint)
+    restart: int = 0              # which relaunch of its job this is (0: the first launch; set by bench)
 
     def check(self) -> None:
         """Raise ConfigError for values no run could use (needs nothing installed)."""
@@ -129,7 +131,7 @@ class RunConfig:
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, "
                                   f"not {getattr(self, name)}")
-        for name in ("warmup_steps", "max_steps", "synthetic_size"):
+        for name in ("warmup_steps", "max_steps", "synthetic_size", "checkpoint_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name.replace('_', '-')} cannot be negative")
         if self.backend == "nccl" and self.device != "cuda":
@@ -140,6 +142,10 @@ class RunConfig:
                               "use --framework horovod or ddp, or --compression none")
         if self.fault:
             self.fault_plan()
+        if self.checkpoint_every and (self.strategy != "ddp" or self.compression.startswith("int8")):
+            raise ConfigError("--checkpoint-every covers the ddp strategy without an 8-bit codec (whose "
+                              "error feedback is not saved): leave it out, or use --strategy ddp "
+                              "with --compression none or fp16")
         self.check_strategy()
         self.check_precision()
 
@@ -279,7 +285,7 @@ class RunConfig:
         """The configuration as stored in a results record."""
         d = dataclasses.asdict(self)
         for private in ("fault", "attempt", "results_dir", "run_id", "expected_np", "data_dir",
-                        "launched_at", "stall_s"):
+                        "launched_at", "stall_s", "restart"):
             d.pop(private)
         return d
 

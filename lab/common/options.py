@@ -161,14 +161,21 @@ OPTIONS = (
     Option("fault", "RANK:STEP[:MODE]: that rank raises (MODE kill: SIGKILLs itself; hang: stops "
            "calling collectives; hang-data: sleeps in its data loading; slow: each step from then "
            "on takes 50 ms longer) at that step, to see a failed, stalled or waited-for job", _A),
+    Option("checkpoint_every", "save a checkpoint every N steps into the run's folder (model, "
+           "optimizer, data position, random states; the ddp strategy, local processes), the "
+           "newest two kept; 0: none", _A, kind=int, key=True, reach="place"),
+    Option("max_restarts", "relaunch a job that fails up to K times, each from its last "
+           "checkpoint (without --checkpoint-every: from step 0); --fault fires on the first "
+           "launch only; local processes", _A, default=0, kind=int, reach="place"),
     Option("debug", "the frameworks' debug output: TORCH_DISTRIBUTED_DEBUG=DETAIL for DDP", _A,
            default=False, kind=bool),
 )
 
 # RunConfig's fields that no option sets: the launcher's (expected_np, attempt,
-# launched_at) or the model spec's and the strategy's (test_batch_size, lr, momentum,
+# launched_at, restart) or the model spec's and the strategy's (test_batch_size, lr, momentum,
 # devices). Every other field of RunConfig is a row above (tests/test_plan.py checks).
-RANK_ONLY = ("test_batch_size", "lr", "momentum", "expected_np", "attempt", "launched_at", "devices")
+RANK_ONLY = ("test_batch_size", "lr", "momentum", "expected_np", "attempt", "launched_at", "devices",
+             "restart")
 
 BY_NAME = {o.name: o for o in OPTIONS}
 SETTINGS = tuple(o for o in OPTIONS if o.setting)            # bench's settings, in this order

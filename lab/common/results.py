@@ -131,6 +131,14 @@ SCHEMA = {
     "epochs": ("list[object]", "per epoch: epoch, train_loss, test_accuracy, epoch_time_s, "
                "shard_sizes (samples each rank trained on; the shards are disjoint by "
                "construction)"),
+    "restarts": ("list[object], optional", "bench --max-restarts: one entry per relaunch of the job, "
+                 "in order: attempt (the failed launch's name), started_at, error (how that launch "
+                 "failed, as bench named it: rank, host, exit_code, signal, reason), "
+                 "resumed_from_step (where the relaunch resumed: a checkpoint's step, or 0), "
+                 "checkpoint (its file, null without one), redone_s (the failed launch's work "
+                 "since that checkpoint, lost), relaunch_s (from the failure to the resumed "
+                 "launch's first step) and lost_s (their sum: the time the fault cost); the "
+                 "figures are the last launch's"),
     "step_times_s": ("list[float]", "every timed step's time on rank 0, in order"),
     "manifest": ("object", "the environment: hosts, cpu_model, gpus (NVML), driver, cuda, "
                  "cudnn, nccl, mpi, nics (name, driver, speed), gpu_topology (NVLink/PCIe summary), "
@@ -261,10 +269,13 @@ def append_record(path: str | os.PathLike, record: dict) -> None:
         os.close(fd)
 
 
+DROP = object()     # what an update returns to take a record out (lab.host.restart)
+
+
 def update_records(path: str | os.PathLike, start: int, update) -> int:
-    """Apply `update(record) -> record or None` to the records from index `start` on and
-    write the file anew (a temporary file renamed over it: a crash leaves the old file or
-    the new one, never half of one). For bench, once a job's ranks are gone, to add what
+    """Apply `update(record) -> record, None (unchanged) or DROP (taken out)` to the
+    records from index `start` on and write the file anew (a temporary file renamed over
+    it: a crash leaves the old file or the new one, never half of one). For bench, once a job's ranks are gone, to add what
     only the launcher knows (a scheduler's final state). Lines that do not parse are kept
     as they were. Returns how many records changed."""
     path = Path(path)
@@ -278,6 +289,10 @@ def update_records(path: str | os.PathLike, start: int, update) -> int:
         if isinstance(rec, dict) and "schema_version" in rec and rec["schema_version"] <= SCHEMA_VERSION:
             if index >= start:
                 new = update(rec)
+                if new is DROP:
+                    changed += 1
+                    index += 1
+                    continue
                 if new is not None:
                     line = json.dumps(new, sort_keys=False, separators=(",", ":")) + "\n"
                     changed += 1

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from lab.common import heartbeat, results
 from lab.common.config import RunConfig
-from lab.host import ceiling
+from lab.host import ceiling, restart
 from lab.host.failures import StreamWatches, attribute_failure
 from lab.host.launch import HostsError, job_env
 from lab.host.places import runner_for
@@ -209,7 +209,7 @@ def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
             load["place"] = runner.kind
             if line:
                 echo(line)
-            failed += run_one(s, cfg, np, runner, rfile, echo, load, torch_version=stack.get("torch"))
+            failed += restart.run(run_one, s, cfg, np, runner, rfile, echo, load, stack.get("torch"))
     finally:
         if shaped:
             runner.unshape_links()

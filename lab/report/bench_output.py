@@ -1,5 +1,5 @@
 """What `invoke bench` prints when it is done: the results table of its records (what
-did not run listed once per reason under it), each run against the compute ceiling
+did not run listed once per reason under it), the jobs relaunched after a failure, each run against the compute ceiling
 measured around it (figures.ceiling), and where the records are."""
 from __future__ import annotations
 
@@ -25,6 +25,20 @@ def ceiling_line(r: dict) -> str | None:
             f"{where}; {c['before']:,.4g} before the run, {c['after']:,.4g} after)")
 
 
+def restart_line(r: dict) -> str | None:
+    """A job relaunched by --max-restarts: how it ended, and per relaunch what failed,
+    the step it resumed from and the time the fault cost (record's restarts)."""
+    relaunches = r.get("restarts")
+    if not relaunches:
+        return None
+    rep = r.get("config", {}).get("repeat", 0)
+    each = [f"{(e.get('error') or {}).get('reason', 'a failure')}, resumed from step "
+            f"{e.get('resumed_from_step')}" + (f" ({e['lost_s']:.1f} s lost)" if e.get("lost_s") is not None
+                                               else "") for e in relaunches]
+    return (f"np={r['world']['np']}" + (f", repeat {rep + 1}" if rep else "")
+            + f": {r.get('status')} after {len(relaunches)} relaunch(es): " + "; ".join(each))
+
+
 def render(records: list[dict], run_dir: str) -> str:
     """The table of the runs that ran (a failed one with its reason as a numbered note),
     then what did not run, once per reason (lab.report.tables.not_run), the ceilings and
@@ -34,6 +48,7 @@ def render(records: list[dict], run_dir: str) -> str:
     skipped = tables.not_run(records)
     if skipped:
         lines.append("not run:\n" + "\n".join(f"- {line}" for line in skipped))
+    lines += [line for line in map(restart_line, records) if line]
     lines += [line for line in map(ceiling_line, records) if line]
     lines.append(f"records: {os.path.join(run_dir, results.RESULTS_FILE)}")
     return "\n".join(lines)

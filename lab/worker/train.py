@@ -109,6 +109,7 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
     import torch
 
     from lab.common import metrics
+    from lab.worker import checkpoint as ckpt
     from lab.worker import data, dist, horovod_tuning, manifest, models, precision, step_parts, strategies
     from lab.worker.strategies import memory
 
@@ -143,27 +144,29 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
     del model
     # The step's collective alone, on this run's payload (data parallelism only).
     probe = strategy.time_collective()
-    fault_rank, fault_step, fault_mode = cfg.fault_plan()
+    # --fault fires on a job's first launch only: a relaunch (--max-restarts) runs clean.
+    fault_rank, fault_step, fault_mode = cfg.fault_plan() if not cfg.restart else (-1, -1, "")
     # Data-parallel strategies split the data over the ranks; a pipeline's stages all
     # see the same batches (strategy.data_world is 1).
     steps = cfg.steps_per_epoch(len(train_split), strategy.data_world)
 
     step_times: list[float] = []
-    epochs = []
-    global_step = 0
+    pos = ckpt.resume(cfg, d, strategy, log)     # step 0, or a relaunch's checkpoint
+    epochs, global_step = pos.epochs, pos.global_step
     total_steps = steps * cfg.epochs
-    said_at, said_step = time.perf_counter(), 0     # the last progress line (rank 0)
+    said_at, said_step = time.perf_counter(), global_step   # the last progress line (rank 0)
     b = cfg.batch_size
-    for epoch in range(cfg.epochs):
+    for epoch in range(pos.epoch, cfg.epochs):
         idx = data.shard_indices(len(train_split), strategy.data_rank, strategy.data_world,
                                  epoch, cfg.seed)
         batches = min(steps, len(idx) // b)   # fewer than steps: synthetic data, cycled
         xs, ys = train_split.take(idx[:batches * b].to(device))
         strategy.train_mode(True)
-        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        loss_sum = pos.epoch_loss(epoch, device)
+        loss = loss_sum if pos.first_step(epoch) else None
         _sync(device)
         epoch_start = time.perf_counter()
-        for s in range(steps):
+        for s in range(pos.first_step(epoch), steps):
             phase = "warm-up" if global_step < cfg.warmup_steps else "step"
             hb.beat(phase, global_step, "before")
             faulty = global_step == fault_step and d.rank == fault_rank
@@ -196,6 +199,8 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
             if global_step >= cfg.warmup_steps:
                 step_times.append(took)
             global_step += 1
+            if ckpt.due(cfg, global_step, total_steps):
+                ckpt.save(cfg, d, strategy, global_step, epoch, s + 1, loss_sum, epochs)
             now = time.perf_counter()
             if d.rank == 0 and now - said_at >= progress.EVERY_S:
                 rate = strategy.images_per_step() * (global_step - said_step) / (now - said_at)

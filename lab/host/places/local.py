@@ -14,7 +14,7 @@ class LocalRunner(Runner):
 
     kind = "local"
     title = "local processes"
-    honours = frozenset({"local", "results_dir", "data_dir"})
+    honours = frozenset({"local", "results_dir", "data_dir", "checkpoint_every", "max_restarts"})
     records_where_note = False
 
     @classmethod

@@ -1,0 +1,35 @@
+"""Names shared by bench and the ranks for --checkpoint-every and --max-restarts
+(standard library only): where a job's checkpoints live, what each relaunch is called,
+and the file in which the ranks of a relaunch say where they resumed.
+
+A job's checkpoints are <run folder>/checkpoints/<the job's first launch name>/step-N.pt:
+the same folder for every relaunch of that job, another for every other job of the run.
+Relaunch n (1, 2, ...) is named <first launch name>-restart<n> (its own failures/ and
+heartbeats/ folders)."""
+from __future__ import annotations
+
+import os
+
+CHECKPOINTS = "checkpoints"
+KEEP = 2                     # checkpoints kept per job: the newest and the one before it
+
+
+def attempt_of(first: str, restart: int) -> str:
+    """The launch name of relaunch `restart` of the job first launched as `first`."""
+    return first if restart == 0 else f"{first}-restart{restart}"
+
+
+def first_attempt(attempt: str, restart: int) -> str:
+    """The job's first launch name, from relaunch `restart`'s name."""
+    suffix = f"-restart{restart}"
+    return attempt[:-len(suffix)] if restart and attempt.endswith(suffix) else attempt
+
+
+def folder(run_dir: str | os.PathLike, attempt: str, restart: int = 0) -> str:
+    """The job's checkpoint folder (relaunch `restart`, launched as `attempt`)."""
+    return os.path.join(str(run_dir), CHECKPOINTS, first_attempt(attempt, restart) or "manual")
+
+
+def resumed_path(job_folder: str, restart: int) -> str:
+    """Where rank 0 of relaunch `restart` writes the step it resumed from (JSON)."""
+    return os.path.join(job_folder, f"resumed-{restart}.json")

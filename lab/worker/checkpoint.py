@@ -1,0 +1,220 @@
+"""--checkpoint-every N: the ranks' checkpoints, and where a relaunched job resumes.
+
+What a checkpoint holds: the model's and the optimizer's state (and fp16's gradient
+scaler), the position in the data (the global step, the epoch and the step within it:
+the epoch's batch order is drawn from (seed, epoch), lab.worker.data.shard_indices), the
+epochs finished so far, and each rank's own random states (torch's, CUDA's, Python's,
+NumPy's: the MNIST CNN's dropout draws from them) and its running loss of the epoch,
+so that a resumed run takes the same batches, the same dropout masks and reports the
+same loss as an uninterrupted one.
+
+How it is written: the ddp strategy replicates the model and the optimizer on every
+rank, so one copy is the whole state: rank 0 gathers the ranks' own parts (random
+states, running loss) and writes one file with torch.save (torch.distributed.checkpoint
+is for state that is sharded over the ranks: ZeRO, FSDP; one file here can be replaced
+atomically, a folder of DCP's shards cannot). The file is written under a temporary
+name in the same folder, flushed and fsynced, then renamed over its final name
+(os.replace) and the folder fsynced: a rank killed during the write leaves the temporary
+file, never a torn step-N.pt. The newest lab.common.restarts.KEEP are kept.
+
+How it is read (a relaunch: RunConfig.restart > 0): rank 0 tries the checkpoints from
+the newest down and takes the first that loads (a file that does not load, say one cut
+short on a disk that lied about fsync, is skipped with a line saying so), then tells
+every rank which. DDP: every rank loads that file (the same on each). Horovod: rank 0
+has loaded it; hvd.broadcast_parameters and hvd.broadcast_optimizer_state hand its state
+to the others, as Horovod's examples do at start. Each rank then takes its own random
+states and running loss."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from lab.common import restarts, results
+from lab.common.config import ConfigError
+
+NAME = re.compile(r"^step-(\d{8})\.pt$")
+FORMAT = 1
+
+
+@dataclass
+class Position:
+    """Where a run starts: step 0, or where its checkpoint left it."""
+    global_step: int = 0
+    epoch: int = 0
+    step: int = 0               # the next step within `epoch`
+    epochs: list = field(default_factory=list)
+    loss_sum: float | None = None
+    checkpoint: str | None = None
+
+    def first_step(self, epoch: int) -> int:
+        return self.step if epoch == self.epoch else 0
+
+    def epoch_loss(self, epoch: int, device) -> torch.Tensor:
+        """The epoch's running loss: restored in the epoch resumed, else zero."""
+        value = self.loss_sum if epoch == self.epoch and self.loss_sum is not None else 0.0
+        return torch.tensor(value, dtype=torch.float64, device=device)
+
+
+def job_folder(cfg) -> str:
+    return restarts.folder(results.run_dir(cfg.results_dir, cfg.run_id), cfg.attempt, cfg.restart)
+
+
+def path_of(folder: str, step: int) -> str:
+    return os.path.join(folder, f"step-{step:08d}.pt")
+
+
+def listed(folder: str) -> list[tuple[int, str]]:
+    """(step, path) of the checkpoints in `folder`, newest first (temporary files are not
+    checkpoints)."""
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return []
+    found = [(int(m.group(1)), os.path.join(folder, n)) for n in names if (m := NAME.match(n))]
+    return sorted(found, reverse=True)
+
+
+def fsync_folder(folder: str) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: str, write) -> None:
+    """`write(file)` into a temporary file beside `path`, fsynced, then renamed over it."""
+    folder = os.path.dirname(path)
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_folder(folder)
+
+
+def prune(folder: str, keep: int = restarts.KEEP) -> None:
+    """All but the newest `keep` checkpoints removed, and temporary files left by a
+    writer that died (this rank is the only writer, and it is not writing)."""
+    for _, path in listed(folder)[keep:]:
+        os.unlink(path)
+    for n in os.listdir(folder):
+        if n.startswith(".step-") and ".tmp-" in n:
+            os.unlink(os.path.join(folder, n))
+
+
+def own_state(loss_sum) -> dict:
+    """This rank's part: its random states and the epoch's running loss."""
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(),
+             "loss_sum": float(loss_sum)}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    try:
+        import numpy
+        state["numpy"] = numpy.random.get_state()
+    except ImportError:
+        pass
+    return state
+
+
+def restore_own(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+    if "numpy" in state:
+        import numpy
+        numpy.random.set_state(state["numpy"])
+
+
+def save(cfg, d, strategy, global_step: int, epoch: int, step: int, loss_sum, epochs: list) -> None:
+    """A checkpoint after `global_step` steps (`step` steps into `epoch`): every rank
+    hands rank 0 its own part (a collective), rank 0 writes the file."""
+    parts = d.allgather_object(own_state(loss_sum))
+    if d.rank != 0:
+        return
+    state = {"format": FORMAT, "global_step": global_step, "epoch": epoch, "step": step,
+             "world": d.size, "seed": cfg.seed, "epochs": list(epochs), "ranks": parts,
+             "model": strategy.eval_module().state_dict(), "optimizer": strategy.optimizer.state_dict(),
+             "scaler": strategy.scaler.state_dict() if strategy.scaler else None,
+             "saved_at": time.time()}
+    folder = job_folder(cfg)
+    write_atomic(path_of(folder, global_step), lambda f: torch.save(state, f))
+    prune(folder)
+
+
+def newest_loadable(folder: str, log=print) -> tuple[str | None, dict | None]:
+    """The newest checkpoint of `folder` that loads, and its state; (None, None) when none.
+    Loaded on the CPU: the random states must stay CPU tensors, and load_state_dict
+    copies parameters and optimizer state onto their own device."""
+    for _, path in listed(folder):
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=False)
+            if state.get("format") != FORMAT:
+                raise ValueError(f"format {state.get('format')!r}, not {FORMAT}")
+            return path, state
+        except Exception as e:      # noqa: BLE001 - a torn or foreign file is skipped, said
+            log(f"checkpoint {os.path.basename(path)} does not load ({type(e).__name__}: {e}); "
+                f"trying the one before it", flush=True)
+    return None, None
+
+
+def resume(cfg, d, strategy, log=print) -> Position:
+    """Where this launch starts: step 0 on a first launch, or the newest checkpoint
+    that loads on a relaunch (then the model, optimizer and this rank's random states
+    are restored); rank 0 writes where it resumed (lab.common.restarts.resumed_path)."""
+    if not cfg.restart:
+        return Position()
+    folder = job_folder(cfg)
+    path, state = newest_loadable(folder, log) if d.rank == 0 else (None, None)
+    # rank 0's choice to every rank (the same type on each: Horovod names an object
+    # collective by its type, horovod/torch/functions.py allgather_object)
+    path = d.allgather_object(path or "")[0] or None
+    horovod = cfg.framework == "horovod"
+    if path is not None and d.rank != 0 and not horovod:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    if path is not None and state is not None:
+        if state["world"] != d.size:
+            raise ConfigError(f"the checkpoint {path} was written by {state['world']} ranks, not "
+                              f"{d.size}: a relaunch must keep --np")
+        strategy.eval_module().load_state_dict(state["model"])
+        strategy.optimizer.load_state_dict(state["optimizer"])
+        if strategy.scaler and state["scaler"]:
+            strategy.scaler.load_state_dict(state["scaler"])
+    if path is not None and horovod:        # rank 0's state to every rank
+        hvd = d.hvd
+        hvd.broadcast_parameters(strategy.eval_module().state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(strategy.optimizer, root_rank=0)
+        if strategy.scaler:
+            strategy.scaler.load_state_dict(hvd.broadcast_object(strategy.scaler.state_dict(), 0))
+        meta = d.allgather_object({k: state[k] for k in ("global_step", "epoch", "step", "epochs",
+                                                          "ranks", "saved_at")} if d.rank == 0 else {})[0]
+        state = meta
+    pos = Position()
+    if path is not None:
+        own = state["ranks"][d.rank]
+        restore_own(own)
+        pos = Position(state["global_step"], state["epoch"], state["step"], list(state["epochs"]),
+                       own["loss_sum"], os.path.basename(path))
+    if d.rank == 0:
+        said = {"restart": cfg.restart, "from_step": pos.global_step, "checkpoint": pos.checkpoint,
+                "saved_at": state["saved_at"] if path else None, "resumed_at": time.time()}
+        write_atomic(restarts.resumed_path(folder, cfg.restart),
+                     lambda f: f.write(json.dumps(said).encode()))
+        where = f"step {pos.global_step} ({pos.checkpoint})" if path else "step 0 (no checkpoint)"
+        log(f"relaunch {cfg.restart}: resuming from {where}", flush=True)
+    return pos
+
+
+def due(cfg, global_step: int, total_steps: int) -> bool:
+    """Whether a checkpoint is written after `global_step` steps (never after the last)."""
+    return bool(cfg.checkpoint_every) and global_step % cfg.checkpoint_every == 0 \
+        and global_step < total_steps

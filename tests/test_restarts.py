@@ -1,0 +1,194 @@
+"""--checkpoint-every and --max-restarts: checkpoints written atomically and a torn one
+never loaded; bench's relaunch loop and its record; and real jobs of 2 ranks (DDP, Horovod
+over Gloo and MPI) that lose rank 1 to SIGKILL at step 15, are relaunched from the
+checkpoint of step 10 and end with the loss of an uninterrupted run."""
+import json
+import os
+
+import pytest
+import torch
+
+from lab.common import restarts, results
+from lab.common.config import ConfigError, RunConfig
+from lab.host import bench, places, restart
+from lab.host.places.image import ImageRunner
+from lab.host.places.local import LocalRunner
+from lab.host.request import BenchError, BenchSettings, base_config, settings_from_flags
+from lab.report.bench_output import render, restart_line
+from lab.worker import checkpoint
+from tests.conftest import requires_horovod, requires_mpirun
+
+# ------------------------------------------------------------ checkpoint files
+
+
+def test_a_checkpoint_is_written_whole_or_not_at_all(tmp_path):
+    path = str(tmp_path / "step-00000010.pt")
+    checkpoint.write_atomic(path, lambda f: torch.save({"format": 1, "v": 1}, f))
+
+    def dies_halfway(f):
+        f.write(b"PK\x03\x04 half of a zip")
+        raise KeyboardInterrupt         # the writer killed mid-write
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.write_atomic(path, dies_halfway)
+    # the old file is whole; the half-written one is a temporary name, not a checkpoint
+    assert torch.load(path, weights_only=False)["v"] == 1
+    leftovers = [n for n in os.listdir(tmp_path) if ".tmp-" in n]
+    assert leftovers and [s for s, _ in checkpoint.listed(str(tmp_path))] == [10]
+    checkpoint.prune(str(tmp_path))
+    assert not [n for n in os.listdir(tmp_path) if ".tmp-" in n]
+
+
+def test_a_torn_checkpoint_is_skipped_and_the_one_before_it_loaded(tmp_path):
+    folder = str(tmp_path)
+    for step in (10, 20):
+        checkpoint.write_atomic(checkpoint.path_of(folder, step),
+                                lambda f, step=step: torch.save({"format": 1, "step": step}, f))
+    newest = checkpoint.path_of(folder, 20)
+    data = open(newest, "rb").read()
+    with open(newest, "wb") as f:        # cut short, under its final name
+        f.write(data[:len(data) // 2])
+    said = []
+    path, state = checkpoint.newest_loadable(folder, log=lambda *a, **k: said.append(a[0]))
+    assert path == checkpoint.path_of(folder, 10) and state["step"] == 10
+    assert len(said) == 1 and "step-00000020.pt does not load" in said[0]
+
+
+def test_the_newest_two_are_kept(tmp_path):
+    for step in (10, 20, 30):
+        checkpoint.write_atomic(checkpoint.path_of(str(tmp_path), step), lambda f: f.write(b"x"))
+    checkpoint.prune(str(tmp_path))
+    assert [s for s, _ in checkpoint.listed(str(tmp_path))] == [30, 20]
+
+
+def test_checkpoints_cover_the_ddp_strategy_only():
+    RunConfig(checkpoint_every=10).check()
+    with pytest.raises(ConfigError, match="--checkpoint-every covers the ddp strategy"):
+        RunConfig(checkpoint_every=10, strategy="zero1").check()
+    with pytest.raises(ConfigError, match="cannot be negative"):
+        RunConfig(checkpoint_every=-1).check()
+
+
+# ------------------------------------------------------------ bench's relaunch loop
+
+def fake_job(outcomes, seen, rfile):
+    """bench.run_one's stand-in: the launch's record as bench writes it, failed or ok."""
+    def run_one(s, cfg, np, runner, rf, echo, load=None, torch_version=None):
+        seen.append((cfg.restart, cfg.attempt))
+        ok = outcomes[len(seen) - 1]
+        if cfg.restart:
+            folder = restarts.folder(rfile.parent, cfg.attempt, cfg.restart)
+            os.makedirs(folder, exist_ok=True)
+            with open(restarts.resumed_path(folder, cfg.restart), "w") as f:
+                json.dump({"from_step": 10, "checkpoint": "step-00000010.pt", "saved_at": 1.0,
+                           "resumed_at": 2.0}, f)
+        rec = (results.make_record("ok", run_id="r", config={}, np=2, nodes=1, started_at="t",
+                                   figures={"final_loss": 1.0}) if ok else
+               results.make_record("failed", run_id="r", config={}, np=2, nodes=1, started_at="t",
+                                   error={"rank": 1, "signal": 9, "reason": "rank 1 was killed"}))
+        results.append_record(rf, rec)
+        return 0 if ok else 1
+    return run_one
+
+
+def relaunched(tmp_path, outcomes, **settings):
+    rfile = tmp_path / "r" / results.RESULTS_FILE
+    s = BenchSettings(np=[2], **settings)
+    cfg = RunConfig(attempt="000-job")
+    seen, lines = [], []
+    failed = restart.run(fake_job(outcomes, seen, rfile), s, cfg, 2, LocalRunner(str(tmp_path)),
+                         rfile, lines.append)
+    return failed, seen, results.read_records(rfile)[0], lines
+
+
+def test_without_max_restarts_a_failed_job_is_recorded_failed_once(tmp_path):
+    failed, seen, records, _ = relaunched(tmp_path, [False, True])
+    assert failed == 1 and seen == [(0, "000-job")]
+    assert [r["status"] for r in records] == ["failed"] and "restarts" not in records[0]
+
+
+def test_a_relaunch_that_ends_ok_is_one_ok_record_with_its_restart(tmp_path):
+    failed, seen, records, lines = relaunched(tmp_path, [False, True], max_restarts=2,
+                                              checkpoint_every=10)
+    assert failed == 0 and seen == [(0, "000-job"), (1, "000-job-restart1")]
+    assert [r["status"] for r in records] == ["ok"]
+    (entry,) = records[0]["restarts"]
+    assert {k: entry["error"][k] for k in ("rank", "signal", "reason")} == {
+        "rank": 1, "signal": 9, "reason": "rank 1 was killed"}
+    assert entry["resumed_from_step"] == 10 and entry["attempt"] == "000-job"
+    assert entry["lost_s"] == pytest.approx(entry["redone_s"] + entry["relaunch_s"])
+    assert any("relaunching the job (1 of at most 2)" in line for line in lines)
+    assert restart_line(records[0]) == ("np=2: ok after 1 relaunch(es): rank 1 was killed, resumed "
+                                        f"from step 10 ({entry['lost_s']:.1f} s lost)")
+
+
+def test_a_job_failing_every_launch_is_recorded_failed_with_its_restarts(tmp_path):
+    failed, seen, records, lines = relaunched(tmp_path, [False, False], max_restarts=1)
+    assert failed == 1 and len(seen) == 2
+    assert [r["status"] for r in records] == ["failed"] and len(records[0]["restarts"]) == 1
+    assert any("without --checkpoint-every: a relaunch starts again from step 0" in line for line in lines)
+
+
+def test_the_flags_reach_bench_and_the_ranks():
+    s, _ = settings_from_flags({"np": "2", "checkpoint_every": "10", "max_restarts": "1",
+                                "local": True}, {"where": "auto"})
+    assert (s.checkpoint_every, s.max_restarts) == (10, 1)
+    cfg = base_config(s, "ddp")
+    assert cfg.checkpoint_every == 10 and "--checkpoint-every" in cfg.to_args()
+    assert places.for_request(s)[0].max_restarts == 1      # local processes honour both
+
+
+def test_a_place_that_cannot_relaunch_refuses_in_one_sentence():
+    image = ImageRunner.__new__(ImageRunner)
+    with pytest.raises(BenchError, match=r"^--max-restarts 1 is not honoured by the lab image"):
+        restart.run(None, BenchSettings(np=[2], max_restarts=1), RunConfig(), 2, image, None, print)
+    assert restart.refusal(BenchSettings(np=[2], max_restarts=-1), LocalRunner()).startswith(
+        "--max-restarts counts relaunches")
+
+
+# ------------------------------------------------------------ real jobs
+
+@pytest.fixture(scope="module")
+def stack():
+    return bench.probe_stack()
+
+
+def bench_run(stack, tmp_path, run_id, **kw):
+    s = BenchSettings(np=[2], data="synthetic", synthetic_size=2560, max_steps=40,
+                      results_dir=str(tmp_path), run_id=run_id, timeout_s=120, stall_s=60.0, **kw)
+    lines = []
+    outcome = bench.run(s, echo=lines.append, stack=stack)
+    return outcome, lines
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(stack, tmp_path_factory):
+    """The loss of a run that no fault interrupts (the same for DDP and Horovod here:
+    the same seed, batches, dropout masks and averaged gradients)."""
+    outcome, lines = bench_run(stack, tmp_path_factory.mktemp("plain"), "plain", framework="ddp")
+    assert outcome.failed == 0, "\n".join(lines[-20:])
+    return outcome.records[0]["figures"]["final_loss"]
+
+
+@pytest.mark.parametrize("framework,backend", [
+    ("ddp", "gloo"),
+    pytest.param("horovod", "gloo", marks=requires_horovod),
+    pytest.param("horovod", "mpi", marks=[requires_horovod, requires_mpirun]),
+])
+def test_a_killed_rank_is_survived_from_the_last_checkpoint(stack, tmp_path, uninterrupted,
+                                                           framework, backend):
+    outcome, lines = bench_run(stack, tmp_path, "killed", framework=framework, backend=backend,
+                               checkpoint_every=10, max_restarts=1, fault="1:15:kill")
+    assert outcome.failed == 0, "\n".join(lines[-30:])
+    (r,) = outcome.records
+    assert r["status"] == "ok" and results.missing_fields(r) == []
+    assert r["manifest"]["kit_path"].startswith(os.path.dirname(os.path.dirname(__file__)))
+    (entry,) = r["restarts"]
+    assert entry["resumed_from_step"] == 10 and entry["checkpoint"] == "step-00000010.pt"
+    assert entry["error"]["rank"] == 1 and entry["error"]["signal"] == 9     # named as before
+    assert entry["lost_s"] > 0
+    assert abs(r["figures"]["final_loss"] - uninterrupted) < 1e-4
+    assert len(set(r["figures"]["parameter_digests"])) == 1
+    # the relaunch's steps only: 40 - 10 resumed, none of them warm-up (--warmup-steps 5 < 10)
+    assert r["figures"]["timed_steps"] == 30
+    shown = render(outcome.records, outcome.run_dir).splitlines()
+    assert any(line.startswith("np=2: ok after 1 relaunch(es): rank 1") for line in shown), shown
