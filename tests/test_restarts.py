@@ -128,6 +128,45 @@ def test_a_job_failing_every_launch_is_recorded_failed_with_its_restarts(tmp_pat
     assert any("without --checkpoint-every: a relaunch starts again from step 0" in line for line in lines)
 
 
+def test_a_relaunch_that_raises_keeps_the_failed_launchs_record_with_its_restart(tmp_path):
+    """A relaunch refused or interrupted before it records anything: the failed launch's
+    record stays (it is taken out only once a later launch recorded), with the restart."""
+    rfile = tmp_path / "r" / results.RESULTS_FILE
+    seen = []
+    first = fake_job([False], seen, rfile)
+
+    def run_one(s, cfg, *a, **k):
+        if cfg.restart:
+            raise KeyboardInterrupt
+        return first(s, cfg, *a, **k)
+    with pytest.raises(KeyboardInterrupt):
+        restart.run(run_one, BenchSettings(np=[2], max_restarts=1, checkpoint_every=10),
+                    RunConfig(attempt="000-job"), 2, LocalRunner(str(tmp_path)), rfile, print)
+    (record,) = results.read_records(rfile)[0]
+    assert record["status"] == "failed" and record["error"]["rank"] == 1
+    (entry,) = record["restarts"]
+    assert "ended_at" not in entry and "lost_s" in entry, entry
+
+
+def test_every_rank_waits_for_the_checkpoint_outside_its_steps(monkeypatch):
+    """Rank 0 writes between two collectives, so no rank's next timed step waits for it."""
+    calls = []
+
+    class D:
+        rank, size = 1, 2
+
+        def allgather_object(self, obj):
+            calls.append("collective")
+            return [obj, obj]
+    monkeypatch.setattr(checkpoint, "_write", lambda *a: calls.append("write"))
+    checkpoint.save(RunConfig(), D(), None, 10, 0, 10, 0.0, [])
+    assert calls == ["collective", "collective"]          # rank 1: no write, but waits
+    calls.clear()
+    D.rank = 0
+    checkpoint.save(RunConfig(), D(), None, 10, 0, 10, 0.0, [])
+    assert calls == ["collective", "write", "collective"]
+
+
 def test_the_flags_reach_bench_and_the_ranks():
     s, _ = settings_from_flags({"np": "2", "checkpoint_every": "10", "max_restarts": "1",
                                 "local": True}, {"where": "auto"})
@@ -188,7 +227,8 @@ def test_a_killed_rank_is_survived_from_the_last_checkpoint(stack, tmp_path, uni
     assert entry["lost_s"] > 0
     assert abs(r["figures"]["final_loss"] - uninterrupted) < 1e-4
     assert len(set(r["figures"]["parameter_digests"])) == 1
-    # the relaunch's steps only: 40 - 10 resumed, none of them warm-up (--warmup-steps 5 < 10)
-    assert r["figures"]["timed_steps"] == 30
+    # the relaunch's steps only, after its own warm-up (a fresh process's first steps):
+    # 40 - 10 resumed - 5 (--warmup-steps); its start-up measured from its first step
+    assert r["figures"]["timed_steps"] == 25 and r["figures"]["startup_s"] is not None
     shown = render(outcome.records, outcome.run_dir).splitlines()
     assert any(line.startswith("np=2: ok after 1 relaunch(es): rank 1") for line in shown), shown

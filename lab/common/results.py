@@ -138,7 +138,7 @@ SCHEMA = {
                  "checkpoint (its file, null without one), redone_s (the failed launch's work "
                  "since that checkpoint, lost), relaunch_s (from the failure to the resumed "
                  "launch's first step) and lost_s (their sum: the time the fault cost); the "
-                 "figures are the last launch's"),
+                 "figures are the last launch's, after its own warm-up"),
     "step_times_s": ("list[float]", "every timed step's time on rank 0, in order"),
     "manifest": ("object", "the environment: hosts, cpu_model, gpus (NVML), driver, cuda, "
                  "cudnn, nccl, mpi, nics (name, driver, speed), gpu_topology (NVLink/PCIe summary), "

@@ -57,31 +57,44 @@ def run(run_one, s, cfg, np, runner, rfile, echo, load=None, torch_version=None)
         echo(f"note: --max-restarts {s.max_restarts} without --checkpoint-every: a relaunch "
              f"starts again from step 0")
     failures: list[dict] = []
+    first = len(results.read_records(rfile)[0])     # this job's launches write from here on
     for n in range(s.max_restarts + 1):
         c = dataclasses.replace(cfg, restart=n, attempt=restarts.attempt_of(cfg.attempt, n))
         before = len(results.read_records(rfile)[0])
         launched = time.time()
         try:
             failed = run_one(s, c, np, runner, rfile, echo, load, torch_version=torch_version)
-        except KeyboardInterrupt:       # recorded as interrupted by run_one: with its restarts
-            if failures:
-                results.update_records(rfile, before, lambda r: {**r, "restarts": failures})
+        except BaseException:   # interrupted (recorded by run_one) or refused: what ran is kept
+            _keep_last(rfile, first, _resumed(folder, n, failures))
             raise
         ended = time.time()
         failures = _resumed(folder, n, failures)
         new = results.read_records(rfile)[0][before:]
         if not failed or n == s.max_restarts or not new:
-            if failures:
-                results.update_records(rfile, before, lambda r: {**r, "restarts": failures})
+            _keep_last(rfile, first, failures)
             return failed
         error = new[-1].get("error") or {}
         failures.append({"attempt": c.attempt, "started_at": new[-1].get("started_at"),
                          "error": {k: error.get(k) for k in ERROR_KEYS if k in error},
                          "launched_at": launched, "ended_at": ended})
-        results.update_records(rfile, before, lambda r: results.DROP)
         echo(f"!! relaunching the job ({n + 1} of at most {s.max_restarts}) after: "
              f"{error.get('reason', 'a failure')}")
     return 1        # not reached
+
+
+def _keep_last(rfile, first: int, failures: list[dict]) -> None:
+    """The job's one record: its last launch's (an earlier failed launch's when a relaunch
+    wrote none), with the restarts; the earlier launches' records taken out only now, so
+    that a relaunch that ends in an exception loses nothing already recorded."""
+    if not failures:
+        return
+    count = len(results.read_records(rfile)[0]) - first
+    seen = [0]
+
+    def update(r):
+        seen[0] += 1
+        return {**r, "restarts": failures} if seen[0] == count else results.DROP
+    results.update_records(rfile, first, update)
 
 
 def _resumed(folder: str, n: int, failures: list[dict]) -> list[dict]:
@@ -97,9 +110,13 @@ def _resumed(folder: str, n: int, failures: list[dict]) -> list[dict]:
     except (OSError, ValueError):
         said = {}
     last = dict(failures[-1])
+    if "ended_at" not in last:          # completed already
+        return failures
     ended = last.pop("ended_at")
     launched = last.pop("launched_at")
-    redone = ended - (said.get("saved_at") or launched)
+    # the work lost: since the failed launch's own last checkpoint (one an earlier launch
+    # wrote counts from this launch's start: the time before it was counted by that fault)
+    redone = ended - max(said.get("saved_at") or launched, launched)
     relaunch = said["resumed_at"] - ended if said.get("resumed_at") else None
     last.update(resumed_from_step=said.get("from_step"), checkpoint=said.get("checkpoint"),
                 redone_s=round(redone, 3), relaunch_s=None if relaunch is None else round(relaunch, 3),

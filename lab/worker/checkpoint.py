@@ -139,8 +139,14 @@ def save(cfg, d, strategy, global_step: int, epoch: int, step: int, loss_sum, ep
     """A checkpoint after `global_step` steps (`step` steps into `epoch`): every rank
     hands rank 0 its own part (a collective), rank 0 writes the file."""
     parts = d.allgather_object(own_state(loss_sum))
-    if d.rank != 0:
-        return
+    if d.rank == 0:
+        _write(cfg, d, strategy, global_step, epoch, step, epochs, parts)
+    # Every rank waits for the write here, outside the timed steps: otherwise the other
+    # ranks' next step would hold it (waiting in its collective for rank 0).
+    d.allgather_object(None)
+
+
+def _write(cfg, d, strategy, global_step, epoch, step, epochs, parts) -> None:
     state = {"format": FORMAT, "global_step": global_step, "epoch": epoch, "step": step,
              "world": d.size, "seed": cfg.seed, "epochs": list(epochs), "ranks": parts,
              "model": strategy.eval_module().state_dict(), "optimizer": strategy.optimizer.state_dict(),

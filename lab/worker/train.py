@@ -154,6 +154,10 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
     pos = ckpt.resume(cfg, d, strategy, log)     # step 0, or a relaunch's checkpoint
     epochs, global_step = pos.epochs, pos.global_step
     total_steps = steps * cfg.epochs
+    # Each launch warms up (a relaunch's first steps are a fresh process's), leaving at
+    # least one step to time.
+    first_step = global_step
+    warm_until = first_step + min(cfg.warmup_steps, max(0, total_steps - first_step - 1))
     said_at, said_step = time.perf_counter(), global_step   # the last progress line (rank 0)
     b = cfg.batch_size
     for epoch in range(pos.epoch, cfg.epochs):
@@ -167,7 +171,7 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
         _sync(device)
         epoch_start = time.perf_counter()
         for s in range(pos.first_step(epoch), steps):
-            phase = "warm-up" if global_step < cfg.warmup_steps else "step"
+            phase = "warm-up" if global_step < warm_until else "step"
             hb.beat(phase, global_step, "before")
             faulty = global_step == fault_step and d.rank == fault_rank
             if faulty and fault_mode == "kill":   # as the out-of-memory killer would: no last word
@@ -179,9 +183,9 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
             j = s % batches
             marks.mark("data")
             x, y = load_batch(xs, ys, j, b, stall=faulty and fault_mode == "hang-data")
-            if global_step == 0:
+            if global_step == first_step:
                 MARKS["first_step"] = time.time()
-            if global_step == cfg.warmup_steps:
+            if global_step == warm_until:
                 MARKS["first_timed"] = time.time()
             hb.beat(phase, global_step, "in")
             marks.mark("step")
@@ -194,9 +198,9 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
             _sync(device)
             marks.mark("end")
             took = time.perf_counter() - t0
-            marks.end(global_step >= cfg.warmup_steps, lambda: strategy.eval_module().parameters(), took)
+            marks.end(global_step >= warm_until, lambda: strategy.eval_module().parameters(), took)
             hb.step_took(took)
-            if global_step >= cfg.warmup_steps:
+            if global_step >= warm_until:
                 step_times.append(took)
             global_step += 1
             if ckpt.due(cfg, global_step, total_steps):
@@ -224,10 +228,11 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
               "shard_sizes": shard_sizes}
         epochs.append(ep)
         if d.rank == 0:
-            rate = strategy.images_per_step() * steps / epoch_time
+            ran = steps - pos.first_step(epoch)      # a relaunch resumes inside an epoch
+            rate = f", {strategy.images_per_step() * ran / epoch_time:,.0f} images/s" if ran and epoch_time > 0 else ""
             log(f"epoch {ep['epoch']}/{cfg.epochs}: loss {ep['train_loss']:.4f}, "
-                f"test accuracy {_accuracy_text(cfg, ep['test_accuracy'])}, {epoch_time:.2f} s, "
-                f"{rate:,.0f} images/s", flush=True)
+                f"test accuracy {_accuracy_text(cfg, ep['test_accuracy'])}, {epoch_time:.2f} s"
+                f"{rate}", flush=True)
 
     hb.beat("finish", global_step)
     summary = d.allgather_object({"host": dist.hostname(), "timed_s": sum(step_times),
