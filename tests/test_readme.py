@@ -32,7 +32,7 @@ RUN = {   # command -> arguments the test adds (results go to a temporary folder
     "invoke bench --np 1,2 --framework horovod --backend gloo": [],
     "invoke bench --np 2 --framework horovod --backend mpi": [],
     "invoke bench --np 2 --framework ddp --model resnet50 --batch-size 16 --max-steps 20":
-        ["--batch-size", "8", "--max-steps", "7"],
+        ["--batch-size", "8", "--max-steps", "3", "--warmup-steps", "1"],
     "invoke bench --np 2 --data mnist --epochs 10": [*SMALL, "--data-dir", "{mnist}"],
     "invoke bench --help": None,
     SWEEP: SMALL,
