@@ -154,10 +154,11 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
     pos = ckpt.resume(cfg, d, strategy, log)     # step 0, or a relaunch's checkpoint
     epochs, global_step = pos.epochs, pos.global_step
     total_steps = steps * cfg.epochs
-    # Each launch warms up (a relaunch's first steps are a fresh process's), leaving at
-    # least one step to time.
+    # Each launch warms up (a relaunch's first steps are a fresh process's); a relaunch
+    # leaves at least one step to time.
     first_step = global_step
-    warm_until = first_step + min(cfg.warmup_steps, max(0, total_steps - first_step - 1))
+    warm_until = (first_step + min(cfg.warmup_steps, max(0, total_steps - first_step - 1))
+                  if first_step else cfg.warmup_steps)
     said_at, said_step = time.perf_counter(), global_step   # the last progress line (rank 0)
     b = cfg.batch_size
     for epoch in range(pos.epoch, cfg.epochs):
