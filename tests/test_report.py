@@ -3,6 +3,7 @@ written as PNG files, the analysis computed from the figures, failures as number
 skipped combinations once each, the HTML page. Every record is made by the code's own
 writers (RunConfig.as_record, results.make_record, results.append_record)."""
 import json
+import os
 import re
 import subprocess
 import sys
@@ -876,3 +877,39 @@ def test_a_report_of_gpu_and_cpu_runs_says_under_each_table_which_devices_it_mea
         "cuda: ddp / nccl", "cpu: ddp / gloo", "cpu: ddp / gloo / int8"}
     assert "Devices: CPU processes." in section(text, "Gradient compression")
     assert "Devices:" not in report.render(RECORDS, [], "fixed")
+
+
+def test_a_run_that_restarted_has_its_line(tmp_path):
+    """A job --max-restarts relaunched, recorded by bench's own relaunch loop: the report
+    names it with what failed, where it resumed and the time lost; a report without one
+    has no such section."""
+    from lab.common import restarts
+    from lab.host import restart
+    from lab.host.places.local import LocalRunner
+    from lab.host.request import BenchSettings
+    run = tmp_path / "fixed"
+    rfile = run / results.RESULTS_FILE
+    for r in RECORDS[:2]:
+        results.append_record(rfile, r)
+    launches = [rec("ddp", "gloo", 2, 0, 0, 0, status="failed", reason="rank 1 was killed (signal 9)"),
+                rec("ddp", "gloo", 2, 0.030, 4200.0, 0.927)]
+
+    def run_one(s, cfg, np, runner, rf, echo, load=None, torch_version=None):
+        if cfg.restart:
+            folder = restarts.folder(rf.parent, cfg.attempt, cfg.restart)
+            os.makedirs(folder, exist_ok=True)
+            with open(restarts.resumed_path(folder, cfg.restart), "w") as f:
+                json.dump({"from_step": 30, "checkpoint": "step-00000030.pt", "saved_at": 1.0,
+                           "resumed_at": 2.0}, f)
+        results.append_record(rf, launches[cfg.restart])
+        return 0 if cfg.restart else 1
+    assert restart.run(run_one, BenchSettings(np=[2], max_restarts=1, checkpoint_every=10),
+                       RunConfig(attempt="000-job"), 2, LocalRunner(str(tmp_path)), rfile, print) == 0
+    text = report.write(str(run)).read_text()
+    part = section(text, "Runs that restarted")
+    assert "ddp over gloo, np=2: ok after 1 relaunch(es): rank 1 was killed (signal 9), resumed from step 30" in part
+    assert len(results.read_records(rfile)[0]) == 3          # the failed launch folded into its job
+    plain = tmp_path / "plain"
+    for r in RECORDS[:2]:
+        results.append_record(plain / results.RESULTS_FILE, r)
+    assert "## Runs that restarted" not in report.write(str(plain)).read_text()

@@ -15,6 +15,7 @@ from pathlib import Path
 from lab.report import cost_model, curves, html, markdown, prediction, step_parts, strategies, tables
 from lab.report import document as d
 from lab.report.analysis import RANKING_HEADERS, analysis
+from lab.report.bench_output import restart_line
 from lab.report.environment import differing, environment
 from lab.report.records import ReportError, config_label, load, ok
 
@@ -113,6 +114,7 @@ def document(records: list[dict], images: list[str], source: str) -> list:
         blocks += _curves(images)
         blocks += _by_configuration(records, images, 2)
         blocks += _not_run(records)
+        blocks += _restarted(records)
         blocks += _analysis(records, 2)
     else:
         blocks.append(d.Para(f"The records hold {len(models)} models ({', '.join(map(str, models))}): "
@@ -127,6 +129,7 @@ def document(records: list[dict], images: list[str], source: str) -> list:
             blocks += _analysis(mine, 3)
         blocks += _curves(images)
         blocks += _not_run(records)
+        blocks += _restarted(records)
     blocks.append(d.Para("Speedup and efficiency are against the same configuration with 1 "
                          "worker. Wire bytes are an estimate for ring algorithms (see the results "
                          "schema)."))
@@ -177,6 +180,18 @@ def _not_run(records: list[dict]) -> list:
             d.Para("Skipped before they started, because this machine cannot run them; "
                    "they are in no table above."),
             d.Items(skipped)]
+
+
+def _restarted(records: list[dict]) -> list:
+    """A line per job that --max-restarts relaunched: what failed, where it resumed, the
+    time the fault cost (bench's own line, lab.report.bench_output.restart_line)."""
+    lines = [f"{config_label(r, records)}, {line}" for r in records if (line := restart_line(r))]
+    if not lines:
+        return []
+    return [d.Heading(2, "Runs that restarted"),
+            d.Para("Relaunched after a failure (`--max-restarts`), from their last checkpoint "
+                   "(`--checkpoint-every`); their figures are their last launch's."),
+            d.Items(lines)]
 
 
 def _analysis(records: list[dict], level: int) -> list:
