@@ -3,7 +3,6 @@ written as PNG files, the analysis computed from the figures, failures as number
 skipped combinations once each, the HTML page. Every record is made by the code's own
 writers (RunConfig.as_record, results.make_record, results.append_record)."""
 import json
-import os
 import re
 import subprocess
 import sys
@@ -896,11 +895,8 @@ def test_a_run_that_restarted_has_its_line(tmp_path):
 
     def run_one(s, cfg, np, runner, rf, echo, load=None, torch_version=None):
         if cfg.restart:
-            folder = restarts.folder(rf.parent, cfg.attempt, cfg.restart)
-            os.makedirs(folder, exist_ok=True)
-            with open(restarts.resumed_path(folder, cfg.restart), "w") as f:
-                json.dump({"from_step": 30, "checkpoint": "step-00000030.pt", "saved_at": 1.0,
-                           "resumed_at": 2.0}, f)
+            restarts.write_resumed(restarts.folder(rf.parent, cfg.attempt, cfg.restart), cfg.restart,
+                                   from_step=30, checkpoint="step-00000030.pt", saved_at=1.0, resumed_at=2.0)
         results.append_record(rf, launches[cfg.restart])
         return 0 if cfg.restart else 1
     assert restart.run(run_one, BenchSettings(np=[2], max_restarts=1, checkpoint_every=10),

@@ -2,7 +2,6 @@
 never loaded; bench's relaunch loop and its record; and real jobs of 2 ranks (DDP, Horovod
 over Gloo and MPI) that lose rank 1 to SIGKILL at step 15, are relaunched from the
 checkpoint of step 10 and end with the loss of an uninterrupted run."""
-import json
 import os
 
 import pytest
@@ -76,11 +75,8 @@ def fake_job(outcomes, seen, rfile):
         seen.append((cfg.restart, cfg.attempt))
         ok = outcomes[len(seen) - 1]
         if cfg.restart:
-            folder = restarts.folder(rfile.parent, cfg.attempt, cfg.restart)
-            os.makedirs(folder, exist_ok=True)
-            with open(restarts.resumed_path(folder, cfg.restart), "w") as f:
-                json.dump({"from_step": 10, "checkpoint": "step-00000010.pt", "saved_at": 1.0,
-                           "resumed_at": 2.0}, f)
+            restarts.write_resumed(restarts.folder(rfile.parent, cfg.attempt, cfg.restart), cfg.restart,
+                                   from_step=10, checkpoint="step-00000010.pt", saved_at=1.0, resumed_at=2.0)
         rec = (results.make_record("ok", run_id="r", config={}, np=2, nodes=1, started_at="t",
                                    figures={"final_loss": 1.0}) if ok else
                results.make_record("failed", run_id="r", config={}, np=2, nodes=1, started_at="t",

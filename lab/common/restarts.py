@@ -8,6 +8,7 @@ Relaunch n (1, 2, ...) is named <first launch name>-restart<n> (its own failures
 heartbeats/ folders)."""
 from __future__ import annotations
 
+import json
 import os
 
 CHECKPOINTS = "checkpoints"
@@ -33,3 +34,19 @@ def folder(run_dir: str | os.PathLike, attempt: str, restart: int = 0) -> str:
 def resumed_path(job_folder: str, restart: int) -> str:
     """Where rank 0 of relaunch `restart` writes the step it resumed from (JSON)."""
     return os.path.join(job_folder, f"resumed-{restart}.json")
+
+
+def write_resumed(job_folder: str, restart: int, *, from_step: int, checkpoint: str | None,
+                  saved_at: float | None, resumed_at: float) -> str:
+    """Relaunch `restart`'s word on where it resumed, written whole or not at all."""
+    path = resumed_path(job_folder, restart)
+    os.makedirs(job_folder, exist_ok=True)
+    tmp = os.path.join(job_folder, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    said = {"restart": restart, "from_step": from_step, "checkpoint": checkpoint,
+            "saved_at": saved_at, "resumed_at": resumed_at}
+    with open(tmp, "w") as f:
+        json.dump(said, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path

@@ -26,7 +26,6 @@ to the others, as Horovod's examples do at start. Each rank then takes its own r
 states and running loss."""
 from __future__ import annotations
 
-import json
 import os
 import random
 import re
@@ -176,7 +175,7 @@ def newest_loadable(folder: str, log=print) -> tuple[str | None, dict | None]:
 def resume(cfg, d, strategy, log=print) -> Position:
     """Where this launch starts: step 0 on a first launch, or the newest checkpoint
     that loads on a relaunch (then the model, optimizer and this rank's random states
-    are restored); rank 0 writes where it resumed (lab.common.restarts.resumed_path)."""
+    are restored); rank 0 writes where it resumed (lab.common.restarts.write_resumed)."""
     if not cfg.restart:
         return Position()
     folder = job_folder(cfg)
@@ -211,10 +210,9 @@ def resume(cfg, d, strategy, log=print) -> Position:
         pos = Position(state["global_step"], state["epoch"], state["step"], list(state["epochs"]),
                        own["loss_sum"], os.path.basename(path))
     if d.rank == 0:
-        said = {"restart": cfg.restart, "from_step": pos.global_step, "checkpoint": pos.checkpoint,
-                "saved_at": state["saved_at"] if path else None, "resumed_at": time.time()}
-        write_atomic(restarts.resumed_path(folder, cfg.restart),
-                     lambda f: f.write(json.dumps(said).encode()))
+        restarts.write_resumed(folder, cfg.restart, from_step=pos.global_step,
+                               checkpoint=pos.checkpoint, resumed_at=time.time(),
+                               saved_at=state["saved_at"] if path else None)
         where = f"step {pos.global_step} ({pos.checkpoint})" if path else "step 0 (no checkpoint)"
         log(f"relaunch {cfg.restart}: resuming from {where}", flush=True)
     return pos
