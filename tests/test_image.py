@@ -246,6 +246,29 @@ def test_a_dying_rank_in_the_image_is_recorded_and_its_container_removed(image, 
     assert bench_containers(client) == []
 
 
+def test_a_killed_rank_in_the_image_is_relaunched_from_its_checkpoint(image, tmp_path):
+    """--max-restarts in the image: rank 1 SIGKILLs itself at step 25, a fresh container
+    resumes from step-20.pt in the run's folder it mounts, and the job is one ok record.
+    The loss equal to an uninterrupted run's is tests/test_restarts.py's: the same
+    checkout's code runs here (a second run would only repeat it)."""
+    client, _ = image
+    cp = bench_cli("--image", IMAGE, "--np", "2", "--framework", "ddp", "--backend", "gloo",
+                   "--data", "synthetic", "--synthetic-size", "2560", "--max-steps", "40",
+                   "--checkpoint-every", "10", "--max-restarts", "1", "--fault", "1:25:kill",
+                   "--results-dir", str(tmp_path))
+    assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-2000:]
+    [r] = results.read_records(next(tmp_path.glob("*/results.jsonl")))[0]
+    assert r["status"] == "ok" and r["manifest"]["kit_path"] == "/opt/lab-src/lab"
+    (entry,) = r["restarts"]
+    assert entry["resumed_from_step"] == 20 and entry["checkpoint"] == "step-00000020.pt"
+    assert entry["error"]["rank"] == 1 and entry["error"]["signal"] == 9
+    # 40 - 20 resumed - 5 (--warmup-steps): the relaunch's own steps, the ranks agreeing
+    assert r["figures"]["timed_steps"] == 15 and len(set(r["figures"]["parameter_digests"])) == 1
+    run = next(tmp_path.glob("*/"))
+    assert [p for p in [run, *run.rglob("*")] if p.lstat().st_uid != os.getuid()] == []
+    assert bench_containers(client) == []
+
+
 def test_ctrl_c_removes_the_jobs_container(image, tmp_path):
     client, _ = image
     proc = subprocess.Popen(

@@ -10,7 +10,7 @@ import torch
 from lab.common import restarts, results
 from lab.common.config import ConfigError, RunConfig
 from lab.host import bench, places, restart
-from lab.host.places.image import ImageRunner
+from lab.host.places.hosts import HostsRunner
 from lab.host.places.local import LocalRunner
 from lab.host.request import BenchError, BenchSettings, base_config, settings_from_flags
 from lab.report.bench_output import render, restart_line
@@ -173,9 +173,9 @@ def test_the_flags_reach_bench_and_the_ranks():
 
 
 def test_a_place_that_cannot_relaunch_refuses_in_one_sentence():
-    image = ImageRunner.__new__(ImageRunner)
-    with pytest.raises(BenchError, match=r"^--max-restarts 1 is not honoured by the lab image"):
-        restart.run(None, BenchSettings(np=[2], max_restarts=1), RunConfig(), 2, image, None, print)
+    hosts = HostsRunner.__new__(HostsRunner)
+    with pytest.raises(BenchError, match=r"^--max-restarts 1 is not honoured by your servers over SSH"):
+        restart.run(None, BenchSettings(np=[2], max_restarts=1), RunConfig(), 2, hosts, None, print)
     assert restart.refusal(BenchSettings(np=[2], max_restarts=-1), LocalRunner()).startswith(
         "--max-restarts counts relaunches")
 

@@ -168,7 +168,8 @@ class ImageRunner(Runner):
 
     kind = "image"
     title = "the lab image"
-    honours = frozenset({"where", "image", "frozen", "results_dir", "data_dir"})
+    honours = frozenset({"where", "image", "frozen", "results_dir", "data_dir", "checkpoint_every",
+                         "max_restarts"})
     in_container = True
     falls_back_to_local = True
 
