@@ -168,6 +168,23 @@ def test_bench_runs_across_two_nodes(up, framework, backend, np):
     assert r["manifest"]["image"]["labels"]["org.dl-lab-kit.flavor"] == "cpu"
 
 
+def test_a_killed_rank_on_node2_is_relaunched_from_the_checkpoint_every_node_mounts(up):
+    """--max-restarts across the nodes: rank 1 (node2) SIGKILLs itself at step 25, the job
+    is launched again on both nodes and resumes from step-20.pt, which rank 0 (node1) wrote
+    into the run's folder that both mount (the loss equal to an uninterrupted run's:
+    tests/test_restarts.py, the same code)."""
+    cp = bench("--nodes", "2", "--np", "2", "--framework", "ddp", "--backend", "gloo",
+               "--data", "synthetic", "--synthetic-size", "2560", "--max-steps", "40",
+               "--checkpoint-every", "10", "--max-restarts", "1", "--fault", "1:25:kill")
+    assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-2000:]
+    [r] = records_of(cp.stdout)
+    assert r["status"] == "ok" and sorted(set(r["world"]["hosts"])) == ["node1", "node2"]
+    (entry,) = r["restarts"]
+    assert entry["resumed_from_step"] == 20 and entry["checkpoint"] == "step-00000020.pt"
+    assert entry["error"]["rank"] == 1 and entry["error"]["host"] == "node2"
+    assert r["figures"]["timed_steps"] == 15 and len(set(r["figures"]["parameter_digests"])) == 1
+
+
 def test_a_sweep_over_nodes_runs_each_run_where_it_was_asked(up):
     """--nodes 1,2 --np 1,2: the 1-node runs on the cluster's node1 (not in a container
     of their own), np 2 over 2 nodes runs, np 1 over 2 nodes alone is skipped with its

@@ -261,11 +261,15 @@ def append_record(path: str | os.PathLike, record: dict) -> None:
     made = not path.exists()
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        if made and os.getuid() == 0:
-            # root (bench, say, recording a failed launch) made it in a folder it handed to
-            # the ranks' user (lab.host.places.image.hand_over): theirs, so they append later
+        if made:
+            # bench (recording a failed launch, say) made it in a folder handed to the ranks'
+            # user (lab.host.places.image.hand_over): theirs, or open to all as the folder
+            # is, so that they append later
             folder = path.parent.stat()
-            os.fchown(fd, folder.st_uid, folder.st_gid)
+            if os.getuid() == 0:
+                os.fchown(fd, folder.st_uid, folder.st_gid)
+            elif folder.st_mode & 0o002:
+                os.fchmod(fd, 0o666)
         size = os.fstat(fd).st_size
         if size and os.pread(fd, 1, size - 1) != b"\n":
             line = "\n" + line  # a torn last line (a crash mid-write) stays on its own

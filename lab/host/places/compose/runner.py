@@ -105,8 +105,10 @@ class ClusterRunner(Runner):
     kind = "cluster"
     title = "the simulated cluster (--nodes)"
     # where: image: its nodes run the image `invoke up` started them with (never another
-    # --image); the results and data folders: the ones they mount (bench refuses others).
-    honours = frozenset({"where", "frozen", "nodes", "link", "results_dir", "data_dir"})
+    # --image); the results and data folders: the ones they mount (bench refuses others);
+    # the checkpoints: in the run's folder, which every node mounts, for bench's relaunch.
+    honours = frozenset({"where", "frozen", "nodes", "link", "results_dir", "data_dir",
+                         "checkpoint_every", "max_restarts"})
     sweep_shares = True
     up_flags = ""          # what `invoke up` needs beside --nodes to bring this place up
 

@@ -29,7 +29,8 @@ class SlurmClusterRunner(ClusterRunner):
 
     launcher = "slurm"
     title = "Slurm on the simulated cluster (--launcher slurm)"
-    honours = ClusterRunner.honours | {"launcher", "partition"}
+    # not bench's relaunch (untested under Slurm's batch jobs)
+    honours = ClusterRunner.honours - {"checkpoint_every", "max_restarts"} | {"launcher", "partition"}
     POLL_S = 1.0
     CONTROLLER_SILENCE_S = 60.0     # scontrol failing this long: the job's state is unknown
 
