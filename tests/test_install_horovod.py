@@ -59,3 +59,7 @@ def test_horovod_configures_under_cmake_4(cmake4):
     assert "install-horovod: CMake 4." in cp.stderr, cp.stderr[-3000:]
     assert cp.returncode == 0, (cp.stdout + cp.stderr)[-3000:]
     assert "configured; nothing built or installed" in cp.stderr
+    # Horovod's RelWithDebInfo flags keep their -O3 and lose -g (the script's patch).
+    flags = [line.split(" flags: ", 1)[1].split() for line in cp.stderr.splitlines()
+             if line.startswith(("install-horovod: CXX flags: ", "install-horovod: CUDA flags: "))]
+    assert flags and all("-O3" in f and "-g" not in f for f in flags), cp.stderr[-3000:]
