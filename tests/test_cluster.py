@@ -100,16 +100,16 @@ def _engine_and_image():
         return f"needs a Docker engine, {IMAGE} and compose ({type(e).__name__}: {e})"
 
 
-def invoke(*args, timeout=600):
+def invoke(*args, timeout=600, env=None):
     return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
-def bench(*args, timeout=600):
+def bench(*args, timeout=600, env=None):
     """`invoke bench` into the folder the test cluster mounts (conftest's LAB_RESULTS, a
     temporary one), unless the test gives its own --results-dir."""
     extra = () if "--results-dir" in args else ("--results-dir", str(CLUSTER_RESULTS))
-    return invoke("bench", *args, *extra, timeout=timeout)
+    return invoke("bench", *args, *extra, timeout=timeout, env=env)
 
 
 def test_bench_without_the_cluster_is_one_sentence(tmp_path):
@@ -448,23 +448,24 @@ def test_the_slurm_launcher_runs_each_framework_as_a_batch_job(up, framework, ba
 @pytest.mark.slow
 def test_a_slurm_job_held_in_the_queue_past_the_bound_is_not_called_stalled(up):
     """Both nodes taken by another job for longer than any bound (--stall-s 20, and the
-    import's 120 s before a heartbeat): bench's job waits PENDING (Resources), then runs
-    and is recorded ok; the stall watch's bound started when Slurm ran it."""
+    import's, 40 s here through LAB_IMPORT_S, before a heartbeat): bench's job waits PENDING
+    (Resources), then runs and is recorded ok; the stall watch's bound started when Slurm
+    ran it."""
     node1 = cluster.nodes(up)["node1"]
     rc, blocker = cluster.exec_out(node1, ["sbatch", "--parsable", "--nodes=2", "--exclusive",
-                                           "--job-name=lab-blocker", "--wrap", "sleep 150"])
+                                           "--job-name=lab-blocker", "--wrap", "sleep 60"])
     assert rc == 0, blocker
     try:
         t0 = time.monotonic()
         cp = bench("--nodes", "2", "--np", "2", "--framework", "ddp", "--max-steps", "10",
-                   "--launcher", "slurm", "--stall-s", "20", timeout=900)
+                   "--launcher", "slurm", "--stall-s", "20", timeout=900, env={"LAB_IMPORT_S": "40"})
         took = time.monotonic() - t0
     finally:
         cluster.exec_out(node1, ["scancel", blocker.strip()], user="root")
     assert cp.returncode == 0 and "stalled" not in cp.stdout, cp.stdout[-3000:] + cp.stderr[-2000:]
     [r] = records_of(cp.stdout)
     assert r["status"] == "ok" and r["world"]["scheduler"]["state"] == "COMPLETED"
-    assert took > 140, f"the job did not wait for the other one ({took:.0f} s)"
+    assert took > 55, f"the job did not wait for the other one ({took:.0f} s)"
 
 
 def test_a_slurm_job_that_cannot_fit_is_cancelled_in_one_sentence(up):

@@ -185,6 +185,20 @@ def test_the_default_bound_fits_the_phase_and_the_slowest_step():
     assert heartbeat.bound_s(20, "import", None) == heartbeat.IMPORT_S   # but torch's import is slow
 
 
+@pytest.mark.parametrize("value, says", [("45", "45.0"), ("", "120.0"), ("soon", None), ("0", None)])
+def test_the_import_bound_comes_from_lab_import_s(value, says):
+    """LAB_IMPORT_S sets the import's bound; a value that is no positive number is one
+    sentence naming it and the way back to the default."""
+    cp = subprocess.run([sys.executable, "-c", "from lab.common import heartbeat as h; print(h.IMPORT_S)"],
+                        capture_output=True, text=True, timeout=60, env={**os.environ, "LAB_IMPORT_S": value})
+    if says:
+        assert cp.returncode == 0 and cp.stdout.strip() == says, cp.stderr
+    else:
+        assert cp.returncode == 1 and "Traceback" not in cp.stderr, cp.stderr
+        assert cp.stderr.strip() == (f"LAB_IMPORT_S must be a number of seconds above 0, not {value!r}: "
+                                     "unset it for the default 120 s")
+
+
 class QueuedDevice:
     """A GPU as the rank's clock sees it: a call returns once its work is queued, and
     synchronize() waits until the queue has run."""

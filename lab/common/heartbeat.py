@@ -51,7 +51,24 @@ BEAT_MARK, STACK_MARK = "@lab-beat ", "@lab-stack "
 # ResNet-50 steps of several seconds, and ten times the slowest is no jitter.
 RENDEZVOUS_S = 180.0
 STARTUP_S = 300.0
-IMPORT_S = 120.0       # importing torch: never less, even with a short --stall-s
+IMPORT_VAR = "LAB_IMPORT_S"
+
+
+def _import_s(default: float = 120.0) -> float:
+    """The import's bound: LAB_IMPORT_S seconds when set (a node whose Python lives on a
+    slow shared filesystem needs more; a test of the queue, less), else `default`."""
+    text = os.environ.get(IMPORT_VAR, "").strip()
+    try:
+        value = float(text) if text else default
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise SystemExit(f"{IMPORT_VAR} must be a number of seconds above 0, not {text!r}: "
+                         f"unset it for the default {default:g} s")
+    return value
+
+
+IMPORT_S = _import_s()  # importing torch: never less, even with a short --stall-s
 STEP_FACTOR = 10.0
 STEP_MIN_S = 60.0
 FORWARD_SHARE = 3.0    # a step is about three forwards (the backward about two)
