@@ -11,10 +11,17 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
-# Every test probes the stack it runs on afresh (fakes of images and Pythons would
-# otherwise meet each other's answers in lab.host.stack_cache); tests/test_startup.py
-# turns the cache on in its own folder.
-os.environ.setdefault("LAB_STACK_CACHE", "off")
+# The stack probe (a Python importing torch, Horovod and DeepSpeed: about 5 s of a core
+# here) is answered from a cache of the session's own (lab.host.stack_cache, keyed as a
+# user's is) for what runs the real stack: every `invoke` a test starts and the modules'
+# `stack` fixtures. Inside a test's own process it is off (_stack_cache_off below): the
+# fakes of images and Pythons there would otherwise meet each other's answers.
+# tests/test_startup.py and tests/test_cache_keys.py give the cache folders of their own.
+if "LAB_STACK_CACHE" not in os.environ:
+    os.environ["LAB_STACK_CACHE"] = tempfile.mkdtemp(prefix="lab-test-stack-cache-")
+    _MADE_STACK_CACHE = os.environ["LAB_STACK_CACHE"]
+else:
+    _MADE_STACK_CACHE = None
 
 # The compose cluster the tests bring up is a project of its own (not the checkout's,
 # which a user's `invoke up` makes: the two never meet, lab.host.places.compose.cluster),
@@ -50,8 +57,9 @@ def pytest_sessionfinish(session, exitstatus):
     hold only the runs they made (tests write into temporary folders)."""
     if not _controller(session):
         return
-    if _MADE_RESULTS:
-        shutil.rmtree(_MADE_RESULTS, ignore_errors=True)
+    for made in (_MADE_RESULTS, _MADE_STACK_CACHE):
+        if made:
+            shutil.rmtree(made, ignore_errors=True)
     added = sorted(checkout_results() - getattr(session.config, "_results_before", set()))
     if added:
         top = sorted({a.split("/", 1)[0] for a in added})
@@ -63,6 +71,15 @@ def pytest_sessionfinish(session, exitstatus):
 def _top_of_results() -> set[str]:
     root = REPO / "results"
     return set(os.listdir(root)) if root.is_dir() else set()
+
+
+@pytest.fixture(autouse=True)
+def _stack_cache_off(request, monkeypatch):
+    """No stack cache for the test's own process (see the top of this file); the processes
+    it starts still read LAB_STACK_CACHE."""
+    if request.module.__name__.rsplit(".", 1)[-1] not in ("test_cache_keys", "test_startup"):
+        from lab.host import stack_cache
+        monkeypatch.setattr(stack_cache, "cache_dir", lambda: None)
 
 
 @pytest.fixture(autouse=True)
