@@ -137,18 +137,20 @@ def restore_own(state: dict) -> None:
 def save(cfg, d, strategy, global_step: int, epoch: int, step: int, loss_sum, epochs: list) -> None:
     """A checkpoint after `global_step` steps (`step` steps into `epoch`): every rank
     hands rank 0 its own part (a collective), rank 0 writes the file."""
+    whole = strategy.checkpoint_state()     # on every rank: ZeRO-1 and FSDP gather here
     parts = d.allgather_object(own_state(loss_sum))
     if d.rank == 0:
-        _write(cfg, d, strategy, global_step, epoch, step, epochs, parts)
+        _write(cfg, d, strategy, whole, global_step, epoch, step, epochs, parts)
     # Every rank waits for the write here, outside the timed steps: otherwise the other
     # ranks' next step would hold it (waiting in its collective for rank 0).
     d.allgather_object(None)
 
 
-def _write(cfg, d, strategy, global_step, epoch, step, epochs, parts) -> None:
+def _write(cfg, d, strategy, whole, global_step, epoch, step, epochs, parts) -> None:
+    model_state, optimizer_state = whole
     state = {"format": FORMAT, "global_step": global_step, "epoch": epoch, "step": step,
              "world": d.size, "seed": cfg.seed, "epochs": list(epochs), "ranks": parts,
-             "model": strategy.eval_module().state_dict(), "optimizer": strategy.optimizer.state_dict(),
+             "model": model_state, "optimizer": optimizer_state,
              "scaler": strategy.scaler.state_dict() if strategy.scaler else None,
              "saved_at": time.time()}
     folder = job_folder(cfg)
@@ -190,8 +192,7 @@ def resume(cfg, d, strategy, log=print) -> Position:
         if state["world"] != d.size:
             raise ConfigError(f"the checkpoint {path} was written by {state['world']} ranks, not "
                               f"{d.size}: a relaunch must keep --np")
-        strategy.eval_module().load_state_dict(state["model"])
-        strategy.optimizer.load_state_dict(state["optimizer"])
+        strategy.load_checkpoint_state(state["model"], state["optimizer"])
         if strategy.scaler and state["scaler"]:
             strategy.scaler.load_state_dict(state["scaler"])
     if path is not None and horovod:        # rank 0's state to every rank
