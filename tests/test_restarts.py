@@ -59,10 +59,12 @@ def test_the_newest_two_are_kept(tmp_path):
     assert [s for s, _ in checkpoint.listed(str(tmp_path))] == [30, 20]
 
 
-def test_checkpoints_cover_the_ddp_strategy_only():
-    RunConfig(checkpoint_every=10).check()
-    with pytest.raises(ConfigError, match="--checkpoint-every covers the ddp strategy"):
-        RunConfig(checkpoint_every=10, strategy="zero1").check()
+def test_checkpoints_cover_the_ddp_zero1_and_fsdp_strategies_only():
+    for strategy in ("ddp", "zero1", "fsdp"):
+        RunConfig(checkpoint_every=10, strategy=strategy, framework="ddp").check()
+    for strategy in ("deepspeed", "pipeline"):
+        with pytest.raises(ConfigError, match="^--checkpoint-every covers the ddp, zero1 and fsdp"):
+            RunConfig(checkpoint_every=10, strategy=strategy, framework="ddp").check()
     with pytest.raises(ConfigError, match="cannot be negative"):
         RunConfig(checkpoint_every=-1).check()
 
@@ -154,13 +156,16 @@ def test_every_rank_waits_for_the_checkpoint_outside_its_steps(monkeypatch):
         def allgather_object(self, obj):
             calls.append("collective")
             return [obj, obj]
+    class Sharded:              # ZeRO-1, FSDP: every rank takes part in gathering the state
+        def checkpoint_state(self):
+            calls.append("gather")
     monkeypatch.setattr(checkpoint, "_write", lambda *a: calls.append("write"))
-    checkpoint.save(RunConfig(), D(), None, 10, 0, 10, 0.0, [])
-    assert calls == ["collective", "collective"]          # rank 1: no write, but waits
+    checkpoint.save(RunConfig(), D(), Sharded(), 10, 0, 10, 0.0, [])
+    assert calls == ["gather", "collective", "collective"]          # rank 1: no write, but waits
     calls.clear()
     D.rank = 0
-    checkpoint.save(RunConfig(), D(), None, 10, 0, 10, 0.0, [])
-    assert calls == ["collective", "write", "collective"]
+    checkpoint.save(RunConfig(), D(), Sharded(), 10, 0, 10, 0.0, [])
+    assert calls == ["gather", "collective", "write", "collective"]
 
 
 def test_the_flags_reach_bench_and_the_ranks():
@@ -197,22 +202,30 @@ def bench_run(stack, tmp_path, run_id, **kw):
 
 @pytest.fixture(scope="module")
 def uninterrupted(stack, tmp_path_factory):
-    """The loss of a run that no fault interrupts (the same for DDP and Horovod here:
-    the same seed, batches, dropout masks and averaged gradients)."""
+    """The loss and the parameters' digest of a run that no fault interrupts (the same
+    loss for DDP and Horovod here: the same seed, batches, dropout masks and averaged
+    gradients)."""
     outcome, lines = bench_run(stack, tmp_path_factory.mktemp("plain"), "plain", framework="ddp")
     assert outcome.failed == 0, "\n".join(lines[-20:])
-    return outcome.records[0]["figures"]["final_loss"]
+    figures = outcome.records[0]["figures"]
+    return figures["final_loss"], figures["parameter_digests"][0]
 
 
-@pytest.mark.parametrize("framework,backend", [
-    ("ddp", "gloo"),
-    pytest.param("horovod", "gloo", marks=requires_horovod),
-    pytest.param("horovod", "mpi", marks=[requires_horovod, requires_mpirun]),
+@pytest.mark.parametrize("framework,backend,strategy", [
+    ("ddp", "gloo", "ddp"),
+    ("ddp", "gloo", "zero1"),
+    ("ddp", "gloo", "fsdp"),
+    pytest.param("horovod", "gloo", "ddp", marks=requires_horovod),
+    pytest.param("horovod", "mpi", "ddp", marks=[requires_horovod, requires_mpirun]),
 ])
 def test_a_killed_rank_is_survived_from_the_last_checkpoint(stack, tmp_path, uninterrupted,
-                                                           framework, backend):
+                                                           framework, backend, strategy):
+    """ZeRO-1 and FSDP compute DDP's update (the same averaged gradients, SGD on each
+    parameter), so their uninterrupted loss is DDP's: one reference run serves all. Over
+    torch's Gloo the parameters end bit for bit as that run's (Horovod sums otherwise)."""
     outcome, lines = bench_run(stack, tmp_path, "killed", framework=framework, backend=backend,
-                               checkpoint_every=10, max_restarts=1, fault="1:15:kill")
+                               strategy=strategy, checkpoint_every=10, max_restarts=1,
+                               fault="1:15:kill")
     assert outcome.failed == 0, "\n".join(lines[-30:])
     (r,) = outcome.records
     assert r["status"] == "ok" and results.missing_fields(r) == []
@@ -221,8 +234,11 @@ def test_a_killed_rank_is_survived_from_the_last_checkpoint(stack, tmp_path, uni
     assert entry["resumed_from_step"] == 10 and entry["checkpoint"] == "step-00000010.pt"
     assert entry["error"]["rank"] == 1 and entry["error"]["signal"] == 9     # named as before
     assert entry["lost_s"] > 0
-    assert abs(r["figures"]["final_loss"] - uninterrupted) < 1e-4
+    loss, digest = uninterrupted
+    assert abs(r["figures"]["final_loss"] - loss) < 1e-4
     assert len(set(r["figures"]["parameter_digests"])) == 1
+    if framework == "ddp":
+        assert r["figures"]["parameter_digests"][0] == digest
     # the relaunch's steps only, after its own warm-up (a fresh process's first steps):
     # 40 - 10 resumed - 5 (--warmup-steps); its start-up measured from its first step
     assert r["figures"]["timed_steps"] == 25 and r["figures"]["startup_s"] is not None

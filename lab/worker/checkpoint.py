@@ -8,19 +8,22 @@ NumPy's: the MNIST CNN's dropout draws from them) and its running loss of the ep
 so that a resumed run takes the same batches, the same dropout masks and reports the
 same loss as an uninterrupted one.
 
-How it is written: the ddp strategy replicates the model and the optimizer on every
-rank, so one copy is the whole state: rank 0 gathers the ranks' own parts (random
-states, running loss) and writes one file with torch.save (torch.distributed.checkpoint
-is for state that is sharded over the ranks: ZeRO, FSDP; one file here can be replaced
-atomically, a folder of DCP's shards cannot). The file is written under a temporary
-name in the same folder, flushed and fsynced, then renamed over its final name
-(os.replace) and the folder fsynced: a rank killed during the write leaves the temporary
-file, never a torn step-N.pt. The newest lab.common.restarts.KEEP are kept.
+How it is written: every rank hands the strategy's whole state to rank 0
+(Strategy.checkpoint_state: ddp replicates it, so rank 0's copy is it; zero1
+consolidates the optimizer's shards on rank 0; fsdp gathers them whole with
+torch.distributed.checkpoint.state_dict.get_state_dict), rank 0 gathers the ranks' own
+parts (random states, running loss) and writes one file with torch.save (one file can
+be replaced atomically, a folder of torch.distributed.checkpoint's shards cannot). The
+file is written under a temporary name in the same folder, flushed and fsynced, then
+renamed over its final name (os.replace) and the folder fsynced: a rank killed during
+the write leaves the temporary file, never a torn step-N.pt. The newest
+lab.common.restarts.KEEP are kept.
 
 How it is read (a relaunch: RunConfig.restart > 0): rank 0 tries the checkpoints from
 the newest down and takes the first that loads (a file that does not load, say one cut
 short on a disk that lied about fsync, is skipped with a line saying so), then tells
-every rank which. DDP: every rank loads that file (the same on each). Horovod: rank 0
+every rank which. DDP, ZeRO-1, FSDP: every rank loads that file (the same on each) and
+the strategy keeps its own part (Strategy.load_checkpoint_state). Horovod: rank 0
 has loaded it; hvd.broadcast_parameters and hvd.broadcast_optimizer_state hand its state
 to the others, as Horovod's examples do at start. Each rank then takes its own random
 states and running loss."""
@@ -137,18 +140,20 @@ def restore_own(state: dict) -> None:
 def save(cfg, d, strategy, global_step: int, epoch: int, step: int, loss_sum, epochs: list) -> None:
     """A checkpoint after `global_step` steps (`step` steps into `epoch`): every rank
     hands rank 0 its own part (a collective), rank 0 writes the file."""
+    whole = strategy.checkpoint_state()     # on every rank: ZeRO-1 and FSDP gather here
     parts = d.allgather_object(own_state(loss_sum))
     if d.rank == 0:
-        _write(cfg, d, strategy, global_step, epoch, step, epochs, parts)
+        _write(cfg, d, strategy, whole, global_step, epoch, step, epochs, parts)
     # Every rank waits for the write here, outside the timed steps: otherwise the other
     # ranks' next step would hold it (waiting in its collective for rank 0).
     d.allgather_object(None)
 
 
-def _write(cfg, d, strategy, global_step, epoch, step, epochs, parts) -> None:
+def _write(cfg, d, strategy, whole, global_step, epoch, step, epochs, parts) -> None:
+    model_state, optimizer_state = whole
     state = {"format": FORMAT, "global_step": global_step, "epoch": epoch, "step": step,
              "world": d.size, "seed": cfg.seed, "epochs": list(epochs), "ranks": parts,
-             "model": strategy.eval_module().state_dict(), "optimizer": strategy.optimizer.state_dict(),
+             "model": model_state, "optimizer": optimizer_state,
              "scaler": strategy.scaler.state_dict() if strategy.scaler else None,
              "saved_at": time.time()}
     folder = job_folder(cfg)
@@ -190,8 +195,7 @@ def resume(cfg, d, strategy, log=print) -> Position:
         if state["world"] != d.size:
             raise ConfigError(f"the checkpoint {path} was written by {state['world']} ranks, not "
                               f"{d.size}: a relaunch must keep --np")
-        strategy.eval_module().load_state_dict(state["model"])
-        strategy.optimizer.load_state_dict(state["optimizer"])
+        strategy.load_checkpoint_state(state["model"], state["optimizer"])
         if strategy.scaler and state["scaler"]:
             strategy.scaler.load_state_dict(state["scaler"])
     if path is not None and horovod:        # rank 0's state to every rank

@@ -145,6 +145,16 @@ class Strategy:
     def eval_module(self) -> torch.nn.Module:
         return getattr(self.model, "module", self.model)
 
+    def checkpoint_state(self) -> tuple[dict, dict] | None:
+        """The model's and the optimizer's whole state for rank 0 to save, asked of every
+        rank (a collective where the strategy shards it; None where a rank gets nothing)."""
+        return self.eval_module().state_dict(), self.optimizer.state_dict()
+
+    def load_checkpoint_state(self, model_state: dict, optimizer_state: dict) -> None:
+        """The whole state that checkpoint_state gave, loaded on every rank."""
+        self.eval_module().load_state_dict(model_state)
+        self.optimizer.load_state_dict(optimizer_state)
+
     def evaluate(self, split, batch: int) -> tuple[int, int]:
         """(correct, total) over this rank's share of the test set."""
         model = self.eval_module()

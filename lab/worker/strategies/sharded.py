@@ -28,6 +28,16 @@ class Zero1(Strategy):
         cls, kwargs = self.optimizer_class()
         self.optimizer = ZeroRedundancyOptimizer(self.model.parameters(), optimizer_class=cls, **kwargs)
 
+    def checkpoint_state(self) -> tuple[dict, dict] | None:
+        """Every rank's optimizer shard gathered on rank 0
+        (ZeroRedundancyOptimizer.consolidate_state_dict(to=0), called on all ranks); the
+        model is replicated. Loading is the base class's: ZeroRedundancyOptimizer's
+        load_state_dict takes the whole state and keeps this rank's parameters' part."""
+        self.optimizer.consolidate_state_dict(to=0)
+        if self.d.rank != 0:
+            return None
+        return self.eval_module().state_dict(), self.optimizer.state_dict()
+
 
 class FSDP(Strategy):
     """`fsdp`: FSDP2 (torch.distributed.fsdp.fully_shard) on a one-dimensional device
@@ -73,6 +83,22 @@ class FSDP(Strategy):
 
     def eval_module(self) -> torch.nn.Module:
         return self.model
+
+    def checkpoint_state(self) -> tuple[dict, dict] | None:
+        """The sharded parameters and optimizer state gathered whole on rank 0 by
+        torch.distributed.checkpoint.state_dict.get_state_dict (full_state_dict with
+        cpu_offload: the other ranks get empty dicts)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+        model_state, optimizer_state = get_state_dict(
+            self.model, self.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return (model_state, optimizer_state) if self.d.rank == 0 else None
+
+    def load_checkpoint_state(self, model_state: dict, optimizer_state: dict) -> None:
+        """The whole state, which every rank has read, cut into this rank's shards by
+        torch.distributed.checkpoint.state_dict.set_state_dict (full_state_dict)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+        set_state_dict(self.model, self.optimizer, model_state_dict=model_state,
+                       optim_state_dict=optimizer_state, options=StateDictOptions(full_state_dict=True))
 
     def evaluate(self, split, batch: int) -> tuple[int, int]:
         """The base evaluation, then every unit resharded: the root unit keeps its
