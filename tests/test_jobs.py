@@ -91,6 +91,19 @@ def test_a_watch_per_stream_sees_what_one_stream_alone_says():
     assert (w.first.rank, w.first.signal) == (1, 9)
 
 
+def test_a_rank_killed_on_one_node_is_the_cause_though_its_peer_is_seen_first():
+    """DDP on the simulated cluster, rank 1 on node2 SIGKILLed (--fault 1:25:kill): node1's
+    launcher printed its rank 0's exit 1 (a connection reset by the killed peer) before
+    node2's printed the SIGKILL (bench's output, captured 2026-11-26). The signal is the
+    cause, as inside one launcher's block."""
+    w = StreamWatches(lambda line: None)
+    for line in (FIXTURES / "cluster-ddp-rank1-sigkill-node1-seen-first.txt").read_text().splitlines():
+        w.line(line)
+    w.close()
+    assert [(e.rank, e.host, e.signal) for e in w.ends] == [(0, "node1", None), (1, "node2", 9)]
+    assert (w.first.rank, w.first.host, w.first.signal) == (1, "node2", 9)
+
+
 def launch_of(framework="ddp", np=1, attempt="000-x"):
     from lab.host.places.base import Launch
     return Launch(framework, "gloo", np, ("--max-steps", "not-a-number", "--run-id", "r", "--attempt", attempt),

@@ -233,7 +233,11 @@ class StreamWatches:
     cluster's nodes, your servers) arrive on one thread per part, prefixed "[host] ", and
     two launchers' failure blocks printed at once must never be read as one (a rank of
     one node blamed with another node's host or exit code). Lines are taken under a
-    lock; `first` is the first abnormal end any stream reported, in the order seen."""
+    lock; `first` is the first abnormal end any stream reported, in the order seen, with
+    the same preference a launcher's own block gets: a rank killed by a signal other than
+    SIGTERM comes before peers that exited with a code. When a rank on node2 is SIGKILLed,
+    its peer on node1 exits 1 at once ("Connection reset by peer") and node1's launcher
+    may print its block first (captured on the simulated cluster, 2026-11-26)."""
 
     def __init__(self, echo, tail: int = 40, **kw):
         self.echo, self._kw = echo, kw
@@ -270,7 +274,8 @@ class StreamWatches:
     @property
     def first(self) -> RankEnd | None:
         with self._lock:
-            return self._seen[0] if self._seen else None
+            killed = [e for e in self._seen if e.signal is not None and e.signal != _signal.SIGTERM]
+            return (killed or self._seen or [None])[0]
 
     @property
     def ends(self) -> list[RankEnd]:
