@@ -161,6 +161,17 @@ def test_readme_carries_the_version_table():
         "docs/pages/images.md's version table is stale: paste the output of python -m lab.common.versions --markdown"
 
 
+def test_a_dependency_whose_marker_names_the_python_is_left_to_the_image(monkeypatch):
+    """The image's Python is not this one: a dependency whose marker names the environment
+    (python_version, sys_platform) is not decided here but in the kit's own install there."""
+    from importlib import metadata
+    monkeypatch.setattr(metadata, "requires", lambda name: [
+        "plain>=1", 'train-only; extra == "train"', 'elsewhere; extra == "deepspeed"',
+        'old-python; extra == "train" and python_version < "3.99"', 'not-windows; sys_platform != "win32"',
+        "quoted; extra == 'test' and platform_machine == \"x86_64\""])
+    assert images.kit_requirements(("train", "test")) == ["plain>=1", "train-only"]
+
+
 def test_the_kits_dependencies_are_installed_before_horovod_and_the_kit_after(tmp_path):
     """The build context lists the kit's dependencies with the image's extras (from its
     metadata, as pip made it of pyproject.toml); the Dockerfile installs them before

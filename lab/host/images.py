@@ -170,19 +170,22 @@ def labels(s: BuildSettings, args: dict[str, str], matrix: dict[str, str],
 
 
 def kit_requirements(extras=IMAGE_EXTRAS) -> list[str]:
-    """The kit's dependencies with those extras, from its installed metadata (what pip
-    made of pyproject.toml): the image installs them in a layer before Horovod's, so that
-    editing the kit re-runs only the kit's own install. A list out of date (pyproject.toml
-    edited since the kit was installed) costs nothing wrong: the kit's install after it
-    resolves its dependencies again."""
+    """The kit's dependencies with those extras (installed metadata), a layer before Horovod's:
+    editing the kit re-runs only its own install, which resolves them again."""
     from importlib import metadata
     try:
         from packaging.requirements import Requirement
         reqs = [Requirement(r) for r in metadata.requires(kit.DIST_NAME) or []]
     except Exception:           # the kit not installed, or no packaging: the kit's step does it all
         return []
-    return [str(r).split(";")[0].strip() for r in reqs
-            if r.marker is None or any(r.marker.evaluate({"extra": e}) for e in extras)]
+    return [str(r).split(";")[0].strip() for r in reqs if r.marker is None or (
+        not _environment_marker(r.marker) and any(r.marker.evaluate({"extra": e}) for e in extras))]
+
+
+def _environment_marker(marker) -> bool:
+    """The marker names more than `extra` (python_version...): pip decides it in the image."""
+    unquoted = re.sub(r"\"[^\"]*\"|'[^']*'", "", str(marker))
+    return bool(set(re.findall(r"[A-Za-z_][\w.]*", unquoted)) - {"extra", "and", "or", "in", "not"})
 
 
 def assemble_context(dest: Path, s: BuildSettings) -> None:
