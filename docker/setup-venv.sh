@@ -8,6 +8,7 @@
 #
 #   bash docker/setup-venv.sh [DIR]        # DIR defaults to .venv
 #   bash docker/setup-venv.sh --system     # only the system packages
+#   bash docker/setup-venv.sh --key        # the cached environment it would use, nothing made
 #
 # Environment (all optional):
 #   TORCH_INDEX_URL  where torch and torchvision come from. Default: the package
@@ -24,7 +25,8 @@
 #   CUDA_ARCHS       compute capabilities Horovod's CUDA kernels are compiled for, when
 #                    torch is a CUDA build and a toolkit is found (e.g. 90 for an H100;
 #                    default: the matrix's list for the toolkit, six of them, which takes
-#                    several times as long to compile as one)
+#                    several times as long to compile as one; HOROVOD_BUILD_CUDA_CC_LIST,
+#                    Horovod's own name for it, wins when set)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -51,7 +53,9 @@ system_packages() {
     DEBIAN_FRONTEND=noninteractive apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
-if command -v dpkg-query >/dev/null; then
+if [[ "${1:-}" == --key ]]; then
+    :   # only the cached environment's folder is asked for (below)
+elif command -v dpkg-query >/dev/null; then
     system_packages
 else
     say "not a Debian or Ubuntu system: install Open MPI (with headers), a C++ compiler, CMake and Python's venv yourself"
@@ -60,7 +64,7 @@ fi
 
 # shellcheck source=versions.env
 source "$here/versions.env"
-dest="$(realpath -m "${1:-$repo/.venv}")"   # absolute: its commands name its Python
+dest="$(realpath -m -- "${1:-$repo/.venv}")"   # absolute: its commands name its Python
 ca="${PIP_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}"
 index="${TORCH_INDEX_URL:-}"
 # The key covers what the slow part (torch, Horovod's compile, DeepSpeed) depends on; the
@@ -68,12 +72,17 @@ index="${TORCH_INDEX_URL:-}"
 key="$( { grep -E '^(TORCH|TORCHVISION|HOROVOD|SETUPTOOLS|WHEEL|DEEPSPEED)_' "$here/versions.env"
           cat "$here/install-torch.sh" "$here/install-horovod.sh" "$here/setup-venv.sh" \
               "$here/matrix.sh" "$here/torch-nccl.sh"
-          python3 --version; echo "$index"; echo "${CUDA_ARCHS:-}"; } | sha256sum | cut -c1-16)"
+          python3 --version; echo "$index"; echo "${CUDA_ARCHS:-}"
+          echo "${HOROVOD_BUILD_CUDA_CC_LIST:-}"; } | sha256sum | cut -c1-16)"
 cache="${LAB_ENV_CACHE-$HOME/.cache/dl-lab-kit}"
 if [[ -n "$cache" ]]; then
     env="$cache/venv-$key"
 else
     env="$dest"
+fi
+if [[ "${1:-}" == --key ]]; then
+    echo "$env"
+    exit 0
 fi
 
 if [[ -f "$env/.complete" ]]; then

@@ -1,6 +1,7 @@
 """docker/setup-venv.sh with a shared cache: two checkouts on one machine each import
 their own kit, whichever ran the set-up last (the cache holds the heavy dependencies,
 never the kit)."""
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -55,3 +56,18 @@ def test_two_checkouts_sharing_the_cache_each_import_their_own_kit(tmp_path):
     cp = subprocess.run([str(a / ".venv" / "bin" / "invoke"), "--list"], cwd=a, capture_output=True,
                         text=True, timeout=120)
     assert cp.returncode == 0 and "bench" in cp.stdout, cp.stderr[-2000:]
+
+
+def test_the_cached_environment_is_keyed_by_the_cuda_code_horovod_compiles(tmp_path):
+    """--key names the cached environment a set-up would use: another compute capability,
+    by the kit's name (CUDA_ARCHS) or Horovod's own (HOROVOD_BUILD_CUDA_CC_LIST), is another
+    environment, and the same settings find the same one."""
+    def key(**env):
+        cp = subprocess.run(["bash", str(REPO / "docker" / "setup-venv.sh"), "--key"], capture_output=True,
+                            text=True, timeout=60, env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), **env})
+        assert cp.returncode == 0, cp.stderr
+        return cp.stdout.strip()
+    plain = key()
+    assert plain.startswith(f"{tmp_path}/.cache/dl-lab-kit/venv-") and key() == plain
+    assert len({plain, key(CUDA_ARCHS="90"), key(HOROVOD_BUILD_CUDA_CC_LIST="90"), key(CUDA_ARCHS="80")}) == 4
+
