@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -84,12 +85,24 @@ def test_rpc_pipeline_learns_digits(tmp_path):
     says what ran, and the held bytes of the two ranks add up to the model's parameters."""
     from lab.host import bench
     from lab.host.request import BenchSettings
-    lines = []
-    outcome = bench.run(BenchSettings(np=[2], strategy="rpc-pipeline", framework="ddp",
-                                      backend="gloo", data="digits", model="mnist",
-                                      batch_size=32, epochs=3, warmup_steps=3,
-                                      results_dir=str(tmp_path), timeout_s=240),
-                        echo=lines.append, stack=bench.probe_stack())
+    # torch's RPC hangs now and then in this loop: the driver waits in a forward's future
+    # for a reply that never comes (seen in 1 of 10 runs of this test on a loaded 2-core
+    # machine; upstream's nearest reports are pytorch/pytorch#58239 and #38513, and RPC is
+    # in maintenance mode). The stall watch ends such a run and names it, which is the kit's
+    # part; the test then says so in a warning and runs once more. Any other failure, or a
+    # second hang, fails it.
+    for attempt in (1, 2):
+        lines = []
+        outcome = bench.run(BenchSettings(np=[2], strategy="rpc-pipeline", framework="ddp",
+                                          backend="gloo", data="digits", model="mnist",
+                                          batch_size=32, epochs=3, warmup_steps=3,
+                                          results_dir=str(tmp_path / f"run{attempt}"), timeout_s=240),
+                            echo=lines.append, stack=bench.probe_stack())
+        hung = [r["error"]["reason"] for r in outcome.records
+                if r["status"] == "failed" and r["error"]["reason"].startswith("stalled:")]
+        if not hung or attempt == 2:
+            break
+        warnings.warn(f"torch RPC hung in run {attempt}, named by the stall watch: {hung[0][:300]}")
     assert outcome.failed == 0 and len(outcome.records) == 1, "\n".join(lines)[-3000:]
     r = outcome.records[0]
     assert r["status"] == "ok" and r["config"]["strategy"] == "rpc-pipeline"
