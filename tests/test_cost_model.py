@@ -303,3 +303,13 @@ def test_the_published_cases_are_read_back_from_their_figures():
     assert cases[name][0] == pytest.approx(t1 + 34.0, rel=1e-3) and cycle > 0
     table = "\n".join(model_check.lines(model_check.published()))
     assert "without the cases fitted on themselves" in table and "(5 cases)" in table
+
+
+def test_model_check_marks_a_run_whose_own_exposed_time_fitted_its_cycle_cost(tmp_path):
+    for name, recs in (("solo", horovod_records()[:2]), ("pair", horovod_records())):
+        for r in recs:
+            results.append_record(tmp_path / name / results.RESULTS_FILE, r)
+    solo, _ = model_check.of_results(str(tmp_path / "solo"))
+    pair, _ = model_check.of_results(str(tmp_path / "pair"))
+    assert [model_check.SELF in name for name, _, _ in solo] == [True]
+    assert len(pair) == 2 and not any(model_check.SELF in name for name, _, _ in pair)

@@ -94,8 +94,9 @@ def of_results(path: str) -> tuple[list[tuple[str, float, float]], list[str]]:
     from lab.report import prediction
     from lab.report.records import config_label
     recs = [r for f in sorted(Path(path).rglob(results.RESULTS_FILE)) for r in results.read_records(f)[0]]
-    rows = [(f"{config_label(p['row']['record'], recs, ' / ')}, {p['servers']} server(s), {p['np']} workers",
-             p["predicted_ms"], p["step_ms"]) for p in prediction.predictions(recs)]
+    rows = [(f"{config_label(p['row']['record'], recs, ' / ')}, {p['servers']} server(s), {p['np']} workers"
+             + (SELF if p["inputs"].cycle_cost_from == "itself" else ""), p["predicted_ms"], p["step_ms"])
+            for p in prediction.predictions(recs)]
     why = [f"{config_label(u['row']['record'], recs, ' / ')} at {u['row']['np']} workers: {u['why']}"
            for u in prediction.unpredicted(recs)]
     return rows, why
