@@ -288,14 +288,14 @@ def test_the_published_cases_are_read_back_from_their_figures():
     cases = {name: (pred, meas) for name, pred, meas in model_check.published()}
     assert len(cases) == 6
     # the measured steps are the published speedups' (2 x compute / speedup)
-    pred, meas = cases["DDP MNIST, 1 machine, 2 workers"]
+    pred, meas = cases["DDP MNIST, 1 machine, 2 workers (ms)"]
     assert 2 * (meas - 11.7) / meas == pytest.approx(1.16)
     # the MNIST CNN's gradients are one DDP bucket: the collective is all exposed; the
     # compute grew by its published share of the lost step (39%), waiting 19%
     assert pred == pytest.approx(meas - 11.7 + 0.39 * 11.7 + 0.9 + 0.19 * 11.7)
     # the Horovod MNIST case's own 34 ms of exposed time fits the cycle cost, and says so;
     # the ResNet-50 case across the same link is predicted with that cost (another size)
-    name = "Horovod MNIST, 2 servers, 1 Gbit/s" + model_check.SELF
+    name = "Horovod MNIST, 2 servers, 1 Gbit/s (ms)" + model_check.SELF
     t1, t2, cycle = model_check._horovod_mnist_across()
     _, _, _, x, p = model_check._case(name, "horovod", t1, t2, 5.6, model_check.MNIST_GRAD,
                                       model_check.MNIST_GRAD, 0.0, 8, cycle_cost=cycle, unit=1e-3, parts=True)

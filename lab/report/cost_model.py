@@ -195,7 +195,7 @@ def _horovod_cycles(ready: list[float], sizes: list[float], fit_: Fit, op: str, 
     (controller.cc 93, PopMessagesFromQueue), agrees on them across the ranks with one
     small all-reduce of the response cache's bits, every cycle (controller.cc 154-159,
     response_cache.cc 428, CrossRankBitwiseAnd) and performs the fused responses one after
-    another (operations.cc 818-834; FuseResponses, controller.cc 901, up to the fusion
+    another (operations.cc 819-835; FuseResponses, controller.cc 901, up to the fusion
     threshold). `cost_s`: what a cycle costs beyond its collectives (the agreement and the
     rest). Returns (end of the last collective, collectives, their seconds, cycles with work)."""
     period = max(cycle_s, cost_s)

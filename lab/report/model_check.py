@@ -56,35 +56,35 @@ def published() -> list[tuple[str, float, float]]:
     # DDP MNIST, one machine: lost 11.7 ms, speedup 1.16, all-reduce of 0.087 MB in 0.9 ms,
     # 19% of the lost step waiting, 39% compute that grew.
     t1 = 11.7 / (2 / 1.16 - 1)
-    out.append(_case("DDP MNIST, 1 machine, 2 workers", "ddp", t1, t1 + 11.7, 0.9, MNIST_GRAD,
+    out.append(_case("DDP MNIST, 1 machine, 2 workers (ms)", "ddp", t1, t1 + 11.7, 0.9, MNIST_GRAD,
                      MNIST_GRAD, 0.19 * 11.7, cm.MODEL_TENSORS["mnist"], 0.39 * 11.7, unit=1e-3))
     # DDP ResNet-50 batch 32, one machine: lost 12.0 s, speedup 1.42, 102 MB in 0.13 s, 5%
     # waiting, 95% compute that grew.
     t1 = 12.0 / (2 / 1.42 - 1)
-    out.append(_case("DDP ResNet-50, 1 machine, 2 workers", "ddp", t1, t1 + 12.0, 0.13, 102e6, 102e6,
+    out.append(_case("DDP ResNet-50, 1 machine, 2 workers (s)", "ddp", t1, t1 + 12.0, 0.13, 102e6, 102e6,
                      0.05 * 12.0, cm.MODEL_TENSORS["resnet50"], 0.95 * 12.0))
     # DDP MNIST, 2 servers at 1 Gbit/s: bounds 1.66-2.00 (collective / compute = 2/1.66 - 1),
     # measured 0.96, 16% of the lost step waiting, 52% compute; the compute is the unit.
     lost = 2 / 0.96 - 1
-    out.append(_case("DDP MNIST, 2 servers, 1 Gbit/s", "ddp", 1.0, 2 / 0.96, 2 / 1.66 - 1, MNIST_GRAD,
+    out.append(_case("DDP MNIST, 2 servers, 1 Gbit/s (1-worker step = 1)", "ddp", 1.0, 2 / 0.96, 2 / 1.66 - 1, MNIST_GRAD,
                      MNIST_GRAD, 0.16 * lost, cm.MODEL_TENSORS["mnist"], 0.52 * lost))
     # Horovod MNIST, 2 servers at 1 Gbit/s: bounds 1.49-2.00, collective 5.6 ms, measured
     # 0.70, 34 ms exposed communication; waiting and compute not published (0). Its exposed
     # time is what fits Horovod's cycle cost, so this case checks only the rest.
     t1, t2, cycle = _horovod_mnist_across()
-    out.append(_case("Horovod MNIST, 2 servers, 1 Gbit/s" + SELF, "horovod", t1, t2, 5.6, MNIST_GRAD,
+    out.append(_case("Horovod MNIST, 2 servers, 1 Gbit/s (ms)" + SELF, "horovod", t1, t2, 5.6, MNIST_GRAD,
                      MNIST_GRAD, 0.0, cm.MODEL_TENSORS["mnist"], cycle_cost=cycle, unit=1e-3))
     # DDP ResNet-50, 2 servers at 1 Gbit/s: 94 MB at 0.119 GB/s bus bandwidth, bounds
     # 0.65-0.96 (compute = 0.96 / 2 of the collective), measured 0.76; waiting not published.
     c = 94e6 / 0.119e9
     t1 = 0.96 / 2 * c
-    out.append(_case("DDP ResNet-50, 2 servers, 1 Gbit/s", "ddp", t1, 2 * t1 / 0.76, c, 94e6, 94e6, 0.0,
+    out.append(_case("DDP ResNet-50, 2 servers, 1 Gbit/s (s)", "ddp", t1, 2 * t1 / 0.76, c, 94e6, 94e6, 0.0,
                      cm.MODEL_TENSORS["resnet50"]))
     # Horovod ResNet-50, same link: bounds 0.55-0.77 (compute = 0.77 / 2 of its collective,
     # the collective the unit: the same 94 MB on the same link as DDP's, c seconds), measured
     # 0.57; the cycle cost is the one the Horovod MNIST case fitted (another size).
     t1 = 0.77 / 2
-    out.append(_case("Horovod ResNet-50, 2 servers, 1 Gbit/s", "horovod", t1, 2 * t1 / 0.57, 1.0, 94e6,
+    out.append(_case("Horovod ResNet-50, 2 servers, 1 Gbit/s (collective = 1)", "horovod", t1, 2 * t1 / 0.57, 1.0, 94e6,
                      94e6, 0.0, cm.MODEL_TENSORS["resnet50"], cycle_cost=cycle, unit=c))
     return out
 
@@ -125,7 +125,7 @@ def _summary(errors: list[float]) -> str:
 
 def main(argv: list[str]) -> int:
     if not argv:
-        print("The published cases (docs/pages/report.md; steps in the unit each case gives):")
+        print("The published cases (docs/pages/report.md; steps in the unit each case names):")
         print("\n".join(lines(published())))
     for path in argv:
         rows, why = of_results(path)
