@@ -16,7 +16,7 @@ step(N) = compute x slowdown + exposed communication + waiting, where
   run against the gradients becoming ready during the backward pass, one collective at a
   time: what ends after the backward is exposed, so the last bucket always is, and a
   model whose gradients fit in one bucket overlaps nothing;
-- waiting is the measured arrival spread of the ranks, carried as it is.
+- waiting is what the ranks waited for the slowest, their mean as measured, carried as it is.
 
 Pure functions on plain numbers: lab.report.prediction reads the records into them."""
 from __future__ import annotations
@@ -63,7 +63,7 @@ ASSUMPTIONS = {
                   "one): its exposed communication is then measured, not predicted.",
     "cycle_none": "No configuration of this Horovod back end, place and link measured its exposed "
                   "communication: its cycles are taken to cost nothing beyond their collectives.",
-    "waiting": "Waiting for the slowest rank is the arrival spread measured at the row's "
+    "waiting": "Waiting for the slowest rank is the ranks' mean wait measured at the row's "
                "own worker count, and for a configuration not run the one measured at the "
                "most workers, carried unchanged.",
     "backward": "Without measured step parts the backward is two thirds of the 1-worker "
@@ -270,7 +270,7 @@ class Inputs:
     payload_bytes: float            # what one rank hands to the collective per step
     op: str                         # allreduce, or allgather for the 8-bit codecs
     slowdown: float | None = None   # measured: compute at N / compute at 1
-    waiting_s: float | None = None  # measured arrival spread
+    waiting_s: float | None = None  # measured: the ranks' mean wait for the slowest
     tensors: int = DEFAULT_TENSORS
     cycle_s: float = HOROVOD_CYCLE_S
     fusion_bytes: float = HOROVOD_FUSION

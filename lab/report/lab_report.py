@@ -62,7 +62,7 @@ def _why(records: list[dict], level: int = 2) -> list:
         "ceiling at N processes against 1) + exposed (communication: the bucket schedule, or Horovod's "
         "cycles with their cost fitted to measured exposed time, against the backward pass, the "
         "collective's cost fitted per back end and place from its timings) + waiting (measured "
-        "arrival spread); error: predicted against measured; "
+        "mean wait for the slowest rank); error: predicted against measured; "
         "unexplained: the measured step less the predicted one. Every term is in prediction.json.",
         *_unpredicted(records)]), *_what_if(records, preds), *split,
         d.Items(prediction.sentences(records, preds) + prediction.fp16_sentences(records, preds)),

@@ -76,10 +76,13 @@ def _ceiling(row: dict) -> float | None:
                     for r in row["records"]])
 
 
-def arrival_spread(row: dict) -> float | None:
-    """The ranks' arrival spread at the collective (seconds): in each record the most any
-    rank waited for the slowest (its mean over typical steps), the median over repeats."""
-    return _median([max(x["parts_s"]["waiting"] for x in ranks) for r in row["records"]
+def mean_wait(row: dict) -> float | None:
+    """What the ranks waited in the collective for the slowest (seconds): in each record the
+    mean over its ranks (each rank's mean over its typical steps), the median over repeats.
+    The mean, not the most: rank i joins at a_i and waits max(a) - a_i, so the step, the
+    last one's arrival plus the collective, is the ranks' mean arrival (the mean compute)
+    plus their mean wait plus the collective."""
+    return _median([statistics.fmean(x["parts_s"]["waiting"] for x in ranks) for r in row["records"]
                     if (ranks := [x for x in ((r.get("figures") or {}).get("step_parts") or {}).get("ranks") or []
                                   if x.get("parts_s")])]) if row.get("records") else None
 
@@ -116,7 +119,7 @@ def inputs(row: dict, one: dict) -> cm.Inputs:
         framework=r["config"].get("framework", "ddp"), np=n, compute_s=compute, backward_s=backward,
         grad_bytes=grad, payload_bytes=float(f.get("payload_bytes_per_step") or grad),
         op=f.get("collective") or "allreduce",
-        slowdown=slow, slowdown_from=slow_from, waiting_s=arrival_spread(row),
+        slowdown=slow, slowdown_from=slow_from, waiting_s=mean_wait(row),
         tensors=cm.MODEL_TENSORS.get(r["config"].get("model"), cm.DEFAULT_TENSORS),
         cycle_s=hv.get("cycle_time_ms", cm.HOROVOD_CYCLE_S * 1000) / 1000,
         fusion_bytes=hv.get("fusion_threshold_bytes", cm.HOROVOD_FUSION))
