@@ -12,10 +12,13 @@ step(N) = compute x slowdown + exposed communication + waiting, where
   ring algorithm's steps (2(n-1) for all-reduce, n-1 for all-gather) and bytes
   (nccl-tests' bus factor: 2(n-1)/n for all-reduce);
 - exposed communication comes from the bucket schedule (DDP: a first bucket of 1 MiB, then
-  25 MiB; Horovod: what is ready every cycle time, fused up to the fusion threshold)
-  run against the gradients becoming ready during the backward pass, one collective at a
-  time: what ends after the backward is exposed, so the last bucket always is, and a
-  model whose gradients fit in one bucket overlaps nothing;
+  25 MiB; Horovod: its background thread's cycles, each taking what is queued at its
+  start, fused up to the fusion threshold, and costing a cycle cost beyond its
+  collectives, fitted to measured exposed time by lab.report.prediction on the other
+  configurations of a back end, place and link) run against the gradients becoming ready
+  during the backward pass, one collective at a time: what ends after the backward is
+  exposed, so the last bucket always is, and a model whose gradients fit in one bucket
+  overlaps nothing;
 - waiting is what the ranks waited for the slowest, their mean as measured, carried as it is.
 
 Pure functions on plain numbers: lab.report.prediction reads the records into them."""
