@@ -125,11 +125,11 @@ def test_the_cycle_cost_is_recovered_from_the_exposed_time_it_makes():
 
 
 def rec(np, step_s, parts, nodes=1, link="", coll_s=None, framework="ddp", compression="none",
-        ceiling=None, payload=87_360, with_parts=True):
+        ceiling=None, payload=87_360, with_parts=True, model="mnist"):
     """An ok record from the writers: step parts per rank from lab.worker.step_parts, the
     collective figure as lab.worker.collective.measure composes it."""
     cfg = RunConfig(framework=framework, backend="gloo", data="digits", epochs=1, batch_size=32,
-                    compression=compression, link=link).as_record()
+                    compression=compression, link=link, model=model).as_record()
     strategy = SimpleNamespace(parts_note=None, replicated=True)
     rows = []
     for waited in ([0.0] if np == 1 else [0.0, parts["waiting"]]):
@@ -265,6 +265,24 @@ def test_horovods_cycle_cost_comes_from_the_other_configurations_exposed_time():
     # the what-if carries the cost to configurations not run
     case = next(c for c in prediction.what_if(horovod_records()[:2], [solo]) if c["workers"] == 4)
     assert case["terms"]["horovod_cycle_cost_ms"] == pytest.approx(solo["model"]["cycle_cost_s"] * 1000)
+
+
+def test_the_cycle_cost_comes_from_the_same_model_where_one_measured_it_else_from_others():
+    lstm = [rec(1, 0.0165, PARTS_ONE, framework="horovod", model="lstm"),
+            rec(2, 0.040, {**PARTS_TWO, "communication": 0.030}, coll_s=0.002, framework="horovod", model="lstm")]
+    preds = {(p["row"]["record"]["config"]["model"], p["row"]["record"]["config"]["compression"]): p
+             for p in prediction.predictions(horovod_records() + lstm)}
+    measured = {("mnist", "none"): 0.012, ("mnist", "fp16"): 0.010, ("lstm", "none"): 0.030}
+    own = {k: cm.cycle_cost(cm.Inputs(**{**preds[k]["inputs"].__dict__, "cycle_cost_s": 0.0}), preds[k]["fit"], t)
+           for k, t in measured.items()}
+    assert own[("lstm", "none")] > own[("mnist", "none")] > 0
+    # MNIST's rows: each other's cost, not the LSTM's (another model)
+    assert preds[("mnist", "none")]["inputs"].cycle_cost_s == pytest.approx(own[("mnist", "fp16")])
+    assert preds[("mnist", "fp16")]["inputs"].cycle_cost_s == pytest.approx(own[("mnist", "none")])
+    # the LSTM, alone of its model: the median of the MNIST rows' costs
+    assert preds[("lstm", "none")]["inputs"].cycle_cost_s == pytest.approx(
+        (own[("mnist", "none")] + own[("mnist", "fp16")]) / 2)
+    assert preds[("lstm", "none")]["inputs"].cycle_cost_from == "others"
 
 
 def test_what_if_grows_with_workers_on_a_slow_link_and_shrinks_on_a_fast_one():

@@ -137,17 +137,19 @@ def _pairs(records: list[dict]):
 
 def with_cycle_costs(cases: list[tuple[dict, cm.Inputs, cm.Fit]]) -> list[cm.Inputs]:
     """Each case's inputs with Horovod's cycle cost: the median of the costs fitted to the
-    exposed communication that the other cases of its fit_key measured (step parts), else
-    the one fitted to its own (said in cycle_cost_from), else none."""
+    exposed communication that the other cases of its fit_key measured (step parts), those
+    of its own model where there are any, else those of other models; else the one fitted
+    to its own (said in cycle_cost_from); else none."""
     own = []
     for row, x, fit in cases:
         parts = step_parts.of_row(row)
         own.append(cm.cycle_cost(x, fit, parts["communication"]) if parts else None)
     out = []
     for i, (row, x, _) in enumerate(cases):
-        key = fit_key(row["record"])
-        others = [c for j, ((r, _, _), c) in enumerate(zip(cases, own)) if j != i and c is not None
-                  and fit_key(r["record"]) == key]
+        key, model = fit_key(row["record"]), row["record"]["config"].get("model")
+        others = [(c, r["record"]["config"].get("model") == model) for j, ((r, _, _), c) in enumerate(zip(cases, own))
+                  if j != i and c is not None and fit_key(r["record"]) == key]
+        others = [c for c, same in others if same] or [c for c, _ in others]
         if x.framework != "horovod" or (not others and own[i] is None):
             out.append(x)
             continue
