@@ -75,9 +75,10 @@ def test_gradients_in_one_bucket_overlap_nothing_and_the_last_bucket_is_always_e
 
 def test_horovod_fuses_what_each_cycle_finds_ready_up_to_its_threshold():
     f = cm.Fit(0.0, 1 / 1e9, 2, 2, "given")
-    # a cycle longer than the backward: one fused buffer after it, all exposed
+    # a cycle longer than the backward: one fused buffer in the first cycle after it; the
+    # cycles' phase is spread over the cycle, so on average half a cycle after it starts
     slow = cm.horovod_schedule(50e6, 1.0, 0.010, f, "allreduce", 2, tensors=161, cycle_s=1.0)
-    assert slow["buckets"] == 1 and slow["exposed_s"] == pytest.approx(1.0 - 0.010 + f.time("allreduce", 50e6, 2))
+    assert slow["buckets"] == 1 and slow["exposed_s"] == pytest.approx(0.5 - 0.010 + f.time("allreduce", 50e6, 2))
     # a fusion threshold of 10 MB cuts that buffer into 5
     cut = cm.horovod_schedule(50e6, 1.0, 0.010, f, "allreduce", 2, tensors=161, cycle_s=1.0, fusion=10e6)
     assert cut["buckets"] == 5
@@ -86,12 +87,49 @@ def test_horovod_fuses_what_each_cycle_finds_ready_up_to_its_threshold():
     assert fast["buckets"] == 161 and fast["exposed_s"] < 0.01 * fast["collective_s"] + 0.001
 
 
+def test_a_horovod_cycle_waits_for_the_last_ones_work_and_costs_its_agreement():
+    # 2 tensors ready at 1 and 2 ms, 5 ms a collective (latency only), 1 ms cycles, one phase
+    # (cycles start at 0.5 ms + k ms): the first takes tensor 1 at 1.5 ms and works until
+    # 6.5 ms, so the next starts then (not at 2.5 ms) and takes tensor 2: done at 11.5 ms
+    f = cm.Fit(0.0025, 0.0, 2, 2, "given")
+    plain = cm.horovod_schedule(2.0, 1.0, 0.002, f, "allreduce", 2, tensors=2, cycle_s=0.001, phases=1)
+    assert plain["buckets"] == 2 and plain["cycles"] == 2
+    assert plain["end_s"] == pytest.approx(0.0115) and plain["exposed_s"] == pytest.approx(0.0095)
+    # a cycle cost of 1 ms: each of the two cycles with work is 1 ms longer
+    costly = cm.horovod_schedule(2.0, 1.0, 0.002, f, "allreduce", 2, tensors=2, cycle_s=0.001,
+                                 cycle_cost_s=0.001, phases=1)
+    assert costly["end_s"] == pytest.approx(0.0135) and costly["buckets"] == 2
+    # a cost longer than the backward: one cycle finds both tensors and fuses them
+    slow = cm.horovod_schedule(2.0, 1.0, 0.002, f, "allreduce", 2, tensors=2, cycle_s=0.001,
+                               cycle_cost_s=0.004, phases=1)
+    assert slow["buckets"] == 1 and slow["cycles"] == 1
+
+
+def test_the_cycle_cost_is_recovered_from_the_exposed_time_it_makes():
+    f = cm.Fit(0.0, 1 / 0.125e9, 1, 1, "given")               # 1 Gbit/s, no latency
+    args = (87_360, 1.0, 0.011, f, "allreduce", 2, 8)
+    made = cm.horovod_schedule(*args, cycle_cost_s=0.0185)["exposed_s"]
+    assert made > 0.025                                       # more than a cycle's cost
+    assert cm.fit_cycle_cost(made, *args) == pytest.approx(0.0185, rel=1e-3)
+    # no more exposed than the collectives alone make: no cycle cost
+    assert cm.fit_cycle_cost(cm.horovod_schedule(*args)["exposed_s"] / 2, *args) == 0.0
+    # the same through the model's inputs; none for DDP
+    x = cm.Inputs(framework="horovod", np=2, compute_s=0.0165, backward_s=0.011, grad_bytes=87_360,
+                  payload_bytes=87_360, op="allreduce", tensors=8)
+    assert cm.cycle_cost(x, f, made) == pytest.approx(0.0185, rel=1e-3)
+    assert cm.cycle_cost(cm.Inputs(**{**x.__dict__, "framework": "ddp"}), f, made) is None
+    p = cm.predict(cm.Inputs(**{**x.__dict__, "cycle_cost_s": 0.0185, "cycle_cost_from": "others"}), f)
+    assert p["exposed_s"] == pytest.approx(made) and p["cycle_cost_s"] == 0.0185
+    assert "cycle" in p["assumptions"] and p["step_s"] == pytest.approx(0.0165 + made)
+    assert "cycle_none" in cm.predict(x, f)["assumptions"]
+
+
 def rec(np, step_s, parts, nodes=1, link="", coll_s=None, framework="ddp", compression="none",
-        ceiling=None, payload=87_360):
+        ceiling=None, payload=87_360, with_parts=True, model="mnist"):
     """An ok record from the writers: step parts per rank from lab.worker.step_parts, the
     collective figure as lab.worker.collective.measure composes it."""
     cfg = RunConfig(framework=framework, backend="gloo", data="digits", epochs=1, batch_size=32,
-                    compression=compression, link=link).as_record()
+                    compression=compression, link=link, model=model).as_record()
     strategy = SimpleNamespace(parts_note=None, replicated=True)
     rows = []
     for waited in ([0.0] if np == 1 else [0.0, parts["waiting"]]):
@@ -108,6 +146,8 @@ def rec(np, step_s, parts, nodes=1, link="", coll_s=None, framework="ddp", compr
          "payload_bytes_per_step": payload, "wire_bytes_per_step_estimate": payload,
          "collective": "allreduce",
          "step_parts": step_parts.record(strategy, rows, [[step_s] * 4 for _ in rows])}
+    if not with_parts:
+        del f["step_parts"]
     if coll_s:
         f["collective_alone"] = {"op": "allreduce", "size_bytes": payload, "time_s": coll_s, "timed": 5,
                                  **collectives.bandwidths("allreduce", payload, coll_s, np), "ranks": np}
@@ -123,11 +163,14 @@ def rec(np, step_s, parts, nodes=1, link="", coll_s=None, framework="ddp", compr
 
 PARTS_ONE = {"forward": 0.005, "backward": 0.010, "communication": 0.0, "waiting": 0.0, "optimizer": 0.001}
 PARTS_TWO = {**PARTS_ONE, "communication": 0.002, "waiting": 0.003}
+# the compute at 2 workers 1.25 times the 1-worker one's: forward, backward and optimizer
+# 6.25 + 12.5 + 1.25 = 20 ms against 5 + 10 + 1 = 16 (rec's 0.5 ms before the forward is data)
+PARTS_GROWN = {**PARTS_TWO, "forward": 0.00625, "backward": 0.0125, "optimizer": 0.00125}
 
 
 def records():
     return [rec(1, 0.0165, PARTS_ONE, ceiling=2000.0),
-            rec(2, 0.030, PARTS_TWO, coll_s=0.002, ceiling=3200.0),              # slowdown 1.25
+            rec(2, 0.030, PARTS_GROWN, coll_s=0.002, ceiling=3000.0),  # parts 1.25, ceiling 1.33
             rec(1, 0.0160, PARTS_ONE, compression="fp16", payload=43_680),
             rec(2, 0.025, PARTS_TWO, coll_s=0.0012, compression="fp16", payload=43_680)]
 
@@ -139,16 +182,19 @@ def test_the_prediction_is_its_terms_and_the_error_is_against_the_measured_step(
     m = p["model"]
     # two sizes of the same back end and place: alpha and beta from both
     assert p["fit"].sizes == 2 and p["fit"].alpha_s > 0
-    assert m["slowdown"] == pytest.approx(2 * 2000 / 3200)
+    # the slowdown is the run's own compute parts at 2 against 1, ahead of the ceiling
+    assert m["slowdown"] == pytest.approx(1.25) and m["slowdown_from"] == "step parts"
     assert m["buckets"] == 1 and m["exposed_s"] == pytest.approx(p["fit"].time("allreduce", 87_360, 2))
     assert m["exposed_s"] == pytest.approx(0.002, rel=1e-6)     # the fit goes through its own points
-    assert m["waiting_s"] == pytest.approx(0.003, rel=1e-3)
-    assert p["predicted_ms"] == pytest.approx((16.5 * 1.25) + 2.0 + 3.0, rel=1e-3)
+    # waiting: the ranks' mean wait (one waited 3 ms, the other none), not the most
+    assert m["waiting_s"] == pytest.approx(0.0015, rel=1e-3)
+    assert p["predicted_ms"] == pytest.approx((16.5 * 1.25) + 2.0 + 1.5, rel=1e-3)
     assert p["unexplained_ms"] == pytest.approx(30.0 - p["predicted_ms"])
     assert p["error"] == pytest.approx(p["predicted_ms"] / 30.0 - 1)
     assert p["predicted_speedup"] == pytest.approx(2 * 16.5 / p["predicted_ms"])
-    assert "ready" in m["assumptions"] and "slowdown" not in m["assumptions"]
-    assert "slowdown" in preds["fp16"]["model"]["assumptions"]      # no ceiling at 2 there
+    assert "ready" in m["assumptions"] and "slowdown_parts" in m["assumptions"]
+    assert "slowdown" not in m["assumptions"]
+    assert preds["fp16"]["model"]["slowdown"] == pytest.approx(1.0)   # its compute did not grow
 
     run = tmp_path / "m"
     for r in recs:
@@ -159,6 +205,7 @@ def test_the_prediction_is_its_terms_and_the_error_is_against_the_measured_step(
     t = c["terms"]
     assert c["predicted_step_ms"] == pytest.approx(t["compute_ms"] + t["exposed_communication_ms"] + t["waiting_ms"])
     assert t["compute_ms"] == pytest.approx(t["compute_one_worker_ms"] * t["slowdown"])
+    assert t["slowdown_from"] == "step parts" and t["horovod_cycle_cost_ms"] == 0
     assert c["error"] == pytest.approx(c["predicted_step_ms"] / c["measured_step_ms"] - 1)
     assert {w["workers"] for w in doc["what_if"]} == {1, 2, 4, 8, 16, 64}
     assert {w["link_gbit"] for w in doc["what_if"]} == {1, 10, 100} and all(w["extrapolated"] for w in doc["what_if"])
@@ -169,6 +216,73 @@ def test_the_prediction_is_its_terms_and_the_error_is_against_the_measured_step(
     assert "What if (extrapolated, not measured)" in section and "1 Gbit/s" in section
     assert cm.ASSUMPTIONS["ready"] in section and cm.ASSUMPTIONS["link"] in section
     assert max(len(ln) for ln in section.splitlines() if ln.startswith("|")) <= 160
+
+
+def test_without_step_parts_the_slowdown_is_the_ceilings_and_without_either_none():
+    recs = [rec(1, 0.0165, PARTS_ONE, ceiling=2000.0, with_parts=False),
+            rec(2, 0.030, PARTS_GROWN, coll_s=0.002, ceiling=3000.0, with_parts=False)]
+    [p] = prediction.predictions(recs)
+    assert p["model"]["slowdown"] == pytest.approx(2 * 2000 / 3000) and p["model"]["slowdown_from"] == "ceiling"
+    assert "slowdown_ceiling" in p["model"]["assumptions"]
+    recs = [rec(1, 0.0165, PARTS_ONE, with_parts=False), rec(2, 0.030, PARTS_GROWN, coll_s=0.002, with_parts=False)]
+    [p] = prediction.predictions(recs)
+    assert p["model"]["slowdown"] == 1.0 and p["model"]["slowdown_from"] is None
+    assert "slowdown" in p["model"]["assumptions"]
+
+
+def test_with_an_8_bit_codecs_note_the_backward_is_left_out_of_the_slowdown():
+    one, two = rec(1, 0.0165, PARTS_ONE), rec(2, 0.030, {**PARTS_GROWN, "backward": 0.030}, coll_s=0.002)
+    two["figures"]["step_parts"]["note"] = "the backward part holds the exchange of every bucket but the last"
+    [p] = prediction.predictions([one, two])
+    # (6.25 + 1.25) / (5 + 1): the backward's 30 ms holds collectives
+    assert p["model"]["slowdown"] == pytest.approx(1.25)
+
+
+def horovod_records(comm_none=0.012, comm_half=0.010):
+    """Horovod at 1 and 2 workers, uncompressed and fp16 (two sizes of one fit), each
+    2-worker run with its exposed communication."""
+    return [rec(1, 0.0165, PARTS_ONE, framework="horovod"),
+            rec(2, 0.030, {**PARTS_TWO, "communication": comm_none}, coll_s=0.002, framework="horovod"),
+            rec(1, 0.0160, PARTS_ONE, framework="horovod", compression="fp16", payload=43_680),
+            rec(2, 0.028, {**PARTS_TWO, "communication": comm_half}, coll_s=0.0012, framework="horovod",
+                compression="fp16", payload=43_680)]
+
+
+def test_horovods_cycle_cost_comes_from_the_other_configurations_exposed_time():
+    preds = {p["row"]["record"]["config"]["compression"]: p for p in prediction.predictions(horovod_records())}
+    none, half = preds["none"], preds["fp16"]
+    assert none["fit"] is half["fit"]                               # one back end, place and link
+    # each row's cost is what its twin's own exposed time fits (leave one out)
+    bare = cm.Inputs(**{**half["inputs"].__dict__, "cycle_cost_s": 0.0, "cycle_cost_from": None})
+    assert none["inputs"].cycle_cost_s == pytest.approx(cm.cycle_cost(bare, half["fit"], 0.010))
+    assert none["inputs"].cycle_cost_from == "others" and "cycle" in none["model"]["assumptions"]
+    assert none["model"]["cycle_cost_s"] > 0 and none["model"]["exposed_s"] > 0.005
+    assert "Horovod cycles of" in " ".join(prediction.sentences(horovod_records(), [none]))
+    # a row alone: fitted on its own exposed time, said so, and its exposed time comes back
+    [solo] = prediction.predictions(horovod_records()[:2])
+    assert solo["inputs"].cycle_cost_from == "itself" and "cycle_self" in solo["model"]["assumptions"]
+    assert solo["model"]["exposed_s"] == pytest.approx(0.012, rel=1e-3)
+    # the what-if carries the cost to configurations not run
+    case = next(c for c in prediction.what_if(horovod_records()[:2], [solo]) if c["workers"] == 4)
+    assert case["terms"]["horovod_cycle_cost_ms"] == pytest.approx(solo["model"]["cycle_cost_s"] * 1000)
+
+
+def test_the_cycle_cost_comes_from_the_same_model_where_one_measured_it_else_from_others():
+    lstm = [rec(1, 0.0165, PARTS_ONE, framework="horovod", model="lstm"),
+            rec(2, 0.040, {**PARTS_TWO, "communication": 0.030}, coll_s=0.002, framework="horovod", model="lstm")]
+    preds = {(p["row"]["record"]["config"]["model"], p["row"]["record"]["config"]["compression"]): p
+             for p in prediction.predictions(horovod_records() + lstm)}
+    measured = {("mnist", "none"): 0.012, ("mnist", "fp16"): 0.010, ("lstm", "none"): 0.030}
+    own = {k: cm.cycle_cost(cm.Inputs(**{**preds[k]["inputs"].__dict__, "cycle_cost_s": 0.0}), preds[k]["fit"], t)
+           for k, t in measured.items()}
+    assert own[("lstm", "none")] > own[("mnist", "none")] > 0
+    # MNIST's rows: each other's cost, not the LSTM's (another model)
+    assert preds[("mnist", "none")]["inputs"].cycle_cost_s == pytest.approx(own[("mnist", "fp16")])
+    assert preds[("mnist", "fp16")]["inputs"].cycle_cost_s == pytest.approx(own[("mnist", "none")])
+    # the LSTM, alone of its model: the median of the MNIST rows' costs
+    assert preds[("lstm", "none")]["inputs"].cycle_cost_s == pytest.approx(
+        (own[("mnist", "none")] + own[("mnist", "fp16")]) / 2)
+    assert preds[("lstm", "none")]["inputs"].cycle_cost_from == "others"
 
 
 def test_what_if_grows_with_workers_on_a_slow_link_and_shrinks_on_a_fast_one():
@@ -193,7 +307,40 @@ def test_the_published_cases_are_read_back_from_their_figures():
     cases = {name: (pred, meas) for name, pred, meas in model_check.published()}
     assert len(cases) == 6
     # the measured steps are the published speedups' (2 x compute / speedup)
-    pred, meas = cases["DDP MNIST, 1 machine, 2 workers"]
+    pred, meas = cases["DDP MNIST, 1 machine, 2 workers (ms)"]
     assert 2 * (meas - 11.7) / meas == pytest.approx(1.16)
-    # the MNIST CNN's gradients are one DDP bucket: the collective is all exposed
-    assert pred == pytest.approx(meas - 11.7 + 0.9 + 0.19 * 11.7)
+    # the MNIST CNN's gradients are one DDP bucket: the collective is all exposed; the
+    # compute grew by its published share of the lost step (39%), waiting 19%
+    assert pred == pytest.approx(meas - 11.7 + 0.39 * 11.7 + 0.9 + 0.19 * 11.7)
+    # the Horovod MNIST case's own 34 ms of exposed time fits the cycle cost, and says so;
+    # the ResNet-50 case across the same link is predicted with that cost (another size)
+    name = "Horovod MNIST, 2 servers, 1 Gbit/s (ms)" + model_check.SELF
+    t1, t2, cycle = model_check._horovod_mnist_across()
+    _, _, _, x, p = model_check._case(name, "horovod", t1, t2, 5.6, model_check.MNIST_GRAD,
+                                      model_check.MNIST_GRAD, 0.0, 8, cycle_cost=cycle, unit=1e-3, parts=True)
+    assert p["exposed_s"] == pytest.approx(0.034, rel=1e-3) and x.cycle_cost_from == "itself"
+    assert cases[name][0] == pytest.approx(t1 + 34.0, rel=1e-3) and cycle > 0
+    table = "\n".join(model_check.lines(model_check.published()))
+    assert "without the cases fitted on themselves" in table and "(5 cases)" in table
+
+
+def test_model_check_marks_a_run_whose_own_exposed_time_fitted_its_cycle_cost(tmp_path):
+    for name, recs in (("solo", horovod_records()[:2]), ("pair", horovod_records())):
+        for r in recs:
+            results.append_record(tmp_path / name / results.RESULTS_FILE, r)
+    solo, _ = model_check.of_results(str(tmp_path / "solo"))
+    pair, _ = model_check.of_results(str(tmp_path / "pair"))
+    assert [model_check.SELF in name for name, _, _ in solo] == [True]
+    assert len(pair) == 2 and not any(model_check.SELF in name for name, _, _ in pair)
+
+
+def test_the_recorded_runs_are_predicted_within_the_published_errors():
+    """The records of tests/fixtures/model-check (docs/pages/report.md publishes their
+    table): every multi-worker row predicted, Horovod's cycle cost of each from the other
+    configurations, none fitted on itself, errors as published (recorded data, no timing)."""
+    from pathlib import Path
+    rows, why = model_check.of_results(str(Path(__file__).parent / "fixtures" / "model-check"))
+    assert len(rows) == 8 and why == []
+    assert not any(model_check.SELF in name for name, _, _ in rows)
+    errors = sorted(abs(pred / meas - 1) for _, pred, meas in rows)
+    assert (errors[3] + errors[4]) / 2 <= 0.10 and errors[-1] <= 0.25

@@ -4,23 +4,28 @@ predicted before it runs (docs/pages/report.md, "The cost model" names the sourc
 
 step(N) = compute x slowdown + exposed communication + waiting, where
 - compute is the 1-worker step (its parts: forward, backward, optimizer, other) and
-  slowdown the per-rank loss when N ranks share cores or a GPU, from the compute ceiling
-  measured at 1 and N processes (figures.ceiling), 1 where it was not measured;
+  slowdown the per-rank loss when N ranks share cores or a GPU: the N-worker run's compute
+  parts over the 1-worker run's (figures.step_parts), else from the compute ceiling
+  measured at 1 and N processes (figures.ceiling), 1 where neither was measured;
 - the collective costs alpha x steps(op, n) + beta x size x factor(op, n): a latency and
   a per-byte cost fitted by least squares per framework, back end and place, with the
   ring algorithm's steps (2(n-1) for all-reduce, n-1 for all-gather) and bytes
   (nccl-tests' bus factor: 2(n-1)/n for all-reduce);
 - exposed communication comes from the bucket schedule (DDP: a first bucket of 1 MiB, then
-  25 MiB; Horovod: what is ready every cycle time, fused up to the fusion threshold)
-  run against the gradients becoming ready during the backward pass, one collective at a
-  time: what ends after the backward is exposed, so the last bucket always is, and a
-  model whose gradients fit in one bucket overlaps nothing;
-- waiting is the measured arrival spread of the ranks, carried as it is.
+  25 MiB; Horovod: its background thread's cycles, each taking what is queued at its
+  start, fused up to the fusion threshold, and costing a cycle cost beyond its
+  collectives, fitted to measured exposed time by lab.report.prediction on the other
+  configurations of a back end, place and link) run against the gradients becoming ready
+  during the backward pass, one collective at a time: what ends after the backward is
+  exposed, so the last bucket always is, and a model whose gradients fit in one bucket
+  overlaps nothing;
+- waiting is what the ranks waited for the slowest, their mean as measured, carried as it is.
 
 Pure functions on plain numbers: lab.report.prediction reads the records into them."""
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import asdict, dataclass
 
 from lab.common import collectives
@@ -30,6 +35,7 @@ DDP_FIRST_BUCKET = 1 * MIB        # torch.distributed's _DEFAULT_FIRST_BUCKET_BY
 DDP_BUCKET_CAP = 25 * MIB         # DistributedDataParallel(bucket_cap_mb=25)
 HOROVOD_FUSION = 128 * MIB        # Horovod 0.28.1: HOROVOD_FUSION_THRESHOLD's default
 HOROVOD_CYCLE_S = 0.001           # HOROVOD_CYCLE_TIME's default, 1 ms
+PHASES = 8                        # phases of Horovod's cycles against the backward, averaged
 BACKWARD_SHARE = 2 / 3            # without measured parts: backward twice the forward
 # Parameter tensors of the kit's models (lab.models): Horovod all-reduces tensor by tensor,
 # so no more collectives per step than tensors; unknown models: DEFAULT_TENSORS.
@@ -43,9 +49,25 @@ ASSUMPTIONS = {
             "the payload per rank (all-gather: n-1 steps and (n-1)/n of its output).",
     "serial": "Collectives run one at a time, in order, and a bucket's collective does not "
               "slow the backward it overlaps.",
-    "slowdown": "Where the compute ceiling was not measured at 1 and N processes, ranks "
-                "sharing cores or a GPU are assumed not to slow each other.",
-    "waiting": "Waiting for the slowest rank is the arrival spread measured at the row's "
+    "slowdown": "Where neither the step parts nor the compute ceiling measured the compute at 1 "
+                "and N workers, ranks sharing cores or a GPU are assumed not to slow each other.",
+    "slowdown_parts": "The slowdown is the N-worker run's own compute (forward, backward, optimizer "
+                      "and the rest, from its step parts) over the 1-worker run's: measured in the "
+                      "run, so the compute term explains the step rather than foretells it; the "
+                      "what-if table, every worker on a server of its own, has none.",
+    "slowdown_ceiling": "The slowdown is N x the compute ceiling of one process over that of N "
+                        "processes at once (--ceiling), measured apart from the run's steps.",
+    "cycle": "Horovod's cycle cost (what each cycle of its background thread costs in a step "
+             "beyond the collectives timed alone) is fitted to the exposed communication measured "
+             "in the other configurations of the same back end, place and link (of the same model "
+             "where any measured it), and carried unchanged to this one and to the configurations "
+             "not run.",
+    "cycle_self": "Horovod's cycle cost is fitted to this configuration's own measured exposed "
+                  "communication (no other configuration of its back end, place and link measured "
+                  "one): its exposed communication is then measured, not predicted.",
+    "cycle_none": "No configuration of this Horovod back end, place and link measured its exposed "
+                  "communication: its cycles are taken to cost nothing beyond their collectives.",
+    "waiting": "Waiting for the slowest rank is the ranks' mean wait measured at the row's "
                "own worker count, and for a configuration not run the one measured at the "
                "most workers, carried unchanged.",
     "backward": "Without measured step parts the backward is two thirds of the 1-worker "
@@ -169,27 +191,75 @@ def ddp_schedule(grad_bytes: float, payload_ratio: float, backward_s: float, fit
     return {**_run(ops, backward_s), "buckets": len(ops)}
 
 
-def horovod_schedule(grad_bytes: float, payload_ratio: float, backward_s: float, fit_: Fit, op: str,
-                     n: int, tensors: int, cycle_s: float = HOROVOD_CYCLE_S,
-                     fusion: float = HOROVOD_FUSION) -> dict:
-    """Horovod: every cycle its background thread fuses the tensors ready since the last
-    one (up to the fusion threshold a collective) and starts them; tensors become ready
-    uniformly over the backward, so no more cycles carry work than there are tensors."""
-    ticks = max(1, min(tensors, math.ceil(backward_s / cycle_s) if cycle_s > 0 else tensors))
-    every = backward_s / ticks
-    ops, sent = [], 0.0
-    for k in range(1, ticks + 1):
-        # the tick after the k-th share is ready (a cycle's boundary: at most one cycle late)
-        ready_at = k * every
-        tick = math.ceil(ready_at / cycle_s - 1e-9) * cycle_s if cycle_s > 0 else ready_at
-        fresh = grad_bytes * k / ticks - sent
-        sent += fresh
+def _horovod_cycles(ready: list[float], sizes: list[float], fit_: Fit, op: str, n: int, cycle_s: float,
+                    cost_s: float, fusion: float, phase_s: float) -> tuple[float, int, float, int]:
+    """One step of Horovod's background thread (horovod 0.28.1): a cycle starts `cycle_s`
+    after the last one started, or when the last one's work ends if that is later
+    (operations.cc 751-761, RunLoopOnce); it takes the tensors queued by its start
+    (controller.cc 93, PopMessagesFromQueue), agrees on them across the ranks with one
+    small all-reduce of the response cache's bits, every cycle (controller.cc 154-159,
+    response_cache.cc 428, CrossRankBitwiseAnd) and performs the fused responses one after
+    another (operations.cc 819-835; FuseResponses, controller.cc 901, up to the fusion
+    threshold). `cost_s`: what a cycle costs beyond its collectives (the agreement and the
+    rest). Returns (end of the last collective, collectives, their seconds, cycles with work)."""
+    period = max(cycle_s, cost_s)
+    start, k, end, ops, spent, busy = phase_s - period if period > 0 else 0.0, 0, 0.0, 0, 0.0, 0
+    while k < len(ready):
+        if ready[k] > start:               # idle cycles until one starts after the next tensor
+            start += math.ceil((ready[k] - start) / period - 1e-12) * period if period > 0 else ready[k] - start
+        fresh = 0.0
+        while k < len(ready) and ready[k] <= start + 1e-15:
+            fresh += sizes[k]
+            k += 1
+        work = cost_s
         while fresh > 0:
             part = min(fresh, fusion)
             fresh -= part
-            size = part * payload_ratio * (n if op == "allgather" else 1)
-            ops.append((tick, fit_.time(op, size, n)))
-    return {**_run(ops, backward_s), "buckets": len(ops)}
+            t = fit_.time(op, part * (n if op == "allgather" else 1), n)
+            work, ops, spent = work + t, ops + 1, spent + t
+        busy += 1
+        end = start + work
+        start = max(start + cycle_s, end) if cycle_s > 0 or work > 0 else start
+    return end, ops, spent, busy
+
+
+def horovod_schedule(grad_bytes: float, payload_ratio: float, backward_s: float, fit_: Fit, op: str,
+                     n: int, tensors: int, cycle_s: float = HOROVOD_CYCLE_S,
+                     fusion: float = HOROVOD_FUSION, cycle_cost_s: float = 0.0, phases: int = PHASES) -> dict:
+    """Horovod: the tensors (`tensors` of them, alike in size) become ready uniformly over the
+    backward and its background thread's cycles (_horovod_cycles) fuse and reduce them; the
+    cycles' phase against the backward is unknown, so the exposed time is the mean over
+    `phases` phases spread over one cycle."""
+    count = max(1, tensors)
+    ready = [backward_s * (k + 1) / count for k in range(count)]
+    sizes = [grad_bytes * payload_ratio / count] * count
+    period = max(cycle_s, cycle_cost_s)
+    runs = [_horovod_cycles(ready, sizes, fit_, op, n, cycle_s, cycle_cost_s, fusion,
+                            period * (i + 0.5) / max(1, phases)) for i in range(max(1, phases))]
+    ends = [r[0] for r in runs]
+    ops = round(statistics.fmean(r[1] for r in runs))
+    return {"exposed_s": statistics.fmean(max(0.0, e - backward_s) for e in ends), "collectives": ops,
+            "collective_s": statistics.fmean(r[2] for r in runs), "end_s": statistics.fmean(ends),
+            "buckets": ops, "cycles": statistics.fmean(r[3] for r in runs)}
+
+
+def fit_cycle_cost(exposed_s: float, grad_bytes: float, payload_ratio: float, backward_s: float, fit_: Fit,
+                   op: str, n: int, tensors: int, cycle_s: float = HOROVOD_CYCLE_S,
+                   fusion: float = HOROVOD_FUSION) -> float:
+    """The cycle cost (seconds) with which horovod_schedule's exposed time is a measured
+    one, `exposed_s` (bisection; 0 where the collectives alone already expose as much)."""
+    def exposed(c):
+        return horovod_schedule(grad_bytes, payload_ratio, backward_s, fit_, op, n, tensors, cycle_s,
+                                fusion, c)["exposed_s"]
+    if exposed_s <= exposed(0.0):
+        return 0.0
+    lo, hi = 0.0, max(exposed_s, 1e-6)
+    while exposed(hi) < exposed_s and hi < 1e6:
+        lo, hi = hi, 2 * hi
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if exposed(mid) < exposed_s else (lo, mid)
+    return (lo + hi) / 2
 
 
 @dataclass
@@ -204,30 +274,49 @@ class Inputs:
     payload_bytes: float            # what one rank hands to the collective per step
     op: str                         # allreduce, or allgather for the 8-bit codecs
     slowdown: float | None = None   # measured: compute at N / compute at 1
-    waiting_s: float | None = None  # measured arrival spread
+    waiting_s: float | None = None  # measured: the ranks' mean wait for the slowest
     tensors: int = DEFAULT_TENSORS
     cycle_s: float = HOROVOD_CYCLE_S
     fusion_bytes: float = HOROVOD_FUSION
+    slowdown_from: str | None = None  # "step parts" or "ceiling" where slowdown was measured
+    cycle_cost_s: float = 0.0       # Horovod: a cycle's cost beyond its collectives, fitted
+    cycle_cost_from: str | None = None  # "others", "itself" where cycle_cost_s was fitted
+
+
+def _backward_and_ratio(x: Inputs) -> tuple[float, float, float]:
+    """(slowdown, the backward at N workers, payload bytes per gradient byte)."""
+    slow = x.slowdown if x.slowdown else 1.0
+    backward1 = x.backward_s if x.backward_s is not None else BACKWARD_SHARE * x.compute_s
+    return slow, backward1 * slow, (x.payload_bytes / x.grad_bytes if x.grad_bytes else 1.0)
+
+
+def cycle_cost(x: Inputs, fit_: Fit, exposed_s: float) -> float | None:
+    """The Horovod cycle cost with which `x`'s predicted exposed communication is a measured
+    one, `exposed_s` (fit_cycle_cost); None for DDP or one worker."""
+    if x.framework != "horovod" or x.np < 2 or x.grad_bytes <= 0 or fit_ is None:
+        return None
+    _, backward, ratio = _backward_and_ratio(x)
+    return fit_cycle_cost(exposed_s, x.grad_bytes, ratio, backward, fit_, x.op, x.np, x.tensors,
+                          x.cycle_s, x.fusion_bytes)
 
 
 def predict(x: Inputs, fit_: Fit) -> dict:
     """The predicted step (seconds) and every term it is made of, with the assumptions
     this prediction relied on (keys of ASSUMPTIONS)."""
     used = ["ring", "serial", "codec"]
-    slow = x.slowdown if x.slowdown else 1.0
-    if not x.slowdown and x.np > 1:
-        used.append("slowdown")
-    backward1 = x.backward_s if x.backward_s is not None else BACKWARD_SHARE * x.compute_s
+    slow, backward, ratio = _backward_and_ratio(x)
+    if x.np > 1:
+        used.append("slowdown_parts" if x.slowdown and x.slowdown_from == "step parts" else
+                    "slowdown" if not x.slowdown else "slowdown_ceiling")
     if x.backward_s is None:
         used.append("backward")
-    compute, backward = x.compute_s * slow, backward1 * slow
-    ratio = x.payload_bytes / x.grad_bytes if x.grad_bytes else 1.0
+    compute = x.compute_s * slow
     if x.np < 2 or x.grad_bytes <= 0:
         sched = {"exposed_s": 0.0, "collectives": 0, "collective_s": 0.0, "buckets": 0, "end_s": 0.0}
     elif x.framework == "horovod":
         sched = horovod_schedule(x.grad_bytes, ratio, backward, fit_, x.op, x.np, x.tensors,
-                                 x.cycle_s, x.fusion_bytes)
-        used.append("ready")
+                                 x.cycle_s, x.fusion_bytes, x.cycle_cost_s)
+        used += ["ready", {"others": "cycle", "itself": "cycle_self"}.get(x.cycle_cost_from, "cycle_none")]
     else:
         sched = ddp_schedule(x.grad_bytes, ratio, backward, fit_, x.op, x.np)
         used.append("ready")
@@ -242,4 +331,6 @@ def predict(x: Inputs, fit_: Fit) -> dict:
             "backward_s": backward, "exposed_s": sched["exposed_s"], "waiting_s": waiting,
             "collective_alone_s": alone, "buckets": sched["buckets"],
             "collectives_s": sched["collective_s"], "speedup": x.np * x.compute_s / step if step else None,
-            "assumptions": used}
+            "slowdown_from": x.slowdown_from if x.slowdown else None,
+            "cycle_cost_s": x.cycle_cost_s if x.framework == "horovod" else 0.0,
+            "cycles": sched.get("cycles", 0), "assumptions": used}

@@ -58,9 +58,11 @@ def _why(records: list[dict], level: int = 2) -> list:
                              "workers make one).")]
     return [head, d.Table(prediction.HEADERS, prediction.table(records, preds), [
         "Milliseconds but for slowdown, error and speedups. Predicted step = compute (the 1-worker "
-        "step) x slowdown (compute ceiling at N processes against 1) + exposed (communication: the bucket "
-        "schedule against the backward pass, the collective's cost fitted per back end and place "
-        "from its timings) + waiting (measured arrival spread); error: predicted against measured; "
+        "step) x slowdown (the N-worker run's compute parts against the 1-worker run's, else the compute "
+        "ceiling at N processes against 1) + exposed (communication: the bucket schedule, or Horovod's "
+        "cycles with their cost fitted to measured exposed time, against the backward pass, the "
+        "collective's cost fitted per back end and place from its timings) + waiting (measured "
+        "mean wait for the slowest rank); error: predicted against measured; "
         "unexplained: the measured step less the predicted one. Every term is in prediction.json.",
         *_unpredicted(records)]), *_what_if(records, preds), *split,
         d.Items(prediction.sentences(records, preds) + prediction.fp16_sentences(records, preds)),

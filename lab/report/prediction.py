@@ -76,12 +76,32 @@ def _ceiling(row: dict) -> float | None:
                     for r in row["records"]])
 
 
-def arrival_spread(row: dict) -> float | None:
-    """The ranks' arrival spread at the collective (seconds): in each record the most any
-    rank waited for the slowest (its mean over typical steps), the median over repeats."""
-    return _median([max(x["parts_s"]["waiting"] for x in ranks) for r in row["records"]
+def mean_wait(row: dict) -> float | None:
+    """What the ranks waited in the collective for the slowest (seconds): in each record the
+    mean over its ranks (each rank's mean over its typical steps), the median over repeats.
+    The mean, not the most: rank i joins at a_i and waits max(a) - a_i, so the step, the
+    last one's arrival plus the collective, is the ranks' mean arrival (the mean compute)
+    plus their mean wait plus the collective."""
+    return _median([statistics.fmean(x["parts_s"]["waiting"] for x in ranks) for r in row["records"]
                     if (ranks := [x for x in ((r.get("figures") or {}).get("step_parts") or {}).get("ranks") or []
                                   if x.get("parts_s")])]) if row.get("records") else None
+
+
+def slowdown(row: dict, one: dict) -> tuple[float | None, str | None]:
+    """(compute at N workers over compute at 1, where it was measured): the rows' step parts
+    (forward, backward, optimizer, other; where a record's note says a part holds some of the
+    exchange, the backward is left out of both), else N x the 1-process compute ceiling over
+    the N-process one; (None, None) where neither was measured."""
+    parts, parts_one = step_parts.of_row(row), step_parts.of_row(one)
+    if parts and parts_one:
+        noted = any(((r.get("figures") or {}).get("step_parts") or {}).get("note")
+                    for r in row["records"] + one["records"])
+        keys = [k for k in step_parts.COMPUTE if not (noted and k == "backward")]
+        one_s = sum(parts_one[k] for k in keys)
+        if one_s > 0:
+            return sum(parts[k] for k in keys) / one_s, "step parts"
+    c1, cn = _ceiling(one), _ceiling(row)
+    return ((row["np"] * c1 / cn, "ceiling") if c1 and cn else (None, None))
 
 
 def inputs(row: dict, one: dict) -> cm.Inputs:
@@ -91,7 +111,7 @@ def inputs(row: dict, one: dict) -> cm.Inputs:
     compute = one["time per step (ms)"] / 1000
     parts = step_parts.of_row(one)
     backward = compute * parts["backward"] / parts["step"] if parts and parts["step"] else None
-    c1, cn = _ceiling(one), _ceiling(row)
+    slow, slow_from = slowdown(row, one)
     hv = r["world"].get("horovod") or {}
     values = f.get("gradient_values")
     grad = 4.0 * values if values else float(f.get("payload_bytes_per_step") or 0)
@@ -99,8 +119,7 @@ def inputs(row: dict, one: dict) -> cm.Inputs:
         framework=r["config"].get("framework", "ddp"), np=n, compute_s=compute, backward_s=backward,
         grad_bytes=grad, payload_bytes=float(f.get("payload_bytes_per_step") or grad),
         op=f.get("collective") or "allreduce",
-        slowdown=(n * c1 / cn) if c1 and cn else None,
-        waiting_s=arrival_spread(row),
+        slowdown=slow, slowdown_from=slow_from, waiting_s=mean_wait(row),
         tensors=cm.MODEL_TENSORS.get(r["config"].get("model"), cm.DEFAULT_TENSORS),
         cycle_s=hv.get("cycle_time_ms", cm.HOROVOD_CYCLE_S * 1000) / 1000,
         fusion_bytes=hv.get("fusion_threshold_bytes", cm.HOROVOD_FUSION))
@@ -116,15 +135,36 @@ def _pairs(records: list[dict]):
             yield row, base.get(summary.config_key(row["record"]))
 
 
+def with_cycle_costs(cases: list[tuple[dict, cm.Inputs, cm.Fit]]) -> list[cm.Inputs]:
+    """Each case's inputs with Horovod's cycle cost: the median of the costs fitted to the
+    exposed communication that the other cases of its fit_key measured (step parts), those
+    of its own model where there are any, else those of other models; else the one fitted
+    to its own (said in cycle_cost_from); else none."""
+    own = []
+    for row, x, fit in cases:
+        parts = step_parts.of_row(row)
+        own.append(cm.cycle_cost(x, fit, parts["communication"]) if parts else None)
+    out = []
+    for i, (row, x, _) in enumerate(cases):
+        key, model = fit_key(row["record"]), row["record"]["config"].get("model")
+        others = [(c, r["record"]["config"].get("model") == model) for j, ((r, _, _), c) in enumerate(zip(cases, own))
+                  if j != i and c is not None and fit_key(r["record"]) == key]
+        others = [c for c, same in others if same] or [c for c, _ in others]
+        if x.framework != "horovod" or (not others and own[i] is None):
+            out.append(x)
+            continue
+        cost, how = (statistics.median(others), "others") if others else (own[i], "itself")
+        out.append(cm.Inputs(**{**x.__dict__, "cycle_cost_s": cost, "cycle_cost_from": how}))
+    return out
+
+
 def predictions(records: list[dict]) -> list[dict]:
     """One entry per multi-worker row that has its 1-worker row and a fitted collective."""
     fitted = fits(records)
+    pairs = [(row, one) for row, one in _pairs(records) if one is not None and fit_key(row["record"]) in fitted]
+    cases = [(row, inputs(row, one), fitted[fit_key(row["record"])]) for row, one in pairs]
     out = []
-    for row, one in _pairs(records):
-        fit = fitted.get(fit_key(row["record"]))
-        if one is None or fit is None:
-            continue
-        x = inputs(row, one)
+    for (row, one), (_, _, fit), x in zip(pairs, cases, with_cycle_costs(cases)):
         p = cm.predict(x, fit)
         step = row["time per step (ms)"]
         parts, parts_one = step_parts.of_row(row), step_parts.of_row(one)
@@ -208,6 +248,7 @@ def _terms(m: dict, fit: cm.Fit) -> dict:
             "exposed_communication_ms": m["exposed_s"] * 1000, "waiting_ms": m["waiting_s"] * 1000,
             "collective_alone_ms": m["collective_alone_s"] * 1000, "collectives_per_step": m["buckets"],
             "collectives_ms": m["collectives_s"] * 1000, "fit": fit.as_dict(),
+            "slowdown_from": m["slowdown_from"], "horovod_cycle_cost_ms": m["cycle_cost_s"] * 1000,
             "assumptions": m["assumptions"]}
 
 
@@ -252,13 +293,19 @@ def sentences(records: list[dict], preds: list[dict]) -> list[str]:
         m = p["model"]
         head = (f"{name} {where}: predicted {p['predicted_ms']:.1f} ms ({p['compute_ms']:.1f} compute x "
                 f"{m['slowdown']:.2f}, {m['exposed_s'] * 1000:.1f} exposed of {m['buckets']} "
-                f"collective(s) costing {m['collectives_s'] * 1000:.1f} ms, "
+                f"collective(s) costing {m['collectives_s'] * 1000:.1f} ms{_cycles(m)}, "
                 f"{m['waiting_s'] * 1000:.1f} waiting), measured {p['step_ms']:.1f} ms")
         if p["gap"] and p["gap"]["lost"] > 0:
             out.append(head + "; " + _measured_split(p))
         else:
             out.append(head + ".")
     return out
+
+
+def _cycles(m: dict) -> str:
+    """' in 2.4 Horovod cycles of 18.5 ms each' where Horovod's cycle cost was fitted."""
+    return (f" in {m['cycles']:.1f} Horovod cycles of {m['cycle_cost_s'] * 1000:.1f} ms each"
+            if m["cycle_cost_s"] else "")
 
 
 def _with_fp16(p: dict, rows: list[dict]) -> dict | None:
