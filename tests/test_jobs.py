@@ -104,6 +104,23 @@ def test_a_rank_killed_on_one_node_is_the_cause_though_its_peer_is_seen_first():
     assert (w.first.rank, w.first.host, w.first.signal) == (1, "node2", 9)
 
 
+def test_horovodrun_naming_the_killed_ranks_peer_first_still_blames_the_killed_rank():
+    """horovodrun over Gloo with rank 1 SIGKILLed: its lines as captured (127.0.0.1,
+    2026-11-27, `invoke bench --local --np 2 --framework horovod --backend gloo --fault
+    1:15:kill`) in the order it prints them when rank 0's exit 1 (the connection reset)
+    is seen first, as under load in a test run: rank 1's signal is the cause."""
+    captured = [line for line in (FIXTURES / "horovodrun-gloo-rank1-sigkill.txt").read_text().splitlines()]
+    assert "Process 1 exit with status code 137." in captured and "Process 0 exit with status code 1." in captured
+    summary = next(line for line in captured if line.endswith("The first process to do so was:"))
+    reordered = ["Process 0 exit with status code 1.", "Process 1 exit with status code 137.",
+                 summary, "Process name: 0", "Exit code: 1"]
+    w = LauncherWatch(lambda line: None)
+    for line in reordered:
+        w.line(line)
+    w.close()
+    assert (w.first.rank, w.first.signal) == (1, 9)
+
+
 def launch_of(framework="ddp", np=1, attempt="000-x"):
     from lab.host.places.base import Launch
     return Launch(framework, "gloo", np, ("--max-steps", "not-a-number", "--run-id", "r", "--attempt", attempt),

@@ -222,9 +222,12 @@ class LauncherWatch:
             return
         m = _EXIT_CODE.match(text)
         if m and self._pending_name is not None:
-            # "The first process to do so was": horovodrun's (shell) or mpirun's.
-            self._found(_from_code(self._pending_name, int(m.group(1)),
-                                   shell=bool(self._horovod_exits)))
+            # "The first process to do so was": horovodrun's (shell) or mpirun's. As in
+            # torchrun's block, a rank horovodrun saw killed by a signal other than SIGTERM
+            # comes first: under load its peer's exit 1 (a connection reset) is seen first.
+            end = _from_code(self._pending_name, int(m.group(1)), shell=bool(self._horovod_exits))
+            killed = [e for e in self._horovod_exits if e.signal not in (None, _signal.SIGTERM)]
+            self._found(end if end.signal is not None or not killed else killed[0])
             self._pending_name = None
 
 
