@@ -96,6 +96,14 @@ def srun_task_end(task: int, host: str, what: str) -> RankEnd | None:
     return None
 
 
+def cause(ends: list[RankEnd]) -> RankEnd | None:
+    """The rank to blame among `ends` (in the order seen): the first killed by a signal a
+    launcher does not send when it stops the others (SIGTERM), else the first. A killed
+    rank's peer exits at once (a connection reset) and is often reported before it."""
+    killed = [e for e in ends if e.signal not in (None, _signal.SIGTERM)]
+    return (killed or ends or [None])[0]
+
+
 class LauncherWatch:
     """Feed it every line of a job's output (`line`); it passes them on to `echo`,
     with a launcher's traceback condensed to its last line, keeps the last lines it
@@ -158,12 +166,9 @@ class LauncherWatch:
         t, self._torchrun = self._torchrun, None
         if t and "rank" in t and "exitcode" in t:
             root = _from_code(t["rank"], t["exitcode"], t.get("host"))
-            if root.signal is None:
-                killed = [_from_code(o["rank"], o["exitcode"], o.get("host")) for o in self._others
-                          if "rank" in o and o.get("exitcode", 0) < 0
-                          and -o["exitcode"] != _signal.SIGTERM]
-                root = killed[0] if killed else root
-            self._found(root)
+            others = [_from_code(o["rank"], o["exitcode"], o.get("host")) for o in self._others
+                      if "rank" in o and "exitcode" in o]
+            self._found(cause([root, *others]))
 
     def _torchrun_field(self, into: dict, text: str) -> bool:
         f = _TORCHRUN_FIELD.match(text)
@@ -226,8 +231,7 @@ class LauncherWatch:
             # torchrun's block, a rank horovodrun saw killed by a signal other than SIGTERM
             # comes first: under load its peer's exit 1 (a connection reset) is seen first.
             end = _from_code(self._pending_name, int(m.group(1)), shell=bool(self._horovod_exits))
-            killed = [e for e in self._horovod_exits if e.signal not in (None, _signal.SIGTERM)]
-            self._found(end if end.signal is not None or not killed else killed[0])
+            self._found(cause([end, *self._horovod_exits]))
             self._pending_name = None
 
 
@@ -277,8 +281,7 @@ class StreamWatches:
     @property
     def first(self) -> RankEnd | None:
         with self._lock:
-            killed = [e for e in self._seen if e.signal is not None and e.signal != _signal.SIGTERM]
-            return (killed or self._seen or [None])[0]
+            return cause(self._seen)
 
     @property
     def ends(self) -> list[RankEnd]:
