@@ -5,6 +5,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -121,6 +122,33 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid):
             return scope_of(nodeid)
     return DockerTestsTogether(config, log)
+
+
+# CI (.ci/run) builds the GPU images beside the tests, not before them. It names a folder
+# in LAB_TEST_PENDING_IMAGES where that build writes a file per image as it is made (its
+# tag with "/" and ":" as "_") and a file `ended` holding its exit status when it stops.
+# A test of such an image waits for it there: otherwise it would skip as "not built", or
+# on a warm machine read the image of an earlier run while the new one is being built.
+PENDING_IMAGES_WAIT_S = 3600
+PENDING_IMAGES_POLL_S = 5.0
+
+
+def wait_for_pending_image(tag: str) -> None:
+    """Return once `tag` is made or the build beside the tests has ended; fail the test
+    when that build failed before making it. Returns at once outside CI."""
+    folder = os.environ.get("LAB_TEST_PENDING_IMAGES")
+    if not folder:
+        return
+    made, ended = Path(folder, tag.replace("/", "_").replace(":", "_")), Path(folder, "ended")
+    deadline = time.monotonic() + PENDING_IMAGES_WAIT_S
+    while not made.exists() and not ended.exists():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{tag}: the image build beside the tests made nothing in "
+                        f"{PENDING_IMAGES_WAIT_S} s", pytrace=False)
+        time.sleep(PENDING_IMAGES_POLL_S)
+    if not made.exists() and ended.read_text().strip() != "0":
+        pytest.fail(f"{tag}: the image build beside the tests failed (exit {ended.read_text().strip()}); "
+                    "CI prints its output after the tests", pytrace=False)
 
 
 def _horovod_state():

@@ -12,6 +12,7 @@ import pytest
 
 from lab.common import versions
 from lab.common.kit import REPO_ROOT
+from tests.conftest import wait_for_pending_image
 
 CONF = REPO_ROOT / "docker" / "nvidia-cuda-base.conf"
 STAND_IN = "lab-base/cuda:13.0-devel-trixie"        # the tag .ci/run makes
@@ -89,6 +90,7 @@ def _client():
 @pytest.fixture(scope="module")
 def stand_in():
     client = _client()
+    wait_for_pending_image(STAND_IN)
     try:
         return client, client.images.get(STAND_IN)
     except Exception:

@@ -10,7 +10,7 @@ import pytest
 
 from lab.common import results
 from lab.host.images import IMAGE_REPO, LABEL_PREFIX
-from tests.conftest import make_mnist_like
+from tests.conftest import make_mnist_like, wait_for_pending_image
 
 IMAGE = f"{IMAGE_REPO}:cpu"
 TEST_LABEL = LABEL_PREFIX + "test"
@@ -405,6 +405,7 @@ def gpu_image(request):
     if client is None:
         pytest.skip(why)
     tag = GPU_IMAGES[request.param]
+    wait_for_pending_image(tag)
     try:
         img = client.images.get(tag)
     except Exception:
