@@ -1,7 +1,8 @@
 """--checkpoint-every and --max-restarts: checkpoints written atomically and a torn one
-never loaded; bench's relaunch loop and its record; and real jobs of 2 ranks (DDP, Horovod
-over Gloo and MPI) that lose rank 1 to SIGKILL at step 15, are relaunched from the
-checkpoint of step 10 and end with the loss of an uninterrupted run."""
+never loaded; bench's relaunch loop and its record; and real jobs of 2 ranks (DDP, ZeRO-1,
+FSDP and DeepSpeed over Gloo, Horovod over Gloo and MPI) that lose rank 1 to SIGKILL at
+step 15, are relaunched from the checkpoint of step 10 and end with the loss of an
+uninterrupted run."""
 import os
 
 import pytest
@@ -14,8 +15,9 @@ from lab.host.places.hosts import HostsRunner
 from lab.host.places.local import LocalRunner
 from lab.host.request import BenchError, BenchSettings, base_config, settings_from_flags
 from lab.report.bench_output import render, restart_line
-from lab.worker import checkpoint
+from lab.worker import checkpoint, checkpoint_folder
 from tests.conftest import requires_horovod, requires_mpirun
+from tests.test_strategy_deepspeed import needs_deepspeed
 
 # ------------------------------------------------------------ checkpoint files
 
@@ -59,11 +61,36 @@ def test_the_newest_two_are_kept(tmp_path):
     assert [s for s, _ in checkpoint.listed(str(tmp_path))] == [30, 20]
 
 
-def test_checkpoints_cover_the_ddp_zero1_and_fsdp_strategies_only():
-    for strategy in ("ddp", "zero1", "fsdp"):
+def test_a_strategys_own_checkpoint_folder_is_listed_only_once_renamed_and_whole(tmp_path):
+    """DeepSpeed's checkpoints (lab.worker.checkpoint_folder): a folder being written (its
+    temporary name) is not a checkpoint, a renamed one with a file cut short is skipped,
+    and prune removes the temporary folder and all but the newest two."""
+    folder = str(tmp_path)
+    for step in (10, 20, 30):
+        tmp = os.path.join(folder, checkpoint_folder.tmp_name(step))
+        os.makedirs(tmp)
+        torch.save({"module": torch.ones(1000)}, os.path.join(tmp, "mp_rank_00_model_states.pt"))
+        checkpoint_folder.complete(folder, tmp, step, {"format": 1, "global_step": step})
+    os.makedirs(os.path.join(folder, checkpoint_folder.tmp_name(40)))     # a writer killed
+    assert [s for s, _ in checkpoint.listed(folder)] == [30, 20]
+    assert open(os.path.join(folder, "latest")).read() == "step-00000030"
+    newest = os.path.join(folder, "step-00000030", "mp_rank_00_model_states.pt")
+    data = open(newest, "rb").read()
+    with open(newest, "wb") as f:
+        f.write(data[:len(data) // 2])
+    said = []
+    path, state = checkpoint.newest_loadable(folder, log=lambda *a, **k: said.append(a[0]))
+    assert path == os.path.join(folder, "step-00000020") and state["global_step"] == 20
+    assert len(said) == 1 and "step-00000030 does not load" in said[0]
+    checkpoint.prune(folder)
+    assert not [n for n in os.listdir(folder) if n.startswith(".step-")]
+
+
+def test_checkpoints_cover_the_ddp_zero1_fsdp_and_deepspeed_strategies_only():
+    for strategy in ("ddp", "zero1", "fsdp", "deepspeed"):
         RunConfig(checkpoint_every=10, strategy=strategy, framework="ddp").check()
-    for strategy in ("deepspeed", "pipeline"):
-        with pytest.raises(ConfigError, match="^--checkpoint-every covers the ddp, zero1 and fsdp"):
+    for strategy in ("pipeline", "model-parallel"):
+        with pytest.raises(ConfigError, match="^--checkpoint-every covers the ddp, zero1, fsdp and deepspeed"):
             RunConfig(checkpoint_every=10, strategy=strategy, framework="ddp").check()
     with pytest.raises(ConfigError, match="cannot be negative"):
         RunConfig(checkpoint_every=-1).check()
@@ -205,19 +232,27 @@ def bench_run(stack, tmp_path, run_id, **kw):
 
 @pytest.fixture(scope="module")
 def uninterrupted(stack, tmp_path_factory):
-    """The loss and the parameters' digest of a run that no fault interrupts (the same
-    loss for DDP and Horovod here: the same seed, batches, dropout masks and averaged
-    gradients)."""
-    outcome, lines = bench_run(stack, tmp_path_factory.mktemp("plain"), "plain", framework="ddp")
-    assert outcome.failed == 0, "\n".join(lines[-20:])
-    figures = outcome.records[0]["figures"]
-    return figures["final_loss"], figures["parameter_digests"][0]
+    """The loss and the parameters' digest of a run that no fault interrupts, per
+    reference strategy, run once (the same loss for DDP and Horovod here: the same seed,
+    batches, dropout masks and averaged gradients)."""
+    done = {}
+
+    def of(strategy="ddp"):
+        if strategy not in done:
+            outcome, lines = bench_run(stack, tmp_path_factory.mktemp("plain"), "plain",
+                                       framework="ddp", strategy=strategy)
+            assert outcome.failed == 0, "\n".join(lines[-20:])
+            figures = outcome.records[0]["figures"]
+            done[strategy] = figures["final_loss"], figures["parameter_digests"][0]
+        return done[strategy]
+    return of
 
 
 @pytest.mark.parametrize("framework,backend,strategy", [
     ("ddp", "gloo", "ddp"),
     ("ddp", "gloo", "zero1"),
     ("ddp", "gloo", "fsdp"),
+    pytest.param("ddp", "gloo", "deepspeed", marks=needs_deepspeed),
     pytest.param("horovod", "gloo", "ddp", marks=requires_horovod),
     pytest.param("horovod", "mpi", "ddp", marks=[requires_horovod, requires_mpirun]),
 ])
@@ -225,7 +260,9 @@ def test_a_killed_rank_is_survived_from_the_last_checkpoint(stack, tmp_path, uni
                                                            framework, backend, strategy):
     """ZeRO-1 and FSDP compute DDP's update (the same averaged gradients, SGD on each
     parameter), so their uninterrupted loss is DDP's: one reference run serves all. Over
-    torch's Gloo the parameters end bit for bit as that run's (Horovod sums otherwise)."""
+    torch's Gloo the parameters end bit for bit as that run's (Horovod sums otherwise).
+    DeepSpeed (ZeRO stage 0, its own checkpoint folder: engine.save_checkpoint and
+    load_checkpoint) is held to its own uninterrupted run."""
     outcome, lines = bench_run(stack, tmp_path, "killed", framework=framework, backend=backend,
                                strategy=strategy, checkpoint_every=10, max_restarts=1,
                                fault="1:15:kill")
@@ -234,10 +271,12 @@ def test_a_killed_rank_is_survived_from_the_last_checkpoint(stack, tmp_path, uni
     assert r["status"] == "ok" and results.missing_fields(r) == []
     assert r["manifest"]["kit_path"].startswith(os.path.dirname(os.path.dirname(__file__)))
     (entry,) = r["restarts"]
-    assert entry["resumed_from_step"] == 10 and entry["checkpoint"] == "step-00000010.pt"
+    own = strategy == "deepspeed"       # a folder of DeepSpeed's files, not one file
+    assert entry["resumed_from_step"] == 10
+    assert entry["checkpoint"] == ("step-00000010" if own else "step-00000010.pt")
     assert entry["error"]["rank"] == 1 and entry["error"]["signal"] == 9     # named as before
     assert entry["lost_s"] > 0
-    loss, digest = uninterrupted
+    loss, digest = uninterrupted("deepspeed" if own else "ddp")
     assert abs(r["figures"]["final_loss"] - loss) < 1e-4
     assert len(set(r["figures"]["parameter_digests"])) == 1
     if framework == "ddp":

@@ -32,7 +32,7 @@ DATA_PARALLEL_STRATEGIES = ("ddp", "zero1", "fsdp", "deepspeed")
 TORCH_STRATEGIES = ("zero1", "fsdp", "pipeline", "model-parallel", "deepspeed", "rpc-pipeline")
 PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 # What lab.worker.checkpoint saves and restores (--checkpoint-every).
-CHECKPOINTED_STRATEGIES = ("ddp", "zero1", "fsdp")
+CHECKPOINTED_STRATEGIES = ("ddp", "zero1", "fsdp", "deepspeed")
 # The arithmetic of a rank's forward, backward and update (lab.worker.precision does it):
 # fp32; tf32 (fp32 tensors, matrix products on NVIDIA tensor cores with a 10-bit
 # mantissa: CUDA only); bf16 and fp16 (torch.autocast around forward and loss, fp32
@@ -146,7 +146,7 @@ class RunConfig:
             self.fault_plan()
         if self.checkpoint_every and (self.strategy not in CHECKPOINTED_STRATEGIES
                                       or self.compression.startswith("int8")):
-            raise ConfigError("--checkpoint-every covers the ddp, zero1 and fsdp strategies without an "
+            raise ConfigError("--checkpoint-every covers the ddp, zero1, fsdp and deepspeed strategies without an "
                               "8-bit codec (whose error feedback is not saved): leave it out, or use "
                               "one of them with --compression none or fp16")
         self.check_strategy()

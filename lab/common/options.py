@@ -162,7 +162,7 @@ OPTIONS = (
            "calling collectives; hang-data: sleeps in its data loading; slow: each step from then "
            "on takes 50 ms longer) at that step, to see a failed, stalled or waited-for job", _A),
     Option("checkpoint_every", "save a checkpoint every N steps into the run's folder (model, "
-           "optimizer, data position, random states; the ddp, zero1 and fsdp strategies; local "
+           "optimizer, data position, random states; the ddp, zero1, fsdp and deepspeed strategies; local "
            "processes, the image or the simulated cluster), the newest two kept; 0: none", _A,
            kind=int, key=True, reach="place"),
     Option("max_restarts", "relaunch a job that fails up to K times, each from its last "

@@ -32,6 +32,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import shutil
 import time
 from dataclasses import dataclass, field
 
@@ -41,6 +42,8 @@ from lab.common import restarts, results
 from lab.common.config import ConfigError
 
 NAME = re.compile(r"^step-(\d{8})\.pt$")
+FOLDER = re.compile(r"^step-(\d{8})$")       # a strategy's own checkpoint (DeepSpeed's tag)
+META = "lab-state.pt"                          # the kit's part of such a checkpoint
 FORMAT = 1
 
 
@@ -78,7 +81,8 @@ def listed(folder: str) -> list[tuple[int, str]]:
         names = os.listdir(folder)
     except FileNotFoundError:
         return []
-    found = [(int(m.group(1)), os.path.join(folder, n)) for n in names if (m := NAME.match(n))]
+    found = [(int(m.group(1)), os.path.join(folder, n)) for n in names
+             if (m := NAME.match(n) or FOLDER.match(n))]
     return sorted(found, reverse=True)
 
 
@@ -107,10 +111,17 @@ def prune(folder: str, keep: int = restarts.KEEP) -> None:
     """All but the newest `keep` checkpoints removed, and temporary files left by a
     writer that died (this rank is the only writer, and it is not writing)."""
     for _, path in listed(folder)[keep:]:
-        os.unlink(path)
+        _remove(path)
     for n in os.listdir(folder):
-        if n.startswith(".step-") and ".tmp-" in n:
-            os.unlink(os.path.join(folder, n))
+        if n.startswith(".step-") and ".tmp" in n:
+            _remove(os.path.join(folder, n))
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path):
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
 
 
 def own_state(loss_sum) -> dict:
@@ -139,23 +150,34 @@ def restore_own(state: dict) -> None:
 
 def save(cfg, d, strategy, global_step: int, epoch: int, step: int, loss_sum, epochs: list) -> None:
     """A checkpoint after `global_step` steps (`step` steps into `epoch`): every rank
-    hands rank 0 its own part (a collective), rank 0 writes the file."""
-    whole = strategy.checkpoint_state()     # on every rank: ZeRO-1 and FSDP gather here
-    parts = d.allgather_object(own_state(loss_sum))
-    if d.rank == 0:
-        _write(cfg, d, strategy, whole, global_step, epoch, step, epochs, parts)
+    hands rank 0 its own part (a collective), rank 0 writes the file (a strategy that
+    writes its own, DeepSpeed: every rank writes its part, lab.worker.checkpoint_folder)."""
+    if getattr(strategy, "own_checkpoint", False):
+        from lab.worker import checkpoint_folder
+        checkpoint_folder.save(cfg, d, strategy, meta(cfg, d, global_step, epoch, step, epochs,
+                                                      d.allgather_object(own_state(loss_sum))))
+    else:
+        whole = strategy.checkpoint_state()     # on every rank: ZeRO-1 and FSDP gather here
+        parts = d.allgather_object(own_state(loss_sum))
+        if d.rank == 0:
+            _write(cfg, d, strategy, whole, global_step, epoch, step, epochs, parts)
     # Every rank waits for the write here, outside the timed steps: otherwise the other
     # ranks' next step would hold it (waiting in its collective for rank 0).
     d.allgather_object(None)
 
 
+def meta(cfg, d, global_step, epoch, step, epochs, parts) -> dict:
+    """What the kit saves besides the model and optimizer: the position, the ranks' parts."""
+    return {"format": FORMAT, "global_step": global_step, "epoch": epoch, "step": step,
+            "world": d.size, "seed": cfg.seed, "epochs": list(epochs), "ranks": parts,
+            "saved_at": time.time()}
+
+
 def _write(cfg, d, strategy, whole, global_step, epoch, step, epochs, parts) -> None:
     model_state, optimizer_state = whole
-    state = {"format": FORMAT, "global_step": global_step, "epoch": epoch, "step": step,
-             "world": d.size, "seed": cfg.seed, "epochs": list(epochs), "ranks": parts,
+    state = {**meta(cfg, d, global_step, epoch, step, epochs, parts),
              "model": model_state, "optimizer": optimizer_state,
-             "scaler": strategy.scaler.state_dict() if strategy.scaler else None,
-             "saved_at": time.time()}
+             "scaler": strategy.scaler.state_dict() if strategy.scaler else None}
     folder = job_folder(cfg)
     write_atomic(path_of(folder, global_step), lambda f: torch.save(state, f))
     prune(folder)
@@ -167,7 +189,7 @@ def newest_loadable(folder: str, log=print) -> tuple[str | None, dict | None]:
     copies parameters and optimizer state onto their own device."""
     for _, path in listed(folder):
         try:
-            state = torch.load(path, map_location="cpu", weights_only=False)
+            state = _load(path)
             if state.get("format") != FORMAT:
                 raise ValueError(f"format {state.get('format')!r}, not {FORMAT}")
             return path, state
@@ -175,6 +197,18 @@ def newest_loadable(folder: str, log=print) -> tuple[str | None, dict | None]:
             log(f"checkpoint {os.path.basename(path)} does not load ({type(e).__name__}: {e}); "
                 f"trying the one before it", flush=True)
     return None, None
+
+
+def _load(path: str) -> dict:
+    """A checkpoint file's state; a folder's (a strategy's own checkpoint): every file in
+    it loaded (one that does not raises), its META's state returned."""
+    if not os.path.isdir(path):
+        return torch.load(path, map_location="cpu", weights_only=False)
+    for root, _, names in os.walk(path):
+        for n in sorted(names):
+            if n.endswith(".pt") and n != META:
+                torch.load(os.path.join(root, n), map_location="cpu", weights_only=False)
+    return torch.load(os.path.join(path, META), map_location="cpu", weights_only=False)
 
 
 def resume(cfg, d, strategy, log=print) -> Position:
@@ -189,14 +223,19 @@ def resume(cfg, d, strategy, log=print) -> Position:
     # collective by its type, horovod/torch/functions.py allgather_object)
     path = d.allgather_object(path or "")[0] or None
     horovod = cfg.framework == "horovod"
+    own = getattr(strategy, "own_checkpoint", False)
     if path is not None and d.rank != 0 and not horovod:
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = torch.load(os.path.join(path, META) if own else path, map_location="cpu",
+                           weights_only=False)
     if path is not None and state is not None:
         if state["world"] != d.size:
             raise ConfigError(f"the checkpoint {path} was written by {state['world']} ranks, not "
                               f"{d.size}: a relaunch must keep --np")
-        strategy.load_checkpoint_state(state["model"], state["optimizer"])
-        if strategy.scaler and state["scaler"]:
+        if own:     # every rank reads its part (lab.worker.checkpoint_folder)
+            strategy.load_checkpoint_files(os.path.dirname(path), os.path.basename(path))
+        else:
+            strategy.load_checkpoint_state(state["model"], state["optimizer"])
+        if strategy.scaler and state.get("scaler"):
             strategy.scaler.load_state_dict(state["scaler"])
     if path is not None and horovod:        # rank 0's state to every rank
         hvd = d.hvd

@@ -253,6 +253,32 @@ class DeepSpeed(Strategy):
         with self.deepspeed.zero.GatheredParameters(list(self.engine.module.parameters())):
             return super().parameter_digest()
 
+    # -- checkpoints (--checkpoint-every): DeepSpeed's own, each rank writing its part
+    own_checkpoint = True
+
+    def save_checkpoint_files(self, folder: str, tag: str) -> None:
+        """engine.save_checkpoint (runtime/engine.py, DeepSpeedEngine.save_checkpoint), on
+        every rank: <folder>/<tag>/mp_rank_00_model_states.pt (module, the optimizer's
+        state at stage 0, global_steps; written by data-parallel rank 0,
+        save_non_zero_checkpoint) and at ZeRO stages each rank's optimizer partition,
+        zero_pp_rank_R_mp_rank_00_optim_states.pt (_save_zero_checkpoint; stage 3 writes
+        each rank's zero_pp_rank_R_mp_rank_00_model_states.pt too). It ends with
+        dist.barrier(). save_latest=False: the `latest` file would name the temporary
+        folder; lab.worker.checkpoint_folder writes it once the folder has its name."""
+        self.engine.save_checkpoint(folder, tag=tag, save_latest=False)
+
+    def load_checkpoint_files(self, folder: str, tag: str) -> None:
+        """engine.load_checkpoint (runtime/engine.py, DeepSpeedEngine.load_checkpoint) of
+        that tag, on every rank: the module, the optimizer (load_optimizer_states: the
+        client SGD's state at stage 0, _load_checkpoint; ZeRO's partitions,
+        _load_zero_checkpoint, which refuses another data-parallel world size), the LR
+        scheduler (none here) and global_steps. It returns (None, None) when it found no
+        checkpoint file: refused here rather than training on from scratch."""
+        path, _ = self.engine.load_checkpoint(folder, tag=tag, load_optimizer_states=True,
+                                              load_lr_scheduler_states=True)
+        if path is None:
+            raise RuntimeError(f"DeepSpeed found no checkpoint {tag} in {folder}")
+
     def close(self) -> None:
         """DeepSpeedEngine.destroy: the engine's own clean-up (runtime/engine.py: the
         optimizer's destroy, compiled state), before the group is destroyed."""
