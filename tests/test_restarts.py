@@ -2,7 +2,8 @@
 never loaded; bench's relaunch loop and its record; and real jobs of 2 ranks (DDP, ZeRO-1,
 FSDP and DeepSpeed over Gloo, Horovod over Gloo and MPI) that lose rank 1 to SIGKILL at
 step 15, are relaunched from the checkpoint of step 10 and end with the loss of an
-uninterrupted run."""
+uninterrupted run; the records' checkpoint overhead (figures.checkpoints) agrees with the
+steps."""
 import os
 
 import pytest
@@ -14,7 +15,7 @@ from lab.host import bench, places, restart
 from lab.host.places.hosts import HostsRunner
 from lab.host.places.local import LocalRunner
 from lab.host.request import BenchError, BenchSettings, base_config, settings_from_flags
-from lab.report.bench_output import render, restart_line
+from lab.report.bench_output import checkpoint_line, render, restart_line
 from lab.worker import checkpoint, checkpoint_folder
 from tests.conftest import requires_horovod, requires_mpirun
 from tests.test_strategy_deepspeed import needs_deepspeed
@@ -195,6 +196,16 @@ def test_every_rank_waits_for_the_checkpoint_outside_its_steps(monkeypatch):
     assert calls == ["gather", "collective", "write", "collective"]
 
 
+def test_the_checkpoint_overhead_is_one_line_per_run():
+    rec = results.make_record("ok", run_id="r", config={}, np=2, nodes=1, started_at="t", figures={
+        "checkpoints": {"written": 4, "total_s": 0.5, "share": 0.05}})
+    assert checkpoint_line(rec) == "np=2: checkpoints: 4 written, 0.125 s each, 5.0% of the run"
+    rec["figures"]["checkpoints"] = {"written": 0, "total_s": 0.0, "share": 0.0}
+    assert checkpoint_line(rec) == "np=2: checkpoints: 0 written, none, 0.0% of the run"
+    del rec["figures"]["checkpoints"]
+    assert checkpoint_line(rec) is None       # without --checkpoint-every
+
+
 def test_the_flags_reach_bench_and_the_ranks():
     s, _ = settings_from_flags({"np": "2", "checkpoint_every": "10", "max_restarts": "1",
                                 "local": True}, {"where": "auto"})
@@ -230,19 +241,28 @@ def bench_run(stack, tmp_path, run_id, **kw):
     return outcome, lines
 
 
+def assert_checkpoints(figures, written):
+    """The record's checkpoint overhead (figures.checkpoints) consistent with the steps."""
+    c = figures["checkpoints"]
+    assert c["written"] == written, c
+    assert c["total_s"] > 0 and 0 < c["share"] < 1, c
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(stack, tmp_path_factory):
     """The loss and the parameters' digest of a run that no fault interrupts, per
     reference strategy, run once (the same loss for DDP and Horovod here: the same seed,
-    batches, dropout masks and averaged gradients)."""
+    batches, dropout masks and averaged gradients). It checkpoints too (outside the
+    steps: the same loss), after steps 10, 20 and 30 of its 40."""
     done = {}
 
     def of(strategy="ddp"):
         if strategy not in done:
             outcome, lines = bench_run(stack, tmp_path_factory.mktemp("plain"), "plain",
-                                       framework="ddp", strategy=strategy)
+                                       framework="ddp", strategy=strategy, checkpoint_every=10)
             assert outcome.failed == 0, "\n".join(lines[-20:])
             figures = outcome.records[0]["figures"]
+            assert_checkpoints(figures, written=3)
             done[strategy] = figures["final_loss"], figures["parameter_digests"][0]
         return done[strategy]
     return of
@@ -284,5 +304,9 @@ def test_a_killed_rank_is_survived_from_the_last_checkpoint(stack, tmp_path, uni
     # the relaunch's steps only, after its own warm-up (a fresh process's first steps):
     # 40 - 10 resumed - 5 (--warmup-steps); its start-up measured from its first step
     assert r["figures"]["timed_steps"] == 25 and r["figures"]["startup_s"] is not None
+    # the relaunch wrote after steps 20 and 30 (resumed from 10; none after the last, 40)
+    assert_checkpoints(r["figures"], written=len(range(20, 40, 10)))
     shown = render(outcome.records, outcome.run_dir).splitlines()
     assert any(line.startswith("np=2: ok after 1 relaunch(es): rank 1") for line in shown), shown
+    assert checkpoint_line(r) in shown and checkpoint_line(r).startswith(
+        "np=2: checkpoints (its last launch): 2 written, "), shown

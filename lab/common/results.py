@@ -107,6 +107,9 @@ SCHEMA = {
     "figures.optimizer_state_split": ("list[object], optional", "deepspeed, per rank: the optimizer "
                                       "state split into ZeRO's fp32 master partition "
                                       "(master_weights) and the wrapped optimizer's own state"),
+    "figures.checkpoints": ("object, optional", "--checkpoint-every: the checkpoints the run's (last) "
+                            "launch wrote: written, total_s (their seconds, every rank waiting), share "
+                            "(of that launch's training loop)"),
     "figures.lr_used": ("float", "learning rate after scaling by the world size"),
     "figures.forward_dtype": ("str or null", "rank 0's model output dtype in its first step "
                               "(bfloat16 or float16 under --precision bf16 or fp16, float32 "

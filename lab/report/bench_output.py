@@ -39,6 +39,22 @@ def restart_line(r: dict) -> str | None:
             + f": {r.get('status')} after {len(relaunches)} relaunch(es): " + "; ".join(each))
 
 
+def checkpoint_line(r: dict) -> str | None:
+    """--checkpoint-every's overhead in a run: the checkpoints its (last) launch wrote, the
+    seconds each took (every rank waiting) and their share of that launch's training loop
+    (figures.checkpoints: written, total_s, share)."""
+    c = (r.get("figures") or {}).get("checkpoints")
+    if not c or r.get("status") != "ok":
+        return None
+    rep = r.get("config", {}).get("repeat", 0)
+    n = c["written"]
+    each = f"{c['total_s'] / n:.3f} s each" if n else "none"
+    share = f", {c['share']:.1%} of the run" if c.get("share") is not None else ""
+    last = " (its last launch)" if r.get("restarts") else ""
+    return (f"np={r['world']['np']}" + (f", repeat {rep + 1}" if rep else "")
+            + f": checkpoints{last}: {n} written, {each}{share}")
+
+
 def render(records: list[dict], run_dir: str) -> str:
     """The table of the runs that ran (a failed one with its reason as a numbered note),
     then what did not run, once per reason (lab.report.tables.not_run), the ceilings and
@@ -49,6 +65,7 @@ def render(records: list[dict], run_dir: str) -> str:
     if skipped:
         lines.append("not run:\n" + "\n".join(f"- {line}" for line in skipped))
     lines += [line for line in map(restart_line, records) if line]
+    lines += [line for line in map(checkpoint_line, records) if line]
     lines += [line for line in map(ceiling_line, records) if line]
     lines.append(f"records: {os.path.join(run_dir, results.RESULTS_FILE)}")
     return "\n".join(lines)

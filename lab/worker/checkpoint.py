@@ -45,6 +45,9 @@ NAME = re.compile(r"^step-(\d{8})\.pt$")
 FOLDER = re.compile(r"^step-(\d{8})$")       # a strategy's own checkpoint (DeepSpeed's tag)
 META = "lab-state.pt"                          # the kit's part of such a checkpoint
 FORMAT = 1
+# This launch's checkpoint writes, in seconds each (rank 0's: from the gathering of the
+# state to the end of the write, all ranks waiting; lab.worker.checkpoint.figures).
+WRITES: list[float] = []
 
 
 @dataclass
@@ -152,6 +155,7 @@ def save(cfg, d, strategy, global_step: int, epoch: int, step: int, loss_sum, ep
     """A checkpoint after `global_step` steps (`step` steps into `epoch`): every rank
     hands rank 0 its own part (a collective), rank 0 writes the file (a strategy that
     writes its own, DeepSpeed: every rank writes its part, lab.worker.checkpoint_folder)."""
+    started = time.perf_counter()
     if getattr(strategy, "own_checkpoint", False):
         from lab.worker import checkpoint_folder
         checkpoint_folder.save(cfg, d, strategy, meta(cfg, d, global_step, epoch, step, epochs,
@@ -164,6 +168,7 @@ def save(cfg, d, strategy, global_step: int, epoch: int, step: int, loss_sum, ep
     # Every rank waits for the write here, outside the timed steps: otherwise the other
     # ranks' next step would hold it (waiting in its collective for rank 0).
     d.allgather_object(None)
+    WRITES.append(time.perf_counter() - started)
 
 
 def meta(cfg, d, global_step, epoch, step, epochs, parts) -> dict:
@@ -171,6 +176,15 @@ def meta(cfg, d, global_step, epoch, step, epochs, parts) -> dict:
     return {"format": FORMAT, "global_step": global_step, "epoch": epoch, "step": step,
             "world": d.size, "seed": cfg.seed, "epochs": list(epochs), "ranks": parts,
             "saved_at": time.time()}
+
+
+def figures(loop_s: float) -> dict:
+    """This launch's checkpoint writes: how many, their seconds in all, and their share
+    of the launch's training loop (`loop_s`, the seconds from its first step to its last
+    epoch's end, which the writes are inside of)."""
+    total = sum(WRITES)
+    return {"checkpoints": {"written": len(WRITES), "total_s": total,
+                            "share": total / loop_s if loop_s > 0 else None}}
 
 
 def _write(cfg, d, strategy, whole, global_step, epoch, step, epochs, parts) -> None:

@@ -161,6 +161,7 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
                   if first_step else cfg.warmup_steps)
     said_at, said_step = time.perf_counter(), global_step   # the last progress line (rank 0)
     b = cfg.batch_size
+    loop_start = time.perf_counter()    # the launch's training loop (checkpoints' share of it)
     for epoch in range(pos.epoch, cfg.epochs):
         idx = data.shard_indices(len(train_split), strategy.data_rank, strategy.data_world,
                                  epoch, cfg.seed)
@@ -235,6 +236,7 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
                 f"test accuracy {_accuracy_text(cfg, ep['test_accuracy'])}, {epoch_time:.2f} s"
                 f"{rate}", flush=True)
 
+    loop_s = time.perf_counter() - loop_start
     hb.beat("finish", global_step)
     summary = d.allgather_object({"host": dist.hostname(), "timed_s": sum(step_times),
                                   "timed_steps": len(step_times),
@@ -287,6 +289,7 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
             **({"collective_alone": probe} if probe else {}),
             "step_parts": step_parts.record(strategy, [p["parts"] for p in summary],
                                             [p["step_times"] for p in summary]),
+            **(ckpt.figures(loop_s) if cfg.checkpoint_every else {}),
             **figures,
         },
         epochs=epochs,
