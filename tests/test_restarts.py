@@ -256,36 +256,38 @@ def uninterrupted(stack, tmp_path_factory):
     steps: the same loss), after steps 10, 20 and 30 of its 40."""
     done = {}
 
-    def of(strategy="ddp"):
-        if strategy not in done:
+    def of(strategy="ddp", zero_stage=0):
+        if (strategy, zero_stage) not in done:
             outcome, lines = bench_run(stack, tmp_path_factory.mktemp("plain"), "plain",
-                                       framework="ddp", strategy=strategy, checkpoint_every=10)
+                                       framework="ddp", strategy=strategy, zero_stage=zero_stage,
+                                       checkpoint_every=10)
             assert outcome.failed == 0, "\n".join(lines[-20:])
             figures = outcome.records[0]["figures"]
             assert_checkpoints(figures, written=3)
-            done[strategy] = figures["final_loss"], figures["parameter_digests"][0]
-        return done[strategy]
+            done[strategy, zero_stage] = figures["final_loss"], figures["parameter_digests"][0]
+        return done[strategy, zero_stage]
     return of
 
 
-@pytest.mark.parametrize("framework,backend,strategy", [
-    ("ddp", "gloo", "ddp"),
-    ("ddp", "gloo", "zero1"),
-    ("ddp", "gloo", "fsdp"),
-    pytest.param("ddp", "gloo", "deepspeed", marks=needs_deepspeed),
-    pytest.param("horovod", "gloo", "ddp", marks=requires_horovod),
-    pytest.param("horovod", "mpi", "ddp", marks=[requires_horovod, requires_mpirun]),
+@pytest.mark.parametrize("framework,backend,strategy,zero_stage", [
+    ("ddp", "gloo", "ddp", 0),
+    ("ddp", "gloo", "zero1", 0),
+    ("ddp", "gloo", "fsdp", 0),
+    pytest.param("ddp", "gloo", "deepspeed", 0, marks=needs_deepspeed),
+    pytest.param("ddp", "gloo", "deepspeed", 3, marks=needs_deepspeed),
+    pytest.param("horovod", "gloo", "ddp", 0, marks=requires_horovod),
+    pytest.param("horovod", "mpi", "ddp", 0, marks=[requires_horovod, requires_mpirun]),
 ])
 def test_a_killed_rank_is_survived_from_the_last_checkpoint(stack, tmp_path, uninterrupted,
-                                                           framework, backend, strategy):
+                                                           framework, backend, strategy, zero_stage):
     """ZeRO-1 and FSDP compute DDP's update (the same averaged gradients, SGD on each
     parameter), so their uninterrupted loss is DDP's: one reference run serves all. Over
     torch's Gloo the parameters end bit for bit as that run's (Horovod sums otherwise).
-    DeepSpeed (ZeRO stage 0, its own checkpoint folder: engine.save_checkpoint and
-    load_checkpoint) is held to its own uninterrupted run."""
+    DeepSpeed (its own checkpoint folder: engine.save_checkpoint and load_checkpoint; at
+    ZeRO stage 3 every rank writes its partition) is held to its own uninterrupted run."""
     outcome, lines = bench_run(stack, tmp_path, "killed", framework=framework, backend=backend,
-                               strategy=strategy, checkpoint_every=10, max_restarts=1,
-                               fault="1:15:kill")
+                               strategy=strategy, zero_stage=zero_stage, checkpoint_every=10,
+                               max_restarts=1, fault="1:15:kill")
     assert outcome.failed == 0, "\n".join(lines[-30:])
     (r,) = outcome.records
     assert r["status"] == "ok" and results.missing_fields(r) == []
@@ -296,7 +298,13 @@ def test_a_killed_rank_is_survived_from_the_last_checkpoint(stack, tmp_path, uni
     assert entry["checkpoint"] == ("step-00000010" if own else "step-00000010.pt")
     assert entry["error"]["rank"] == 1 and entry["error"]["signal"] == 9     # named as before
     assert entry["lost_s"] > 0
-    loss, digest = uninterrupted("deepspeed" if own else "ddp")
+    loss, digest = uninterrupted(*((strategy, zero_stage) if own else ("ddp",)))
+    if own:     # the newest checkpoint, whole: DeepSpeed's files of every rank and the kit's
+        kept = os.path.join(restarts.folder(outcome.run_dir, entry["attempt"]), "step-00000030")
+        names = set(os.listdir(kept))
+        assert checkpoint.META in names and (
+            {f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (0, 1)} <= names if zero_stage
+            else "mp_rank_00_model_states.pt" in names), names
     assert abs(r["figures"]["final_loss"] - loss) < 1e-4
     assert len(set(r["figures"]["parameter_digests"])) == 1
     if framework == "ddp":

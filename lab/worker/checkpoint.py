@@ -17,7 +17,9 @@ be replaced atomically, a folder of torch.distributed.checkpoint's shards cannot
 file is written under a temporary name in the same folder, flushed and fsynced, then
 renamed over its final name (os.replace) and the folder fsynced: a rank killed during
 the write leaves the temporary file, never a torn step-N.pt. The newest
-lab.common.restarts.KEEP are kept.
+lab.common.restarts.KEEP are kept. DeepSpeed writes its own checkpoint, a folder step-N
+of every rank's files made by engine.save_checkpoint, kept to the same rules
+(lab.worker.checkpoint_folder).
 
 How it is read (a relaunch: RunConfig.restart > 0): rank 0 tries the checkpoints from
 the newest down and takes the first that loads (a file that does not load, say one cut
@@ -25,7 +27,8 @@ short on a disk that lied about fsync, is skipped with a line saying so), then t
 every rank which. DDP, ZeRO-1, FSDP: every rank loads that file (the same on each) and
 the strategy keeps its own part (Strategy.load_checkpoint_state). Horovod: rank 0
 has loaded it; hvd.broadcast_parameters and hvd.broadcast_optimizer_state hand its state
-to the others, as Horovod's examples do at start. Each rank then takes its own random
+to the others, as Horovod's examples do at start. DeepSpeed: every rank reads the kit's
+part of the folder and calls engine.load_checkpoint on it. Each rank then takes its own random
 states and running loss."""
 from __future__ import annotations
 
@@ -116,7 +119,7 @@ def prune(folder: str, keep: int = restarts.KEEP) -> None:
     for _, path in listed(folder)[keep:]:
         _remove(path)
     for n in os.listdir(folder):
-        if n.startswith(".step-") and ".tmp" in n:
+        if n.startswith((".step-", ".latest.tmp-")) and ".tmp" in n:
             _remove(os.path.join(folder, n))
 
 

@@ -60,7 +60,9 @@ def complete(folder: str, tmp: str, step: int, meta: dict) -> None:
         checkpoint.fsync_folder(root)
     final = os.path.join(folder, f"step-{step:08d}")
     if os.path.exists(final):       # one that did not load, left by an earlier launch
-        os.rename(final, os.path.join(folder, f".step-{step:08d}.tmp-old"))
+        old = os.path.join(folder, f".step-{step:08d}.tmp-old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(final, old)
     os.rename(tmp, final)
     checkpoint.fsync_folder(folder)
     checkpoint.write_atomic(os.path.join(folder, "latest"),
