@@ -731,8 +731,15 @@ def test_stopping_bench_cancels_its_slurm_job(up):
             if "epoch 1/1" in line or "loss" in line or len(lines) > 400:
                 break
             if re.search(r"lab: Slurm job \d+ on", line):
-                time.sleep(8)
                 break
+        # the job's ranks running on both nodes (what the stop must leave none of)
+        nodes = cluster.nodes(up).values()
+        for _ in range(120):
+            if all(cluster.exec_out(node, TRAINING, user="root")[0] == 0 for node in nodes):
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError("the job's ranks never ran on both nodes")
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)
     finally:
