@@ -201,7 +201,7 @@ def test_ctrl_c_records_the_interruption_and_leaves_no_rank(tmp_path, how):
         for line in proc.stdout:  # wait until the first run's ranks are training
             if "== ddp over gloo, 1 process" in line:
                 break
-        time.sleep(8)
+        assert training(str(tmp_path / "*"), 0), "rank 0 never reached its steps"
         assert processes_with("--attempt 000-ddp-ddp-gloo-none-n1-np1"), "the check below would see no rank at all"
         if how == "ctrl-c":
             os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends to the foreground group
@@ -220,6 +220,22 @@ def test_ctrl_c_records_the_interruption_and_leaves_no_rank(tmp_path, how):
                                           "stopped by SIGTERM") and recs[0]["world"]["np"] == 1
     run_id = recs[0]["run_id"]
     assert processes_with(run_id) == [], "ranks left running after Ctrl-C"
+
+
+def training(run_dirs: str, rank: int, within_s: float = 120) -> bool:
+    """Wait until `rank`'s heartbeat (in any run folder `run_dirs` matches, a glob) says it
+    is in its warm-up or timed steps: started, rendezvous done, training."""
+    import glob
+
+    from lab.common import heartbeat
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        for path in glob.glob(os.path.join(run_dirs, "heartbeats", "*", f"rank-{rank}.json")):
+            b = heartbeat.read(path)
+            if b and b.get("phase") in ("warm-up", "step"):
+                return True
+        time.sleep(0.1)
+    return False
 
 
 def processes_with(text):
@@ -304,7 +320,7 @@ def test_a_rank_killed_from_outside_is_named_with_its_signal(tmp_path, framework
                 break
             time.sleep(0.25)
         assert pid, "rank 1 never started"
-        time.sleep(5)                      # into training
+        assert training(str(tmp_path / run_id), 1), "rank 1 never reached its steps"   # into training
         os.kill(pid, sig.SIGKILL)
         killed = time.monotonic()
         out, _ = proc.communicate(timeout=60)

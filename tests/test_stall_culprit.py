@@ -82,7 +82,7 @@ def test_resnet50_at_batch_32_with_a_short_stall_bound_is_not_cut(stack, tmp_pat
     step takes longer than 20 s on a loaded 2-core machine, and the bound follows the
     run's own forward and steps instead of cutting it."""
     outcome, lines, _ = run(stack, tmp_path, None, data="synthetic", data_dir=None, model="resnet50",
-                            framework="ddp", backend="gloo", batch_size=32, warmup_steps=1,
+                            framework="ddp", backend="gloo", batch_size=32, warmup_steps=1, stall_s=20,
                             max_steps=2, synthetic_size=2 * 32 * 2, timeout_s=1200, run_id="r50")
     assert outcome.failed == 0, "\n".join(lines[-30:])
     [r] = outcome.records

@@ -192,8 +192,10 @@ class StallWatch:
                         frames = frames or self._stream_stacks.get(r, [])
                     if frames:
                         stacks[r] = frames
+            # a rank whose process cannot run (stopped, gone: process_state) writes none
             waiting = [r for r, b in beats.items()
-                       if b and r not in stacks and b["phase"] not in ("done", "failed")]
+                       if b and r not in stacks and b["phase"] not in ("done", "failed")
+                       and not states.get(r)]
             waiting += [r for r in asked if not os.path.exists(os.path.join(self.flight, f"rank-{r}"))]
             if not waiting or time.monotonic() > deadline or self._closed.wait(0.2):
                 break

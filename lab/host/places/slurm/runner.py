@@ -138,12 +138,15 @@ class SlurmClusterRunner(ClusterRunner):
                     echo(line)
                     if slurm.NODE_FAILURE_LINE in line and node_failed_at is None:
                         node_failed_at = time.monotonic()
+                asked = time.monotonic()
                 rc, out = self._on_node1(["scontrol", "-o", "show", "job", job_id], timeout=30)
                 if rc == 0 or "Invalid job id" in out:
                     silent_since = None
                 elif silent_since is None:
-                    silent_since = time.monotonic()
-                elif time.monotonic() - silent_since > self.CONTROLLER_SILENCE_S:
+                    # silent since it was asked: a call to a controller that is gone itself
+                    # takes its MessageTimeout and retries before it fails
+                    silent_since = asked
+                if silent_since is not None and time.monotonic() - silent_since > self.CONTROLLER_SILENCE_S:
                     # Without an answer the job's state is unknown, whatever --timeout-s is
                     # (0: none): end here rather than poll forever.
                     ours = (f"Slurm's controller did not answer for {self.CONTROLLER_SILENCE_S:g} s "
