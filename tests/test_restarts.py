@@ -16,7 +16,7 @@ from lab.host.places.hosts import HostsRunner
 from lab.host.places.local import LocalRunner
 from lab.host.request import BenchError, BenchSettings, base_config, settings_from_flags
 from lab.report.bench_output import checkpoint_line, render, restart_line
-from lab.worker import checkpoint, checkpoint_folder
+from lab.worker import checkpoint
 from tests.conftest import requires_horovod, requires_mpirun
 from tests.test_strategy_deepspeed import needs_deepspeed
 
@@ -63,16 +63,16 @@ def test_the_newest_two_are_kept(tmp_path):
 
 
 def test_a_strategys_own_checkpoint_folder_is_listed_only_once_renamed_and_whole(tmp_path):
-    """DeepSpeed's checkpoints (lab.worker.checkpoint_folder): a folder being written (its
+    """DeepSpeed's checkpoints (lab.worker.checkpoint.save_folder): a folder being written (its
     temporary name) is not a checkpoint, a renamed one with a file cut short is skipped,
     and prune removes the temporary folder and all but the newest two."""
     folder = str(tmp_path)
     for step in (10, 20, 30):
-        tmp = os.path.join(folder, checkpoint_folder.tmp_name(step))
+        tmp = os.path.join(folder, checkpoint.folder_tmp_name(step))
         os.makedirs(tmp)
         torch.save({"module": torch.ones(1000)}, os.path.join(tmp, "mp_rank_00_model_states.pt"))
-        checkpoint_folder.complete(folder, tmp, step, {"format": 1, "global_step": step})
-    os.makedirs(os.path.join(folder, checkpoint_folder.tmp_name(40)))     # a writer killed
+        checkpoint.complete_folder(folder, tmp, step, {"format": 1, "global_step": step})
+    os.makedirs(os.path.join(folder, checkpoint.folder_tmp_name(40)))     # a writer killed
     assert [s for s, _ in checkpoint.listed(folder)] == [30, 20]
     assert open(os.path.join(folder, "latest")).read() == "step-00000030"
     newest = os.path.join(folder, "step-00000030", "mp_rank_00_model_states.pt")

@@ -19,7 +19,7 @@ renamed over its final name (os.replace) and the folder fsynced: a rank killed d
 the write leaves the temporary file, never a torn step-N.pt. The newest
 lab.common.restarts.KEEP are kept. DeepSpeed writes its own checkpoint, a folder step-N
 of every rank's files made by engine.save_checkpoint, kept to the same rules
-(lab.worker.checkpoint_folder).
+(save_folder, below).
 
 How it is read (a relaunch: RunConfig.restart > 0): rank 0 tries the checkpoints from
 the newest down and takes the first that loads (a file that does not load, say one cut
@@ -157,12 +157,11 @@ def restore_own(state: dict) -> None:
 def save(cfg, d, strategy, global_step: int, epoch: int, step: int, loss_sum, epochs: list) -> None:
     """A checkpoint after `global_step` steps (`step` steps into `epoch`): every rank
     hands rank 0 its own part (a collective), rank 0 writes the file (a strategy that
-    writes its own, DeepSpeed: every rank writes its part, lab.worker.checkpoint_folder)."""
+    writes its own, DeepSpeed: every rank writes its part, save_folder, below)."""
     started = time.perf_counter()
     if getattr(strategy, "own_checkpoint", False):
-        from lab.worker import checkpoint_folder
-        checkpoint_folder.save(cfg, d, strategy, meta(cfg, d, global_step, epoch, step, epochs,
-                                                      d.allgather_object(own_state(loss_sum))))
+        save_folder(cfg, d, strategy, meta(cfg, d, global_step, epoch, step, epochs,
+                                           d.allgather_object(own_state(loss_sum))))
     else:
         whole = strategy.checkpoint_state()     # on every rank: ZeRO-1 and FSDP gather here
         parts = d.allgather_object(own_state(loss_sum))
@@ -248,7 +247,7 @@ def resume(cfg, d, strategy, log=print) -> Position:
         if state["world"] != d.size:
             raise ConfigError(f"the checkpoint {path} was written by {state['world']} ranks, not "
                               f"{d.size}: a relaunch must keep --np")
-        if own:     # every rank reads its part (lab.worker.checkpoint_folder)
+        if own:     # every rank reads its part (save_folder, below)
             strategy.load_checkpoint_files(os.path.dirname(path), os.path.basename(path))
         else:
             strategy.load_checkpoint_state(state["model"], state["optimizer"])
@@ -282,3 +281,66 @@ def due(cfg, global_step: int, total_steps: int) -> bool:
     """Whether a checkpoint is written after `global_step` steps (never after the last)."""
     return bool(cfg.checkpoint_every) and global_step % cfg.checkpoint_every == 0 \
         and global_step < total_steps
+
+
+# ---- A checkpoint that a strategy writes itself, as a folder (DeepSpeed: each rank writes
+# its own files through engine.save_checkpoint), kept to the same rules as a file:
+# whole or not at all, the newest lab.common.restarts.KEEP kept.
+#
+# How it is written: every rank writes its part into <job folder>/.step-N.tmp (the
+# strategy's save_checkpoint_files; DeepSpeed's ends with a barrier, so every rank's files
+# are there when it returns), then rank 0 adds the kit's part (META: the position, the
+# ranks' random states and running losses), fsyncs every file and the folder, and renames
+# the folder to step-N (os.rename of a folder is atomic, as os.replace of a file is), then
+# fsyncs the job folder. A rank killed during the write leaves .step-N.tmp, which is never
+# listed as a checkpoint (FOLDER) and is removed by the next prune;
+# a checkpoint that does not load is skipped on a relaunch as a file is
+# (newest_loadable loads every file of the folder).
+#
+# A `latest` file naming the newest checkpoint is written beside them (atomically), as
+# DeepSpeed's own save would (runtime/engine.py, save_checkpoint with save_latest), so that
+# DeepSpeed's tools (zero_to_fp32.py) find it; the kit does not read it: a relaunch takes
+# the newest folder that loads.
+
+
+def folder_tmp_name(step: int) -> str:
+    return f".step-{step:08d}.tmp"
+
+
+def save_folder(cfg, d, strategy, meta: dict) -> None:
+    """The checkpoint of meta['global_step'], written by every rank into a temporary folder
+    that rank 0 completes and renames (every rank calls this)."""
+    folder = job_folder(cfg)
+    step = meta["global_step"]
+    tmp = os.path.join(folder, folder_tmp_name(step))
+    if d.rank == 0:     # a relaunch re-writing a step whose writer was killed
+        os.makedirs(folder, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    d.allgather_object(None)        # no rank writes into it before it is cleared
+    strategy.save_checkpoint_files(folder, os.path.basename(tmp))
+    if d.rank == 0:
+        complete_folder(folder, tmp, step, meta)
+
+
+def complete_folder(folder: str, tmp: str, step: int, meta: dict) -> None:
+    """Rank 0: META written into `tmp`, everything in it fsynced, `tmp` renamed step-N."""
+    write_atomic(os.path.join(tmp, META), lambda f: torch.save(meta, f))
+    # fsync through a descriptor of this process flushes the file's pages whichever
+    # process wrote them (the other ranks' files, on this machine or a shared folder).
+    for root, dirs, names in os.walk(tmp):
+        for n in names:
+            fd = os.open(os.path.join(root, n), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_folder(root)
+    final = os.path.join(folder, f"step-{step:08d}")
+    if os.path.exists(final):       # one that did not load, left by an earlier launch
+        old = os.path.join(folder, f".step-{step:08d}.tmp-old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(final, old)
+    os.rename(tmp, final)
+    fsync_folder(folder)
+    write_atomic(os.path.join(folder, "latest"), lambda f: f.write(os.path.basename(final).encode()))
+    prune(folder)

@@ -264,7 +264,7 @@ class DeepSpeed(Strategy):
         zero_pp_rank_R_mp_rank_00_optim_states.pt (_save_zero_checkpoint; stage 3 writes
         each rank's zero_pp_rank_R_mp_rank_00_model_states.pt too). It ends with
         dist.barrier(). save_latest=False: the `latest` file would name the temporary
-        folder; lab.worker.checkpoint_folder writes it once the folder has its name."""
+        folder; lab.worker.checkpoint.save_folder writes it once the folder has its name."""
         self.engine.save_checkpoint(folder, tag=tag, save_latest=False)
 
     def load_checkpoint_files(self, folder: str, tag: str) -> None:
