@@ -161,12 +161,18 @@ def test_restarts_without_checkpoints_run_the_command_as_before():
     assert worker_command(plain) == worker_command(retried)
 
 
-def test_a_retried_pods_arguments_parse_with_the_workers_parser():
+@pytest.mark.parametrize("make", [hvd, torch_job])
+def test_a_retried_pods_arguments_parse_and_name_the_folder_the_pod_looks_for(make):
+    """The worker's own parser reads the retried command, and the folder its checkpoints
+    go to (lab.worker.checkpoint.job_folder's formula) is the one the script tests."""
+    from lab.common import restarts, results
     from lab.common.config import parse_args
-    words = shlex.split(worker_command(torch_job(max_restarts="1", checkpoint_every="3", pvc=PVC))[2]
-                        .split("exec ", 1)[1].replace('"$r"', "1"))
+    script = worker_command(make(max_restarts="1", checkpoint_every="3", pvc=PVC))[2]
+    words = shlex.split(script.split("exec ", 1)[1].replace('"$r"', "1"))
     cfg = parse_args(words[words.index("lab.worker.train") + 1:])
-    assert cfg.restart == 1 and cfg.checkpoint_every == 3
+    assert cfg.restart == 1 and cfg.checkpoint_every == 3 and cfg.attempt
+    folder = restarts.folder(results.run_dir(cfg.results_dir, cfg.run_id), cfg.attempt, cfg.restart)
+    assert f"[ -d {folder} ]" in script
 
 
 def test_invoke_k8s_takes_the_flags_and_writes_them(tmp_path):
