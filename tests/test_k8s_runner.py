@@ -438,3 +438,12 @@ def test_max_restarts_a_job_the_operator_gave_up_on_is_not_launched_again_by_ben
     assert outcome.failed == 1 and outcome.records[0]["status"] == "failed"
     assert len([r for r in sc.requests if r[0] == "POST"]) == 1
     assert not any("relaunching" in ln for ln in lines)
+
+
+def test_max_restarts_on_a_trainjob_is_one_sentence_before_anything_is_created(tmp_path, cluster):
+    sc = Scenario(pods=lambda job: [], status={"conditions": []})
+    cluster(sc)
+    with pytest.raises((BenchError, RunnerError)) as e:
+        bench_run(tmp_path, api="trainjob", framework="ddp", max_restarts=1)
+    assert "is not honoured by a TrainJob" in str(e.value) and "\n" not in str(e.value)
+    assert not [r for r in sc.requests if r[0] == "POST"]
