@@ -47,12 +47,15 @@ class Scenario:
     """What the cluster does with the job it is given. `pods(job)`: the pods of the created
     job (its body); `log(job)`: rank 0's log lines; `status`: the job's status once the
     log has been served (or at once, with `status_now`); `hold_log`: the log stays open
-    until the job is deleted (a job that runs past its deadline)."""
+    until the job is deleted (a job that runs past its deadline); `logs_before_status`: the
+    status waits for that many logs served (a container the operator reran)."""
     pods: object = None
     log: object = None
     status: dict | None = None
     status_now: bool = False
     hold_log: bool = False
+    logs_before_status: int = 1
+    logs: int = 0
     requests: list = field(default_factory=list)
     jobs: dict = field(default_factory=dict)
     deleted: list = field(default_factory=list)
@@ -93,6 +96,7 @@ class Handler(BaseHTTPRequestHandler):
                                     "message": f'{m.group(4)}.{m.group(1)} "{name}" already exists',
                                     "reason": "AlreadyExists", "code": 409})
         sc.log_served.clear()
+        sc.logs = 0
         sc.gone.clear()
         sc.jobs[name] = body
         self.reply(201, body)
@@ -106,7 +110,8 @@ class Handler(BaseHTTPRequestHandler):
             if job is None or m.group(5) in sc.deleted:
                 return self.missing(f'{m.group(4)}.{m.group(1)} "{m.group(5)}"')
             shown = dict(job)
-            if sc.status is not None and (sc.status_now or sc.log_served.is_set()):
+            if sc.status is not None and (sc.status_now or (sc.log_served.is_set()
+                                                            and sc.logs >= sc.logs_before_status)):
                 shown["status"] = sc.status
             return self.reply(200, shown)
         if m := PODS.match(url.path):
@@ -138,6 +143,7 @@ class Handler(BaseHTTPRequestHandler):
                 sc.gone.wait(60)
             self.wfile.write(b"0\r\n\r\n")
             self.close_connection = True
+            sc.logs += 1
             sc.log_served.set()
             return None
         return self.missing(url.path)

@@ -97,7 +97,7 @@ def bench_run(tmp_path, api="auto", pending_s=30.0, **flags):
                          "results_dir": str(tmp_path / "results"), "launcher": "k8s", "stall_s": -1,
                          "timeout_s": 60, **flags})
     runner = k8s_runner.K8sRunner(s.nodes, "cpu", IMAGE, s.results_dir, s.data_dir, k8s_runner.Settings(
-        opts=k8s.K8sOptions(api=api), pending_s=pending_s, poll_s=0.05))
+        opts=k8s.K8sOptions(api=api), pending_s=pending_s, poll_s=0.05, max_restarts=s.max_restarts))
     lines: list[str] = []
     outcome = bench.run(s, echo=lines.append, runner=runner)
     return outcome, lines
@@ -372,3 +372,78 @@ def test_the_stall_watch_reads_the_heartbeats_in_the_jobs_log(tmp_path, cluster)
     assert err["rank"] == 1 and err["stalled"]["rule"] == "not in a collective"
     assert err["stalled"]["waiting"] == [0]
     assert not any("@lab-" in line for line in lines) and "epoch 1 ..." in lines
+
+
+def restarted(status: dict, container: str, count: int, waiting: str = "") -> dict:
+    """A captured pod status, its container renamed and run `count` times over (the
+    kubelet's restartCount), running, or waiting for `waiting` (CrashLoopBackOff)."""
+    out = json.loads(json.dumps(status))
+    cs = out["containerStatuses"][0]
+    cs.update(name=container, restartCount=count)
+    if waiting:
+        cs["state"] = {"waiting": {"reason": waiting, "message": "back-off 10s restarting failed container"}}
+    return out
+
+
+def test_max_restarts_the_operator_reruns_the_launcher_and_its_log_is_read_again(tmp_path, cluster):
+    """--max-restarts 2: the MPIJob carries backoffLimit 2 and an OnFailure launcher; bench
+    launches it once (the operator retries, lab.host.restart.run does not); the rerun
+    container's log is read as well, and the record it prints again (the same emptyDir)
+    is appended once."""
+    printed: list[list[str]] = []
+    sc = Scenario(status=captured("mpijob-succeeded.yaml")["status"], logs_before_status=2)
+
+    def pods(job):
+        name = job["metadata"]["name"]
+        states = [restarted(RUNNING, "launcher", 0), restarted(RUNNING, "launcher", 1, "CrashLoopBackOff"),
+                  restarted(RUNNING, "launcher", 1)]
+        waits = sum(1 for r in sc.requests if r[1].endswith("/pods")) > 3 + 20 * sc.logs
+        state = states[0] if sc.logs == 0 else states[2 if waits else 1]
+        return [pod(f"{name}-launcher-x7k2p", {k8s_cluster.JOB_NAME: name, k8s_cluster.JOB_ROLE: "launcher"},
+                    state)]
+
+    def log(job):
+        if not printed:
+            printed.append(record_lines(job, tmp_path))
+            return ["training ...", "rank 1 was killed"]
+        return ["training again ...", *printed[0], *printed[0]]
+    sc.pods, sc.log = pods, log
+    cluster(sc)
+    outcome, lines = bench_run(tmp_path, max_restarts=2)
+    (job,) = sc.jobs.values()
+    assert job["spec"]["runPolicy"]["backoffLimit"] == 2
+    assert job["spec"]["mpiReplicaSpecs"]["Launcher"]["restartPolicy"] == "OnFailure"
+    assert len([r for r in sc.requests if r[0] == "POST"]) == 1      # launched once
+    assert len([r for r in sc.requests if r[1].endswith("/log")]) == 2
+    assert outcome.failed == 0 and len(outcome.records) == 1 and outcome.records[0]["status"] == "ok"
+    assert Path(outcome.run_dir, results.RESULTS_FILE).read_text().count("\n") == 1
+    assert "rank 1 was killed" in lines and "training again ..." in lines
+    assert any("the operator restarted pod" in ln and "1 of at most 2" in ln for ln in lines)
+
+
+def test_bench_refuses_checkpoints_on_kubernetes_in_one_sentence():
+    s = BenchSettings(np=[2], where="auto", launcher="k8s", nodes=2, checkpoint_every=5, max_restarts=1,
+                      timeout_s=60)
+    line = places.refusal(s, "k8s")
+    assert line.startswith("--checkpoint-every 5 is not honoured by Kubernetes") and "\n" not in line
+    assert places.refusal(BenchSettings(np=[2], where="auto", launcher="k8s", max_restarts=1, timeout_s=60),
+                          "k8s") is None
+
+
+def test_max_restarts_a_job_the_operator_gave_up_on_is_not_launched_again_by_bench(tmp_path, cluster):
+    sc = Scenario(pods=lambda job: [], status={"conditions": [captured("trainjob-failed-condition.json")]},
+                  status_now=True)
+    cluster(sc)
+    outcome, lines = bench_run(tmp_path, max_restarts=2)
+    assert outcome.failed == 1 and outcome.records[0]["status"] == "failed"
+    assert len([r for r in sc.requests if r[0] == "POST"]) == 1
+    assert not any("relaunching" in ln for ln in lines)
+
+
+def test_max_restarts_on_a_trainjob_is_one_sentence_before_anything_is_created(tmp_path, cluster):
+    sc = Scenario(pods=lambda job: [], status={"conditions": []})
+    cluster(sc)
+    with pytest.raises((BenchError, RunnerError)) as e:
+        bench_run(tmp_path, api="trainjob", framework="ddp", max_restarts=1)
+    assert "is not honoured by a TrainJob" in str(e.value) and "\n" not in str(e.value)
+    assert not [r for r in sc.requests if r[0] == "POST"]

@@ -50,7 +50,7 @@ def run(run_one, s, cfg, np, runner, rfile, echo, load=None, torch_version=None)
     line = refusal(s, runner)
     if line:
         raise BenchError(line)
-    if not s.max_restarts:
+    if not s.max_restarts or type(runner).retries_in_place:
         return run_one(s, cfg, np, runner, rfile, echo, load, torch_version=torch_version)
     folder = restarts.folder(rfile.parent, cfg.attempt)
     shutil.rmtree(folder, ignore_errors=True)     # a first launch never resumes another's

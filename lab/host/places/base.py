@@ -85,6 +85,9 @@ class Runner:
     # is refused before anything runs, in one sentence naming it and `title`
     # (lab.host.places.refusal; tests/test_places.py walks every option x every place).
     honours: frozenset[str] = frozenset()
+    # --max-restarts honoured by the place's own scheduler, which retries the failed job's
+    # processes (Kubernetes' operators): bench launches it once (lab.host.restart.run)
+    retries_in_place = False
     title = "this place"            # the place, as a refusal names it
     python = "python"
     tag = ""

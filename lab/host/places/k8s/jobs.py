@@ -71,18 +71,58 @@ def with_records(cmd: list[str], results_file: str, pvc: str, via: str = "") -> 
     return ["bash", "-c", script]
 
 
-def run_policy(timeout_s: float) -> dict:
+def run_policy(timeout_s: float, max_restarts: int = 0) -> dict:
     """Pods that still run are removed when the job ends, a failed job is not retried
-    (a benchmark that restarts measures something else), and the job's deadline is
-    --timeout-s (kubeflow.org runPolicy: cleanPodPolicy, backoffLimit, activeDeadlineSeconds)."""
-    policy = {"cleanPodPolicy": "Running", "backoffLimit": 0}
+    (a benchmark that restarts measures something else) unless --max-restarts K asks for
+    K retries, and the job's deadline is --timeout-s (kubeflow.org runPolicy:
+    cleanPodPolicy, backoffLimit, activeDeadlineSeconds; the RunPolicy.BackoffLimit of
+    training-operator v1.9.0 pkg/apis/kubeflow.org/v1/common_types.go and of mpi-operator
+    v0.8.0 pkg/apis/kubeflow/v2beta1/types.go, "number of retries before marking this job
+    failed")."""
+    policy = {"cleanPodPolicy": "Running", "backoffLimit": max(int(max_restarts or 0), 0)}
     if timeout_s and timeout_s > 0:
         policy["activeDeadlineSeconds"] = int(-(-timeout_s // 1))
     return policy
 
 
+# The replica restart policy that retries a failed pod, with --max-restarts (else Never):
+# - mpi-operator v0.8.0 accepts Never or OnFailure for a replica (pkg/apis/kubeflow/
+#   validation/validation.go, validRestartPolicies); the launcher is a batch/v1 Job whose
+#   BackoffLimit is runPolicy.backoffLimit (pkg/controller/mpi_job_controller.go,
+#   newLauncherJob) and whose pod gets the replica's policy (setRestartPolicy); OnFailure
+#   is the operator's own default for the launcher (v2beta1/constants.go,
+#   DefaultLauncherRestartPolicy): the launcher's container is rerun, and with it mpirun
+#   or horovodrun over the workers' sshd (which do not fail, so stay Never).
+# - training-operator v1.9.0: Always, OnFailure, Never or ExitCode (v1/common_types.go,
+#   RestartPolicy). ExitCode retries only exit codes 128-255 (pkg/util/train/
+#   train_util.go, IsRetryableExitCode) by deleting the pod, and the pod it makes runs
+#   with Never (pkg/core/pod.go, SetRestartPolicy), so its containers'
+#   restart counts, which backoffLimit is checked against (pkg/core/job.go,
+#   PastBackoffLimit: OnFailure, Always or ExitCode pods, their containers' RestartCount
+#   summed), stay 0; and the container's process is torchrun, which exits 1 when a rank
+#   dies (even a SIGKILLed one, 137): a permanent error under ExitCode. OnFailure retries
+#   any failed container in place (pkg/controller.v1/common/pod.go, ReconcilePods) and
+#   counts against backoffLimit.
+RETRY_POLICY = "OnFailure"
+
+
+def restart_policy(max_restarts: int) -> str:
+    return RETRY_POLICY if max_restarts else "Never"
+
+
+def resuming(cmd: list[str], folder: str) -> list[str]:
+    """The command as a retried pod resumes it: the worker's --restart 1 (it loads the
+    newest checkpoint and --fault does not fire again: lab.worker.checkpoint.resume,
+    lab.worker.train) once the job's checkpoint folder exists on the volume, which its
+    first launch makes only at its first checkpoint, after every rank has started (so
+    all pods decide alike); --restart 0 before."""
+    script = (f"r=0; if [ -d {shlex.quote(folder)} ]; then r=1; fi; "
+              f"exec {shlex.join(cmd)} --restart \"$r\"")
+    return ["bash", "-c", script]
+
+
 def mpijob(meta: dict, image: str, s, np: int, per: int, gpus: int, worker_args: list[str],
-           env: dict[str, str], pvc: str, results_file: str, controller: str) -> dict:
+           env: dict[str, str], pvc: str, results_file: str, controller: str, resume: str = "") -> dict:
     """mpi-operator v0.8.0's MPIJob (manifests/base/kubeflow.org_mpijobs.yaml): a launcher
     that starts the ranks, and one worker pod per node serving SSH with `slotsPerWorker`
     slots. The operator writes the hostfile (/etc/mpi/hostfile, "host slots=N" lines) and
@@ -111,6 +151,8 @@ def mpijob(meta: dict, image: str, s, np: int, per: int, gpus: int, worker_args:
                   "-bind-to", "none", "-map-by", "slot", *ompi.mca_args(), "-mca",
                   "plm_rsh_args", ssh]
         cmd = [*mpirun, "-x", "PATH", *[w for k in env for w in ("-x", k)], *worker]
+    if resume:
+        cmd = resuming(cmd, resume)
     vols, mounts = volumes(pvc)
     launcher = {"name": "launcher", "image": image,
                 "command": with_records(cmd, results_file, pvc, via),
@@ -126,16 +168,17 @@ def mpijob(meta: dict, image: str, s, np: int, per: int, gpus: int, worker_args:
         "apiVersion": KINDS["mpijob"][0], "kind": KINDS["mpijob"][1], "metadata": meta,
         "spec": {
             "slotsPerWorker": per,
-            "runPolicy": run_policy(s.timeout_s),
+            "runPolicy": run_policy(s.timeout_s, s.max_restarts),
             "mpiImplementation": "OpenMPI",
             "sshAuthMountPath": SSH_DIR,
             # the launcher starts when every worker is Ready, so its first SSH finds sshd
             "launcherCreationPolicy": "WaitForWorkersReady",
             "mpiReplicaSpecs": {
-                # not restarted: the operator's default for the launcher is OnFailure
-                # (mpi-operator v0.8.0 pkg/apis/kubeflow/v2beta1/default.go,
-                # setDefaultsTypeLauncher), which reruns a benchmark that failed
-                "Launcher": {"replicas": 1, "restartPolicy": "Never", "template": {"metadata": labels, "spec": {
+                # not restarted without --max-restarts: the operator's default for the
+                # launcher is OnFailure (mpi-operator v0.8.0 pkg/apis/kubeflow/v2beta1/
+                # default.go, setDefaultsTypeLauncher), which reruns a benchmark that failed
+                "Launcher": {"replicas": 1, "restartPolicy": restart_policy(s.max_restarts),
+                             "template": {"metadata": labels, "spec": {
                     "securityContext": SECURITY, "containers": [launcher],
                     "volumes": [v for v in vols if v["name"] == "lab"]}}},
                 "Worker": {"replicas": s.nodes, "template": {"metadata": labels, "spec": {
@@ -186,23 +229,26 @@ def trainjob(meta: dict, image: str, s, per: int, gpus: int, worker_args: list[s
 
 
 def pytorchjob(meta: dict, image: str, s, per: int, gpus: int, worker_args: list[str],
-               env: dict[str, str], pvc: str, results_file: str) -> dict:
+               env: dict[str, str], pvc: str, results_file: str, resume: str = "") -> dict:
     """training-operator v1.9.0's PyTorchJob (manifests/base/crds/kubeflow.org_pytorchjobs
     .yaml): a Master and nodes-1 Workers, the container named `pytorch` (the operator's
     default container, pkg/apis/kubeflow.org/v1/pytorch_types.go), nprocPerNode a string."""
     vols, mounts = volumes(pvc)
+    cmd = torchrun(s.nodes, per, worker_args)
+    if resume:
+        cmd = resuming(cmd, resume)
 
     def replicas(n: int) -> dict:
         container = {"name": "pytorch", "image": image,
-                     "command": with_records(torchrun(s.nodes, per, worker_args), results_file, pvc),
+                     "command": with_records(cmd, results_file, pvc),
                      "env": env_list(env), "resources": resources(s.device, gpus, per * s.threads),
                      "volumeMounts": mounts}
-        return {"replicas": n, "restartPolicy": "Never", "template": {
+        return {"replicas": n, "restartPolicy": restart_policy(s.max_restarts), "template": {
             "metadata": {"labels": dict(meta["labels"])},
             "spec": {"securityContext": SECURITY, "containers": [container], "volumes": vols}}}
     specs = {"Master": replicas(1)}
     if s.nodes > 1:
         specs["Worker"] = replicas(s.nodes - 1)
     return {"apiVersion": KINDS["pytorchjob"][0], "kind": KINDS["pytorchjob"][1], "metadata": meta,
-            "spec": {"nprocPerNode": str(per), "runPolicy": run_policy(s.timeout_s),
+            "spec": {"nprocPerNode": str(per), "runPolicy": run_policy(s.timeout_s, s.max_restarts),
                      "pytorchReplicaSpecs": specs}}

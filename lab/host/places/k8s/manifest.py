@@ -122,7 +122,7 @@ def manifest_for_request(s, opts: K8sOptions, run=None, env: dict | None = None)
     with Kubeflow's operators. Nothing is probed: the request is checked as a
     configuration; --framework auto means Horovod for --api mpijob, else DDP. `run` and
     `env`: bench's own launch (lab.host.places.k8s.runner), its RunConfig and rank environment."""
-    from lab.common import results
+    from lab.common import restarts, results
     from lab.host.launch import framework_for_backend
     nps = s.np if isinstance(s.np, list) else [s.np]
     if len(nps) != 1:
@@ -142,6 +142,7 @@ def manifest_for_request(s, opts: K8sOptions, run=None, env: dict | None = None)
         # what bench's check says of a stack without it (lab.host.request.check_request):
         # the image's torch is pip's, whose every pod would fail at init_process_group
         raise BenchError(f"the lab image's torch has no mpi back end for DDP: {NO_MPI_IN_PIP_TORCH}")
+    check_restarts(s, api, opts.pvc)
     gpus = gpus_per_node(s, np, opts.gpus_per_node)
     per = np // s.nodes
     inside = dataclasses.replace(s, results_dir=RESULTS_IN_POD, data_dir=DATA_IN_POD)
@@ -166,13 +167,17 @@ def manifest_for_request(s, opts: K8sOptions, run=None, env: dict | None = None)
     results_file = f"{RESULTS_IN_POD}/{run_id}/{results.RESULTS_FILE}"
     env = job_env(inside, s.device, env)
     args = cfg.to_args()
+    # a retried pod resumes from the job's checkpoints on the volume (lab.common.restarts.folder)
+    resume = (restarts.folder(f"{RESULTS_IN_POD}/{run_id}", cfg.attempt)
+              if s.max_restarts and s.checkpoint_every else "")
     if api == "mpijob":
         controller = framework_for_backend("horovod", s.backend)
-        body = mpijob(meta, image, inside, np, per, gpus, args, env, opts.pvc, results_file, controller)
+        body = mpijob(meta, image, inside, np, per, gpus, args, env, opts.pvc, results_file, controller,
+                      resume)
     elif api == "trainjob":
         body = trainjob(meta, image, inside, per, gpus, args, env, opts.pvc, results_file, opts.runtime)
     else:
-        body = pytorchjob(meta, image, inside, per, gpus, args, env, opts.pvc, results_file)
+        body = pytorchjob(meta, image, inside, per, gpus, args, env, opts.pvc, results_file, resume)
     if not opts.image:
         notes.append(f"the cluster pulls {image}: push it there first with `docker tag "
                      f"{local} {image} && docker push {image}`")
@@ -204,6 +209,26 @@ def check_names(opts: K8sOptions) -> None:
         raise BenchError(f"--pvc {opts.pvc!r} is no PersistentVolumeClaim name (at most 253 lower-case "
                          f"letters, digits, '-' and '.', a letter or digit at each end): "
                          f"`kubectl get pvc` lists the namespace's claims")
+
+
+def check_restarts(s, api: str, pvc: str) -> None:
+    """--max-restarts and --checkpoint-every as a job can honour them, or one sentence.
+    A TrainJob cannot: Kubeflow Trainer v2.3.0's TrainJob has no backoffLimit or restart
+    policy, and its runtimePatches reach only the runtime's replicated jobs' pod template
+    (manifests/base/crds/trainer.kubeflow.org_trainjobs.yaml: spec.runtimePatches[].
+    trainingRuntimeSpec.template.spec holds replicatedJobs alone, each job's spec its
+    template alone), not the JobSet's failurePolicy. A checkpoint a retried pod can read
+    must outlive the pod and be seen by every node: a PVC (an emptyDir goes with its pod)."""
+    if s.max_restarts < 0:
+        raise BenchError(f"--max-restarts counts retries: 0 or more, not {s.max_restarts}")
+    if s.max_restarts and api == "trainjob":
+        raise BenchError(f"--max-restarts {s.max_restarts} is not honoured by a TrainJob (Kubeflow "
+                         f"Trainer v2.3.0 offers no backoffLimit or restart policy in it): leave it "
+                         f"out, or use --api pytorchjob (api: pytorchjob in invoke.yaml's k8s:)")
+    if s.checkpoint_every and not pvc:
+        raise BenchError(f"--checkpoint-every {s.checkpoint_every} needs a persistent volume that a "
+                         f"restarted pod can read the checkpoints from (without one they go with the "
+                         f"pod): give --pvc CLAIM (pvc: in invoke.yaml's k8s:)")
 
 
 def name_limit(api: str, nodes: int) -> int:

@@ -40,6 +40,7 @@ class Settings:
     options and the ranks' threads (each pod asks for ranks x threads CPUs)."""
     opts: kube.K8sOptions = dataclasses.field(default_factory=kube.K8sOptions)
     threads: int = 1
+    max_restarts: int = 0       # the operator's retries of a failed job (bench's --max-restarts)
     pending_s: float = PENDING_S
     poll_s: float = 2.0
 
@@ -51,7 +52,11 @@ class K8sRunner(Runner):
     title = "Kubernetes (--launcher k8s)"
     # The pods run the image's own kit (frozen, always); rank 0's record is streamed into
     # the results folder; their data is the pods' own, never this machine's folder.
-    honours = frozenset({"where", "image", "frozen", "nodes", "launcher", "results_dir"})
+    # --max-restarts: the job's operator retries its failed pods (the manifest's backoffLimit
+    # and restart policy, lab.host.places.k8s.jobs), not bench; --checkpoint-every needs a
+    # volume, which bench cannot give the job (it reads the records from the log).
+    honours = frozenset({"where", "image", "frozen", "nodes", "launcher", "results_dir", "max_restarts"})
+    retries_in_place = True
     launcher = "k8s"
     # The ranks print their heartbeats into the job's output (lab.common.heartbeat), which
     # _stream_log hands line by line to bench's stall watch: rank 0's pod's log (the
@@ -92,6 +97,7 @@ class K8sRunner(Runner):
         self._expired = threading.Event()
         self._stream = None             # the log being read (urllib3's response)
         self._streaming = False         # rank 0's pod runs and its log is read
+        self._records: set = set()      # the record ids read from this job's log
 
     @classmethod
     def for_request(cls, s, config: dict, sweep: dict | None = None) -> tuple:
@@ -142,7 +148,7 @@ class K8sRunner(Runner):
         fields = ({f.name for f in dataclasses.fields(BenchSettings)} & set(vars(cfg))) - {"repeat"}
         s = BenchSettings(**{**{k: getattr(cfg, k) for k in fields}, "np": [job.np],
                              "framework": job.framework, "backend": job.backend, "nodes": self.nodes,
-                             "timeout_s": job.timeout_s,
+                             "timeout_s": job.timeout_s, "max_restarts": self.settings.max_restarts,
                              "stall_s": cfg.stall_s})
         try:
             # The host's NCCL_*, UCX_*, OMPI_MCA_*, ... (lab.common.forwarded_env, the one
@@ -160,6 +166,7 @@ class K8sRunner(Runner):
         m = self._manifests.pop(jobname)
         self._dead, tail = {}, []
         self._streaming = False
+        self._records = set()
         self._expired.clear()
         group, version = m.body["apiVersion"].split("/")
         body = json.loads(json.dumps(m.body))
@@ -211,13 +218,16 @@ class K8sRunner(Runner):
         s = self.settings
         rfile = results.run_dir(self.results_dir, m.run_id) / results.RESULTS_FILE
         seen: dict[str, float] = {}     # pod -> when its problem was first seen
-        streamed = False
+        streamed: set = set()           # (pod, restart count) of rank 0's containers read
+        # --max-restarts: the operator reruns rank 0's container (its restart count grows),
+        # whose log is read again
+        retries = bool((m.body["spec"].get("runPolicy") or {}).get("backoffLimit"))
         while True:
             if self._expired.is_set():
                 return self._timed_out(m, tail, timeout_s)
             job = self._get(m)
             ended = condition(m.kind, job) if job is not None else None
-            pods = [] if streamed else self._pods(m)
+            pods = [] if streamed and not retries else self._pods(m)
             for pod in pods:
                 problem = pod_problem(pod)
                 if problem is None:
@@ -234,9 +244,14 @@ class K8sRunner(Runner):
                     return JobResult(1, [*tail, why], why)
             rank0 = next((p for p in pods if is_rank0(m.kind, p) and p.status
                           and p.status.phase in ("Running", "Succeeded", "Failed")), None)
-            if rank0 is not None and not streamed:
+            run = rank0 and container_run(rank0, RANK0_CONTAINER[m.kind])
+            if rank0 is not None and (not streamed or (run[1] and run[0] not in streamed)):
+                if streamed:
+                    echo(f"k8s: the operator restarted pod {rank0.metadata.name}'s container "
+                         f"({run[0][1]} of at most {m.body['spec']['runPolicy']['backoffLimit']} "
+                         f"restarts): reading its log again")
                 self._stream_log(m, rank0.metadata.name, echo, tail, rfile)
-                streamed = True
+                streamed.add(run[0])
                 continue
             if ended:
                 state, said = ended
@@ -303,7 +318,10 @@ class K8sRunner(Runner):
                 record = json.loads(text[len(kube.RECORD_PREFIX):])
             except json.JSONDecodeError:
                 record = None
+            if isinstance(record, dict) and record.get("record_id") in self._records:
+                return                  # printed again by a retried container (same emptyDir)
             if isinstance(record, dict):
+                self._records.add(record.get("record_id"))
                 os.makedirs(rfile.parent, exist_ok=True)
                 results.append_record(rfile, record)
                 echo(f"k8s: record {record.get('record_id', '')} ({record.get('status')}) read from the log")
@@ -333,6 +351,16 @@ class K8sRunner(Runner):
                 raise RunnerError(api_sentence(e, f"deleting {kind} {self.namespace}/{name}")) from None
 
 
+def container_run(pod, name: str) -> tuple[tuple[str, int], bool]:
+    """((the pod, its container's restart count), whether that run has started: it runs
+    or ended, not waiting, say in CrashLoopBackOff's back-off)."""
+    for cs in (pod.status.container_statuses or []) if pod.status else []:
+        if cs.name == name:
+            started = bool(cs.state and (cs.state.running or cs.state.terminated))
+            return (pod.metadata.name, cs.restart_count or 0), started
+    return (pod.metadata.name, 0), False
+
+
 def rank0_command(m: kube.Manifest) -> list[str]:
     """The command of the container that holds rank 0 (what bench prints for the launch)."""
     spec = m.body["spec"]
@@ -356,4 +384,4 @@ def for_bench(s, k8s_config: dict) -> tuple:
         # the ranks' first heartbeat lines in the log).
         raise BenchError("--launcher k8s needs a time limit for each job: give --timeout-s "
                          "(seconds; invoke.yaml's bench default is 3600)")
-    return s, Settings(opts=kube.options(k8s_config), threads=s.threads)
+    return s, Settings(opts=kube.options(k8s_config), threads=s.threads, max_restarts=s.max_restarts)
