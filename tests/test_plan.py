@@ -308,7 +308,8 @@ ONE_JOB_VALUES = {"framework": "horovod", "backend": ("mpi", {"framework": "horo
                   "micro_batches": ("8", {"strategy": "pipeline", "framework": "ddp"}),
                   "schedule": ("1f1b", {"strategy": "pipeline", "framework": "ddp"}),
                   "zero_stage": ("2", {"strategy": "deepspeed"}), "data_dir": "elsewhere",
-                  "precision": "bf16"}
+                  "precision": "bf16", "checkpoint_every": "10",
+                  "max_restarts": ("2", {"framework": "horovod"})}   # a TrainJob refuses it
 
 
 @pytest.mark.parametrize("task", ["sbatch", "k8s"])
@@ -328,7 +329,14 @@ def test_each_option_of_a_script_for_another_cluster_reaches_its_ranks(task, tmp
         if task == "sbatch":
             text = script_for_request(s)[0]
         else:
-            text = str(kube.manifest_for_request(s, kube.options({"registry": "r.example/x"})).body)
+            # checkpoints need a volume a retried pod reads them from (refused without one)
+            pvc = {"pvc": "claim"} if name == "checkpoint_every" else {}
+            text = str(kube.manifest_for_request(s, kube.options({"registry": "r.example/x", **pvc})).body)
+            # with a volume the command stays a list (no shell printing the record after it)
+            text = re.sub(r"'(--[\w-]+)', '", r"'\1 ", text)
+        if task == "k8s" and name == "max_restarts":    # the operator's, which retries the ranks
+            assert f"'backoffLimit': {value}" in text, text
+            continue
         # the framework is the launcher's choice (horovodrun, torch.distributed.run)
         flag = f"--{options.BY_NAME[name].flag} " if name != "framework" else ""
         assert re.search(re.escape(flag) + r"(\S*/)?" + re.escape(value) + r"\b", text), (task, name)
