@@ -196,6 +196,22 @@ def make_mnist_like(root: Path, train: int = 1536, test: int = 512, seed: int = 
     return root
 
 
+@pytest.fixture
+def short_ceiling(monkeypatch):
+    """The compute ceiling timed for 5 steps (lab.host.ceiling.command's flags): how long a
+    ceiling is timed is its own rule (tests/test_gpu_records.py), not what a test of where
+    and around what it is measured checks."""
+    from lab.host import ceiling
+    full = ceiling.command
+
+    def short(s, processes, python):
+        argv = full(s, processes, python)
+        for flag, value in (("--steps", "5"), ("--warmup", "1"), ("--min-seconds", "0")):
+            argv[argv.index(flag) + 1] = value
+        return argv
+    monkeypatch.setattr(ceiling, "command", short)
+
+
 @pytest.fixture(scope="session")
 def mnist_like(tmp_path_factory):
     return make_mnist_like(tmp_path_factory.mktemp("mnist-like"))

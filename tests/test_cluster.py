@@ -333,24 +333,15 @@ def test_doctor_times_the_collectives_across_the_nodes_against_the_shaped_link(u
     assert "PYTHONPATH" not in doctor.check_across(2, "", frozen=True).env({})
 
 
-def test_the_compute_ceiling_is_measured_on_every_node(up, monkeypatch):
+def test_the_compute_ceiling_is_measured_on_every_node(up, short_ceiling):
     """bench --nodes 2 --ceiling: the ceiling's processes run on node1 and node2, before and
     after the run, and the table's line names both. bench's own code in this process (the
     ranks and the ceiling's processes on the nodes, for real), so that each measurement
     times 5 steps, as tests/test_runs.py's do: how long a ceiling is timed (200 steps and
     10 s at least, twice) is its own rule (tests/test_gpu_records.py), not what this checks."""
     from lab.host import bench as lab_bench
-    from lab.host import ceiling
     from lab.host.request import BenchSettings
     from lab.report.bench_output import render
-    full = ceiling.command
-
-    def short(s, processes, python):
-        argv = full(s, processes, python)
-        for flag, value in (("--steps", "5"), ("--warmup", "1"), ("--min-seconds", "0")):
-            argv[argv.index(flag) + 1] = value
-        return argv
-    monkeypatch.setattr(ceiling, "command", short)
     lines: list[str] = []
     outcome = lab_bench.run(BenchSettings(nodes=2, np=[2], framework="ddp", max_steps=15, ceiling=True,
                                           where="auto", timeout_s=600,

@@ -156,21 +156,12 @@ def test_invoke_bench_prints_the_table(tmp_path, mnist_like):
     assert len(recs) == 1 and recs[0]["world"]["np"] == 2
 
 
-def test_ceiling_is_measured_around_each_run_on_its_own_input(stack, tmp_path, mnist_like, monkeypatch):
+def test_ceiling_is_measured_around_each_run_on_its_own_input(stack, tmp_path, mnist_like, short_ceiling):
     """Each run gets the ceiling measured around it, in its own record (two repeats at the
     same np are two ceilings, not one keyed by np), measured on the input the run trains
     on: MNIST's 1x28x28 with 10 classes. Each of the four measurements times 5 steps:
     how long a ceiling is timed (its own rule, tests/test_gpu_records.py) is not what this
     checks, and at MNIST's 200 steps and 10 s at least it would be most of its time."""
-    from lab.host import ceiling
-    full = ceiling.command
-
-    def short(s, processes, python):
-        argv = full(s, processes, python)
-        for flag, value in (("--steps", "5"), ("--warmup", "1"), ("--min-seconds", "0")):
-            argv[argv.index(flag) + 1] = value
-        return argv
-    monkeypatch.setattr(ceiling, "command", short)
     outcome, _ = run(stack, tmp_path, mnist_like, framework="ddp", np=[2], epochs=1, ceiling=True,
                      repeat=2, max_steps=6)
     ok = [r for r in outcome.records if r["status"] == "ok"]
