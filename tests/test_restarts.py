@@ -4,7 +4,11 @@ FSDP and DeepSpeed over Gloo, Horovod over Gloo and MPI) that lose rank 1 to SIG
 step 15, are relaunched from the checkpoint of step 10 and end with the loss of an
 uninterrupted run; the records' checkpoint overhead (figures.checkpoints) agrees with the
 steps."""
+import dataclasses
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -14,7 +18,7 @@ from lab.common.config import ConfigError, RunConfig
 from lab.host import bench, places, restart
 from lab.host.places.hosts import HostsRunner
 from lab.host.places.local import LocalRunner
-from lab.host.request import BenchError, BenchSettings, base_config, settings_from_flags
+from lab.host.request import BenchError, BenchSettings, base_config, script_config, settings_from_flags
 from lab.report.bench_output import checkpoint_line, render, restart_line
 from lab.worker import checkpoint
 from tests.conftest import requires_horovod, requires_mpirun
@@ -318,3 +322,41 @@ def test_a_killed_rank_is_survived_from_the_last_checkpoint(stack, tmp_path, uni
     assert any(line.startswith("np=2: ok after 1 relaunch(es): rank 1") for line in shown), shown
     assert checkpoint_line(r) in shown and checkpoint_line(r).startswith(
         "np=2: checkpoints (its last launch): 2 written, "), shown
+
+
+def test_under_torchruns_own_restarts_a_killed_rank_resumes_from_the_last_checkpoint(tmp_path,
+                                                                                     uninterrupted):
+    """torchrun's elastic agent (`--max-restarts 1`) in place of bench's relaunch, as on a
+    cluster whose script runs torchrun itself: when rank 1 SIGKILLs itself at step 15 the
+    agent restarts both ranks, which learn it from TORCHELASTIC_RESTART_COUNT
+    (lab.common.restarts.of_launch), resume from step 10's checkpoint and end with an
+    uninterrupted run's loss and parameters; the fault does not fire again."""
+    s = BenchSettings(np=[2], data="synthetic", synthetic_size=2560, max_steps=40,
+                      results_dir=str(tmp_path), run_id="torchrun", checkpoint_every=10,
+                      fault="1:15:kill")
+    cfg = dataclasses.replace(script_config(s, "ddp", 2), threads=1)
+    # torchrun's rendezvous shares its TCPStore with the ranks' process group by default,
+    # and a restarted rank 1 can read rank 0's address of the round before from it (Gloo:
+    # "connectFullMesh failed ... Connection refused"; 4 runs in 5 here): pytorch/pytorch
+    # #135712 and #167288. TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 gives each round a store
+    # of its own (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py,
+    # use_agent_store); every torchrun the kit would run with --max-restarts needs it.
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC_")},
+           "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    cp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                         "--nproc-per-node", "2", "--max-restarts", "1", "-m", "lab.worker.train",
+                         *cfg.to_args()], capture_output=True, text=True, timeout=300, env=env,
+                        cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert cp.returncode == 0, cp.stdout[-2000:] + cp.stderr[-3000:]
+    # the first round ended (torchrun names whichever rank it saw end first: the killed
+    # rank 1, or rank 0 whose collective lost its peer)
+    assert "failed (exitcode: " in cp.stderr and "resuming from step 10" in cp.stdout
+    run = tmp_path / "torchrun"
+    [r] = results.read_records(run / results.RESULTS_FILE)[0]
+    assert r["status"] == "ok"
+    with open(restarts.resumed_path(restarts.folder(run, cfg.attempt), 1)) as f:
+        said = json.load(f)
+    assert said["from_step"] == 10 and said["checkpoint"] == "step-00000010.pt"
+    loss, digest = uninterrupted("ddp")
+    assert abs(r["figures"]["final_loss"] - loss) < 1e-4
+    assert r["figures"]["parameter_digests"] == [digest, digest]

@@ -20,6 +20,17 @@ def attempt_of(first: str, restart: int) -> str:
     return first if restart == 0 else f"{first}-restart{restart}"
 
 
+def of_launch(restart: int, env=None) -> int:
+    """Which relaunch of its job this rank's launch is: bench's (--restart), else torchrun's
+    own (--max-restarts: its elastic agent restarts every rank of the job and gives them
+    TORCHELASTIC_RESTART_COUNT, torch/distributed/elastic/agent/server/
+    local_elastic_agent.py, `restart_count = spec.max_restarts - self._remaining_restarts`),
+    so that a rank restarted by torchrun resumes from the job's checkpoint as well."""
+    env = os.environ if env is None else env
+    count = str(env.get("TORCHELASTIC_RESTART_COUNT", ""))
+    return restart or (int(count) if count.isdigit() else 0)
+
+
 def first_attempt(attempt: str, restart: int) -> str:
     """The job's first launch name, from relaunch `restart`'s name."""
     suffix = f"-restart{restart}"

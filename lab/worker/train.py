@@ -18,7 +18,7 @@ import traceback
 # the launch time bench passes in --launched-at; the ranks of one job share a clock).
 PROCESS_T0 = time.time()
 
-from lab.common import progress, results  # noqa: E402
+from lab.common import progress, restarts, results  # noqa: E402
 from lab.common.config import SLOW_FAULT_S, ConfigError, parse_args  # noqa: E402
 
 # Wall-clock marks of this rank's start-up (lab.worker.train.startup_phases).
@@ -332,6 +332,7 @@ def _rank_from_env(env=None) -> int:
 
 def main(argv=None) -> int:
     cfg = parse_args(argv)
+    cfg.restart = restarts.of_launch(cfg.restart)     # bench's relaunch, or torchrun's restart
     rank = _rank_from_env()
     d = None
     hb = NoHeartbeat()
