@@ -32,7 +32,7 @@ DATA_PARALLEL_STRATEGIES = ("ddp", "zero1", "fsdp", "deepspeed")
 TORCH_STRATEGIES = ("zero1", "fsdp", "pipeline", "model-parallel", "deepspeed", "rpc-pipeline")
 PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 # What lab.worker.checkpoint saves and restores (--checkpoint-every).
-CHECKPOINTED_STRATEGIES = ("ddp", "zero1", "fsdp", "deepspeed")
+CHECKPOINTED_STRATEGIES = ("ddp", "zero1", "fsdp", "deepspeed", "pipeline", "model-parallel")
 # The arithmetic of a rank's forward, backward and update (lab.worker.precision does it):
 # fp32; tf32 (fp32 tensors, matrix products on NVIDIA tensor cores with a 10-bit
 # mantissa: CUDA only); bf16 and fp16 (torch.autocast around forward and loss, fp32
@@ -144,11 +144,17 @@ class RunConfig:
                               "use --framework horovod or ddp, or --compression none")
         if self.fault:
             self.fault_plan()
+        if self.checkpoint_every and self.strategy == "rpc-pipeline":
+            raise ConfigError("--checkpoint-every does not cover rpc-pipeline, whose optimizer state "
+                              "is held by TorchScript optimizers inside RPC's agent: leave it out, or "
+                              "use --strategy pipeline (the same stages over torch.distributed.pipelining, "
+                              "checkpointed)")
         if self.checkpoint_every and (self.strategy not in CHECKPOINTED_STRATEGIES
                                       or self.compression.startswith("int8")):
-            raise ConfigError("--checkpoint-every covers the ddp, zero1, fsdp and deepspeed strategies without an "
-                              "8-bit codec (whose error feedback is not saved): leave it out, or use "
-                              "one of them with --compression none or fp16")
+            raise ConfigError("--checkpoint-every covers the ddp, zero1, fsdp, deepspeed, pipeline and "
+                              "model-parallel strategies without an 8-bit codec (whose error feedback "
+                              "is not saved): leave it out, or use one of them with --compression none "
+                              "or fp16")
         self.check_strategy()
         self.check_precision()
 

@@ -162,9 +162,9 @@ OPTIONS = (
            "calling collectives; hang-data: sleeps in its data loading; slow: each step from then "
            "on takes 50 ms longer) at that step, to see a failed, stalled or waited-for job", _A),
     Option("checkpoint_every", "save a checkpoint every N steps into the run's folder (model, "
-           "optimizer, data position, random states; the ddp, zero1, fsdp and deepspeed strategies; local "
-           "processes, the image, the simulated cluster, or invoke k8s with --pvc), the newest two "
-           "kept; 0: none", _A, kind=int, key=True, reach="place", tasks=("bench", "k8s")),
+           "optimizer, data position, random states; the ddp, zero1, fsdp, deepspeed, pipeline and "
+           "model-parallel strategies; local processes, the image, the simulated cluster, or "
+           "invoke k8s with --pvc), the newest two kept; 0: none", _A, kind=int, key=True, reach="place", tasks=("bench", "k8s")),
     Option("max_restarts", "relaunch a job that fails up to K times, each from its last "
            "checkpoint (without --checkpoint-every: from step 0); --fault fires on the first "
            "launch only; local processes, the image or the simulated cluster; Kubernetes: the "

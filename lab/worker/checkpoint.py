@@ -11,7 +11,9 @@ same loss as an uninterrupted one.
 How it is written: every rank hands the strategy's whole state to rank 0
 (Strategy.checkpoint_state: ddp replicates it, so rank 0's copy is it; zero1
 consolidates the optimizer's shards on rank 0; fsdp gathers them whole with
-torch.distributed.checkpoint.state_dict.get_state_dict), rank 0 gathers the ranks' own
+torch.distributed.checkpoint.state_dict.get_state_dict; pipeline and model-parallel, sharded
+by stage, gather every stage's state to rank 0 with torch.distributed.gather_object, with
+the stage layout: lab.worker.strategies.pipeline says why), rank 0 gathers the ranks' own
 parts (random states, running loss) and writes one file with torch.save (one file can
 be replaced atomically, a folder of torch.distributed.checkpoint's shards cannot). The
 file is written under a temporary name in the same folder, flushed and fsynced, then
@@ -24,8 +26,9 @@ of every rank's files made by engine.save_checkpoint, kept to the same rules
 How it is read (a relaunch: RunConfig.restart > 0): rank 0 tries the checkpoints from
 the newest down and takes the first that loads (a file that does not load, say one cut
 short on a disk that lied about fsync, is skipped with a line saying so), then tells
-every rank which. DDP, ZeRO-1, FSDP: every rank loads that file (the same on each) and
-the strategy keeps its own part (Strategy.load_checkpoint_state). Horovod: rank 0
+every rank which. DDP, ZeRO-1, FSDP, the pipelines: every rank loads that file (the same
+on each) and the strategy keeps its own part (Strategy.load_checkpoint_state; a pipeline's
+rank its stage, refusing a file whose stage layout is not the run's). Horovod: rank 0
 has loaded it; hvd.broadcast_parameters and hvd.broadcast_optimizer_state hand its state
 to the others, as Horovod's examples do at start. DeepSpeed: every rank reads the kit's
 part of the folder and calls engine.load_checkpoint on it. Each rank then takes its own random
@@ -131,9 +134,10 @@ def _remove(path: str) -> None:
 
 
 def own_state(loss_sum) -> dict:
-    """This rank's part: its random states and the epoch's running loss."""
+    """This rank's part: its random states and the epoch's running loss (None on a rank
+    that computes no loss: a pipeline's stages before the last)."""
     state = {"torch": torch.get_rng_state(), "python": random.getstate(),
-             "loss_sum": float(loss_sum)}
+             "loss_sum": None if loss_sum is None else float(loss_sum)}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state()
     try:

@@ -169,7 +169,7 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
         xs, ys = train_split.take(idx[:batches * b].to(device))
         strategy.train_mode(True)
         loss_sum = pos.epoch_loss(epoch, device)
-        loss = loss_sum if pos.first_step(epoch) else None
+        loss = loss_sum if pos.first_step(epoch) and pos.loss_sum is not None else None
         _sync(device)
         epoch_start = time.perf_counter()
         for s in range(pos.first_step(epoch), steps):
@@ -206,7 +206,8 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
                 step_times.append(took)
             global_step += 1
             if ckpt.due(cfg, global_step, total_steps):
-                ckpt.save(cfg, d, strategy, global_step, epoch, s + 1, loss_sum, epochs)
+                ckpt.save(cfg, d, strategy, global_step, epoch, s + 1,   # None: no loss here
+                          loss_sum if loss is not None else None, epochs)
             now = time.perf_counter()
             if d.rank == 0 and now - said_at >= progress.EVERY_S:
                 rate = strategy.images_per_step() * (global_step - said_step) / (now - said_at)

@@ -6,12 +6,24 @@ that it also runs on CPUs).
 Every rank builds the whole model from the same seed, cuts it at the same places
 (lab.worker.models.layer_costs: multiply-accumulates from shapes, identical on every
 rank) and keeps its own stage only. Every stage sees the same batches: the batch is
-the pipeline's, split into micro-batches."""
+the pipeline's, split into micro-batches.
+
+Checkpoints (--checkpoint-every): the state is sharded by stage, and each stage's is
+gathered to rank 0 into the kit's one checkpoint file (lab.worker.checkpoint), with the
+stage layout, rather than written by each rank into a folder completed as DeepSpeed's is:
+a stage is a part of the kit's models, which fit in one host's memory whole (FSDP's
+checkpoint is gathered whole likewise), so one file keeps a single atomic rename, a
+single loader and a single place to compare the layout. Each stage keeps its layers
+renumbered from 0 (nn.Sequential), so torch.distributed.checkpoint's resharding by
+parameter name would not apply across another cut anyway."""
 from __future__ import annotations
+
+import copy
 
 import torch
 import torch.distributed as dist
 
+from lab.common.config import ConfigError
 from lab.worker import models
 from lab.worker.strategies.base import Strategy
 
@@ -84,6 +96,34 @@ class Pipeline(Strategy):
             return torch.stack([loss.detach() for loss in losses]).mean()
         return None
 
+    # -- checkpoints: every stage's state gathered to rank 0 (see the module's docstring)
+    def layout(self) -> list[list[int]]:
+        """The stage layout: each rank's layers [first, end) of the model's sequence."""
+        return [list(b) for b in self.bounds]
+
+    def checkpoint_state(self) -> tuple[dict, dict] | None:
+        """Every rank's stage (its layers' and its optimizer's state, on the CPU) gathered
+        to rank 0 by torch.distributed.gather_object, a collective of every rank; rank 0
+        gets each as the list of the stages in order, with the layout; the others None."""
+        mine = _on_cpu((self.model.state_dict(), self.optimizer.state_dict()))
+        stages = [None] * self.d.size if self.first else None
+        dist.gather_object(mine, stages, dst=0)
+        if not self.first:
+            return None
+        return ({"stage_layers": self.layout(), "stages": [m for m, _ in stages]},
+                {"stage_layers": self.layout(), "stages": [o for _, o in stages]})
+
+    def load_checkpoint_state(self, model_state: dict, optimizer_state: dict) -> None:
+        """This rank's stage from the whole checkpoint that every rank has read, once its
+        stage layout is this run's (a stage's state fits only the layers it was cut to)."""
+        saved = model_state.get("stage_layers")
+        if saved != self.layout():
+            raise ConfigError(f"the checkpoint cuts {self.cfg.model} into the stages {saved} and this "
+                              f"run into {self.layout()} (layers per rank): a relaunch must keep "
+                              f"--model and --np, or start without that run's checkpoints")
+        self.model.load_state_dict(model_state["stages"][self.d.rank])
+        self.optimizer.load_state_dict(optimizer_state["stages"][self.d.rank])
+
     def forward_stages(self, x):
         """A forward pass through every stage, no gradients: each stage receives the
         previous one's activations (their shape first); the last returns the output, the
@@ -125,3 +165,20 @@ class Pipeline(Strategy):
     def figures(self) -> dict:
         return {"stage_layers": [list(b) for b in self.bounds], "micro_batches": self.micro,
                 "schedule": self.schedule_name}
+
+
+def _on_cpu(state):
+    """A copy of a state (dicts, lists, tuples of tensors) with every tensor on the CPU:
+    gather_object pickles it, and a CUDA tensor would be unpickled onto the sender's GPU
+    index (its docstring, torch/distributed/distributed_c10d.py: GPU tensors "not well
+    supported"). copy.copy keeps a state dict's type and its _metadata (layers' versions)."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().cpu()
+    if isinstance(state, dict):
+        out = copy.copy(state)
+        for k, v in state.items():
+            out[k] = _on_cpu(v)
+        return out
+    if isinstance(state, (list, tuple)):
+        return type(state)(_on_cpu(v) for v in state)
+    return state
