@@ -274,6 +274,7 @@ def test_invoke_sbatch_writes_a_script_for_a_real_cluster(tmp_path):
      "puts 2 ranks on each node, each needing a GPU of its own, and --gpus-per-node is 1"),
     (["--np", "2", "--gpus-per-node", "1"], "--gpus-per-node is for --device cuda"),
     (["--np", "2", "--max-steps", "4"], "--warmup-steps 5 leaves none to time"),
+    (["--np", "2", "--max-restarts", "-1"], "--max-restarts counts retries: 0 or more, not -1"),
 ])
 def test_invoke_sbatch_bad_input_is_one_sentence(args, words):
     cp = invoke_sbatch(*args)

@@ -10,9 +10,9 @@ a job eligible to be requeued "by a system administrator, after node failure, or
 preemption" (SchedMD/slurm doc/man/man1/sbatch.1, --requeue: lines 2036-2041 at tag
 slurm-22-05-8-1), not when its ranks fail, and a requeued job starts its script again
 under the same job id, so one job's output file, state and exit code would hold every
-launch; nor a job step retried inside the
-script (what `invoke sbatch` writes, where no bench is there to relaunch): bench would
-see one job's final state, with each failed step only in its output. A batch job per
+launch; nor a job step retried inside the script (what `invoke sbatch` writes, where no
+bench is there to relaunch): bench would see one job's final state, with each failed
+step only in its output. A batch job per
 launch keeps each launch's state, exit code, failure naming and stall watch what they
 are for a first launch, and the record's `restarts` lab.host.restart's, as on every
 other place; the price is a second wait in the queue on a busy cluster."""
