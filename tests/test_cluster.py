@@ -168,12 +168,14 @@ def test_bench_runs_across_two_nodes(up, framework, backend, np):
     assert r["manifest"]["image"]["labels"]["org.dl-lab-kit.flavor"] == "cpu"
 
 
-def test_a_killed_rank_on_node2_is_relaunched_from_the_checkpoint_every_node_mounts(up):
+@pytest.mark.parametrize("framework,backend", [("ddp", "gloo"), ("horovod", "gloo"), ("horovod", "mpi")])
+def test_a_killed_rank_on_node2_is_relaunched_from_the_checkpoint_every_node_mounts(up, framework, backend):
     """--max-restarts across the nodes: rank 1 (node2) SIGKILLs itself at step 25, the job
-    is launched again on both nodes and resumes from step-20.pt, which rank 0 (node1) wrote
-    into the run's folder that both mount (the loss equal to an uninterrupted run's:
-    tests/test_restarts.py, the same code)."""
-    cp = bench("--nodes", "2", "--np", "2", "--framework", "ddp", "--backend", "gloo",
+    is launched again on both nodes (torchrun on each, or horovodrun/mpirun from node1 over
+    SSH) and resumes from step-20.pt, which rank 0 (node1) wrote into the run's folder that
+    both mount (the loss equal to an uninterrupted run's: tests/test_restarts.py, the same
+    code); nothing of the job is left running on either node."""
+    cp = bench("--nodes", "2", "--np", "2", "--framework", framework, "--backend", backend,
                "--data", "synthetic", "--synthetic-size", "2560", "--max-steps", "40",
                "--checkpoint-every", "10", "--max-restarts", "1", "--fault", "1:25:kill")
     assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-2000:]
@@ -183,6 +185,9 @@ def test_a_killed_rank_on_node2_is_relaunched_from_the_checkpoint_every_node_mou
     assert entry["resumed_from_step"] == 20 and entry["checkpoint"] == "step-00000020.pt"
     assert entry["error"]["rank"] == 1 and entry["error"]["host"] == "node2"
     assert r["figures"]["timed_steps"] == 15 and len(set(r["figures"]["parameter_digests"])) == 1
+    for node in cluster.nodes(up).values():
+        rc, left = cluster.exec_out(node, TRAINING, user="root")
+        assert rc == 1, left
 
 
 def test_a_sweep_over_nodes_runs_each_run_where_it_was_asked(up):
@@ -468,6 +473,32 @@ def test_the_slurm_launcher_runs_each_framework_as_a_batch_job(up, framework, ba
     assert (script.parent / f"slurm-{sched['job_id']}.out").exists()
 
 
+def test_a_killed_rank_under_slurm_is_relaunched_as_a_new_batch_job(up):
+    """--launcher slurm --max-restarts 1: rank 1 (node2) SIGKILLs itself at step 25, its
+    batch job ends FAILED, bench submits the relaunch as a batch job of its own (its own
+    script and output file), which resumes from step-20.pt in the run's folder and ends
+    COMPLETED; one ok record with the restart, as on the other places."""
+    cp = bench("--nodes", "2", "--np", "2", "--framework", "ddp", "--backend", "gloo",
+               "--data", "synthetic", "--synthetic-size", "2560", "--max-steps", "40",
+               "--checkpoint-every", "10", "--max-restarts", "1", "--fault", "1:25:kill",
+               "--launcher", "slurm")
+    assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-2000:]
+    [r] = records_of(cp.stdout)
+    assert r["status"] == "ok" and sorted(r["world"]["hosts"]) == ["node1", "node2"]
+    (entry,) = r["restarts"]
+    assert entry["resumed_from_step"] == 20 and entry["checkpoint"] == "step-00000020.pt"
+    assert entry["error"]["rank"] == 1, entry
+    assert r["figures"]["timed_steps"] == 15 and len(set(r["figures"]["parameter_digests"])) == 1
+    sched = r["world"]["scheduler"]
+    assert sched["state"] == "COMPLETED", sched
+    jobs = re.findall(r"submitted Slurm job (\d+)", cp.stdout)
+    assert len(jobs) == 2 and jobs[1] == sched["job_id"] != jobs[0], jobs
+    run = Path(re.search(r"records: (\S+)", cp.stdout).group(1)).parent
+    first, again = sorted(p.parent.name for p in run.glob("slurm/*/job.sbatch"))
+    assert again == f"{first}-restart1" == entry["attempt"] + "-restart1", (first, again)
+    assert (run / "slurm" / again / f"slurm-{sched['job_id']}.out").exists()
+
+
 @pytest.mark.slow
 def test_a_slurm_job_held_in_the_queue_past_the_bound_is_not_called_stalled(up):
     """Both nodes taken by another job for longer than any bound (--stall-s 20, and the
@@ -520,29 +551,59 @@ def test_a_partition_slurm_does_not_have_is_refused_by_sbatch_in_one_sentence(up
     assert "Invalid partition name" in r["error"]["reason"] and r["error"]["slurm"]["job_id"] is None
 
 
+def submitted_by_hand(up, script: str, run_id: str) -> tuple[int, str]:
+    """A script of `invoke sbatch` submitted with plain `sbatch --wait` on node1 as a user
+    would (with the checkout's code, which sbatch passes on from the environment), into a
+    run folder made as a user makes it on shared storage: (its exit status, its output)."""
+    import base64
+
+    from lab.host.places.image import hand_over
+    (CLUSTER_RESULTS / run_id).mkdir(parents=True)
+    hand_over(str(CLUSTER_RESULTS / run_id), str(CLUSTER_RESULTS), everyone=True)
+    encoded = base64.b64encode(script.encode()).decode()
+    sub = f"/tmp/sub-{run_id}"
+    return cluster.exec_out(cluster.nodes(up)["node1"], [
+        "bash", "-c", f"mkdir -p {sub} && cd {sub} && echo {encoded} | base64 -d > job.sbatch && "
+                      f"PYTHONPATH=/opt/lab-src sbatch --wait job.sbatch; rc=$?; cat lab-{run_id}-*.out; "
+                      f"exit $rc"], timeout=300)
+
+
 def test_the_script_invoke_sbatch_writes_runs_as_submitted_by_hand(up):
     """`invoke sbatch` for a cluster whose shared folders are /results and /data: the
-    script, submitted with plain sbatch on node1 as a user would (with the checkout's
-    code, which sbatch passes on from the environment), writes its record."""
+    script, submitted with plain sbatch on node1, writes its record."""
     run_id = f"sbatch-{os.getpid()}-{int(time.time())}"
     cp = invoke("sbatch", "--nodes", "2", "--np", "2", "--framework", "horovod", "--backend", "mpi",
                 "--max-steps", "10", "--results-dir", "/results", "--data-dir", "/data",
                 "--run-id", run_id, "--timeout-s", "600")
     assert cp.returncode == 0, cp.stderr
-    node1 = cluster.nodes(up)["node1"]
-    # the run's folder, writable by the cluster's user, as a user makes it on shared storage
-    from lab.host.places.image import hand_over
-    (CLUSTER_RESULTS / run_id).mkdir(parents=True)
-    hand_over(str(CLUSTER_RESULTS / run_id), str(CLUSTER_RESULTS), everyone=True)
-    import base64
-    encoded = base64.b64encode(cp.stdout.encode()).decode()
-    rc, out = cluster.exec_out(node1, ["bash", "-c", f"mkdir -p /tmp/sub && cd /tmp/sub && echo {encoded} "
-                                       f"| base64 -d > job.sbatch && PYTHONPATH=/opt/lab-src sbatch --wait job.sbatch && "
-                                       f"cat lab-{run_id}-*.out"], timeout=300)
+    rc, out = submitted_by_hand(up, cp.stdout, run_id)
     assert rc == 0, out
     [r] = results.read_records(CLUSTER_RESULTS / run_id / results.RESULTS_FILE)[0]
     assert r["status"] == "ok" and sorted(r["world"]["hosts"]) == ["node1", "node2"]
     assert r["world"]["scheduler"]["job_id"].isdigit() and r["world"]["controller"] == "mpi"
+
+
+def test_the_script_invoke_sbatch_writes_retries_a_failed_step_from_its_checkpoint(up):
+    """`invoke sbatch --checkpoint-every 10 --max-restarts 1`, with rank 1 SIGKILLing itself
+    at step 25 (--fault, which invoke sbatch does not take, added to the ranks' command):
+    the script's job step fails, is run again in the same allocation with --restart 1,
+    resumes from step-20.pt and ends the job COMPLETED with an ok record."""
+    run_id = f"sbatch-retry-{os.getpid()}-{int(time.time())}"
+    cp = invoke("sbatch", "--nodes", "2", "--np", "2", "--framework", "ddp", "--backend", "gloo",
+                "--data", "synthetic", "--max-steps", "40",
+                "--checkpoint-every", "10", "--max-restarts", "1", "--results-dir", "/results",
+                "--data-dir", "/data", "--run-id", run_id, "--timeout-s", "600")
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout.count("--checkpoint-every 10 ") == 1, cp.stdout
+    script = cp.stdout.replace("--checkpoint-every 10 ", "--checkpoint-every 10 --fault 1:25:kill ")
+    rc, out = submitted_by_hand(up, script, run_id)
+    assert rc == 0, out
+    assert "retrying it (1 of at most 1) from the last checkpoint" in out, out
+    assert "relaunch 1: resuming from step 20 (step-00000020.pt)" in out, out
+    recs = results.read_records(CLUSTER_RESULTS / run_id / results.RESULTS_FILE)[0]
+    r = recs[-1]
+    assert r["status"] == "ok" and sorted(r["world"]["hosts"]) == ["node1", "node2"], [x["status"] for x in recs]
+    assert r["figures"]["timed_steps"] == 15 and len(set(r["figures"]["parameter_digests"])) == 1
 
 
 @pytest.mark.parametrize("launcher", ["direct", "slurm"])

@@ -35,6 +35,24 @@ def test_the_rank_killed_first_and_how(name, host):
     assert w.first.how() == "was killed by signal 9 (SIGKILL)"
 
 
+def test_a_rank_horovodrun_names_without_its_host_gets_the_host_of_its_heartbeat(tmp_path):
+    """horovodrun over Gloo says "Process 1 exit with status code 137." and no host: the
+    record's host is where rank 1's last heartbeat came from (node2 on the cluster)."""
+    from lab.host.failures import attribute_failure
+    from lab.host.places.base import JobResult
+    w, _ = watch_file("horovodrun-gloo-rank1-sigkill.txt")
+    res = JobResult(1, [], "exited")
+    beats = {0: {"rank": 0, "host": "node1"}, 1: {"rank": 1, "host": "node2"}}
+    info, reason = attribute_failure(res, tmp_path / "none", {}, w.first, beats)
+    assert (info["rank"], info["host"], info["signal"]) == (1, "node2", 9)
+    assert reason == "rank 1 on node2 was killed by signal 9 (SIGKILL)"
+    assert w.first.host is None                  # the launcher's own word is kept as it was
+    info, _ = attribute_failure(res, tmp_path / "none", {}, w.first, {0: None, 1: None})
+    assert info["host"] is None                  # no heartbeat: no host
+    mpi, _ = watch_file("horovodrun-mpi-rank1-sigkill.txt")
+    assert attribute_failure(res, tmp_path / "none", {}, mpi.first, beats)[0]["host"] == "vm"
+
+
 def test_horovodruns_traceback_is_condensed_to_its_last_line():
     _, shown = watch_file("horovodrun-gloo-rank1-sigkill.txt")
     text = "\n".join(shown)

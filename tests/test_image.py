@@ -246,13 +246,15 @@ def test_a_dying_rank_in_the_image_is_recorded_and_its_container_removed(image, 
     assert bench_containers(client) == []
 
 
-def test_a_killed_rank_in_the_image_is_relaunched_from_its_checkpoint(image, tmp_path):
+@pytest.mark.parametrize("framework,backend", [("ddp", "gloo"), ("horovod", "gloo"), ("horovod", "mpi")])
+def test_a_killed_rank_in_the_image_is_relaunched_from_its_checkpoint(image, tmp_path, framework, backend):
     """--max-restarts in the image: rank 1 SIGKILLs itself at step 25, a fresh container
-    resumes from step-20.pt in the run's folder it mounts, and the job is one ok record.
-    The loss equal to an uninterrupted run's is tests/test_restarts.py's: the same
-    checkout's code runs here (a second run would only repeat it)."""
+    (a fresh launcher: torchrun, horovodrun or mpirun) resumes from step-20.pt in the
+    run's folder it mounts, and the job is one ok record. The loss equal to an
+    uninterrupted run's is tests/test_restarts.py's: the same checkout's code runs here
+    (a second run would only repeat it)."""
     client, _ = image
-    cp = bench_cli("--image", IMAGE, "--np", "2", "--framework", "ddp", "--backend", "gloo",
+    cp = bench_cli("--image", IMAGE, "--np", "2", "--framework", framework, "--backend", backend,
                    "--data", "synthetic", "--synthetic-size", "2560", "--max-steps", "40",
                    "--checkpoint-every", "10", "--max-restarts", "1", "--fault", "1:25:kill",
                    "--results-dir", str(tmp_path))

@@ -337,6 +337,9 @@ def test_each_option_of_a_script_for_another_cluster_reaches_its_ranks(task, tmp
         if task == "k8s" and name == "max_restarts":    # the operator's, which retries the ranks
             assert f"'backoffLimit': {value}" in text, text
             continue
+        if task == "sbatch" and name == "max_restarts":     # the script's, retrying its step
+            assert f"for restart in $(seq 0 {value}); do" in text and '--restart "$restart"' in text, text
+            continue
         # the framework is the launcher's choice (horovodrun, torch.distributed.run)
         flag = f"--{options.BY_NAME[name].flag} " if name != "framework" else ""
         assert re.search(re.escape(flag) + r"(\S*/)?" + re.escape(value) + r"\b", text), (task, name)

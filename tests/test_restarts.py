@@ -246,8 +246,8 @@ def test_a_place_that_cannot_relaunch_refuses_in_one_sentence():
     with pytest.raises(BenchError, match=r"^--max-restarts 1 is not honoured by your servers over SSH") as e:
         restart.run(None, BenchSettings(np=[2], max_restarts=1), RunConfig(), 2, hosts, None, print)
     assert "--local" not in str(e.value) and str(e.value).endswith(  # --local with --hosts is refused too
-        "leave it out, or run where it is (local processes, the lab image, or the simulated cluster "
-        "without --launcher slurm)")
+        "leave it out, or run where it is (local processes, the lab image, or the simulated cluster, "
+        "also with --launcher slurm)")
     assert restart.refusal(BenchSettings(np=[2], max_restarts=-1), LocalRunner()).startswith(
         "--max-restarts counts relaunches")
 

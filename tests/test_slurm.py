@@ -77,6 +77,37 @@ def test_horovod_over_gloo_gets_its_hosts_from_the_allocation(backend, tmp_path)
         ['slots=$(printf "%s:2," "${hosts[@]}")']
 
 
+def test_max_restarts_retries_the_failed_step_with_the_ranks_restart_flag(tmp_path):
+    """The script of --max-restarts 2, run by bash with srun and scontrol stood in for: a
+    step that fails is run again with --restart 1 under relaunch 1's launch name, and
+    the job's exit status is its last step's; a step that succeeds ends the retries."""
+    args = ["--max-steps", "40", "--checkpoint-every", "10", "--attempt", "000-job"]
+    text = script(framework="horovod", backend="mpi", worker_args=args, retries=2)
+    bash_ok(text, tmp_path)
+    assert script(framework="horovod", backend="mpi", worker_args=args).count("--attempt 000-job") == 1
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "scontrol").write_text("#!/bin/sh\necho node1 node2\n")
+    # srun: its arguments to calls.txt, failing the first `fails` calls
+    (bin_ / "srun").write_text('#!/bin/bash\necho "$*" >> "$CALLS"\n'
+                               'n=$(wc -l < "$CALLS"); [ "$n" -gt "$FAILS" ] || exit 3\n')
+    for stub in bin_.iterdir():
+        stub.chmod(0o755)
+    for fails, rc, runs in ((1, 0, 2), (0, 0, 1), (5, 3, 3)):
+        calls = tmp_path / f"calls-{fails}.txt"
+        cp = subprocess.run(["bash", "-c", text], capture_output=True, text=True, env={
+            "PATH": f"{bin_}:/usr/bin:/bin", "CALLS": str(calls), "FAILS": str(fails),
+            "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "node[1-2]"})
+        assert cp.returncode == rc, cp.stdout + cp.stderr
+        made = calls.read_text().splitlines()
+        assert len(made) == runs
+        for n, line in enumerate(made):
+            name = "000-job" if n == 0 else f"000-job-restart{n}"
+            assert line.endswith(f"--checkpoint-every 10 --attempt {name} --restart {n}"), line
+        if fails:
+            assert "lab: the job step failed (exit code 3): retrying it (1 of at most 2)" in cp.stdout
+
+
 def test_options_of_a_real_cluster(tmp_path):
     text = script(partition="gpu", gpus_per_node=4, container="pyxis:nvcr.io#me/lab:1",
                   mounts=["/scratch/results"], time_limit_s=90)
@@ -243,6 +274,7 @@ def test_invoke_sbatch_writes_a_script_for_a_real_cluster(tmp_path):
      "puts 2 ranks on each node, each needing a GPU of its own, and --gpus-per-node is 1"),
     (["--np", "2", "--gpus-per-node", "1"], "--gpus-per-node is for --device cuda"),
     (["--np", "2", "--max-steps", "4"], "--warmup-steps 5 leaves none to time"),
+    (["--np", "2", "--max-restarts", "-1"], "--max-restarts counts retries: 0 or more, not -1"),
 ])
 def test_invoke_sbatch_bad_input_is_one_sentence(args, words):
     cp = invoke_sbatch(*args)

@@ -163,13 +163,15 @@ OPTIONS = (
            "on takes 50 ms longer) at that step, to see a failed, stalled or waited-for job", _A),
     Option("checkpoint_every", "save a checkpoint every N steps into the run's folder (model, "
            "optimizer, data position, random states; the ddp, zero1, fsdp, deepspeed, pipeline and "
-           "model-parallel strategies; local processes, the image, the simulated cluster, or "
-           "invoke k8s with --pvc), the newest two kept; 0: none", _A, kind=int, key=True, reach="place", tasks=("bench", "k8s")),
+           "model-parallel strategies; local processes, the image, the simulated cluster (also with "
+           "--launcher slurm), invoke sbatch, or invoke k8s with --pvc), the newest two kept; 0: "
+           "none", _A, kind=int, key=True, reach="place", tasks=ONE_JOB),
     Option("max_restarts", "relaunch a job that fails up to K times, each from its last "
            "checkpoint (without --checkpoint-every: from step 0); --fault fires on the first "
-           "launch only; local processes, the image or the simulated cluster; Kubernetes: the "
-           "operator retries the job's pods (backoffLimit K; MPIJob or PyTorchJob, not TrainJob)",
-           _A, default=0, kind=int, reach="place", tasks=("bench", "k8s")),
+           "launch only; local processes, the image or the simulated cluster (with --launcher "
+           "slurm: a new batch job each time); invoke sbatch: the script retries its job step; "
+           "Kubernetes: the operator retries the job's pods (backoffLimit K; MPIJob or "
+           "PyTorchJob, not TrainJob)", _A, default=0, kind=int, reach="place", tasks=ONE_JOB),
     Option("debug", "the frameworks' debug output: TORCH_DISTRIBUTED_DEBUG=DETAIL for DDP", _A,
            default=False, kind=bool),
 )

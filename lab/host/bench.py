@@ -345,7 +345,7 @@ def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, ec
             add_world(rfile, before, load)
         return 1
     info, reason = attribute_failure(res, rfile.parent / "failures" / cfg.attempt,
-                                     runner.dead(), watch.first)
+                                     runner.dead(), watch.first, stall.beats())
     echo(f"!! run failed after {time.monotonic() - t0:.1f} s: {reason}")
     error = {**{k: info.get(k) for k in ("rank", "host", "exit_code", "signal") if k in info},
              "reason": reason, "log_tail": "\n".join(list(watch.tail)[-20:])}

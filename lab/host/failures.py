@@ -30,6 +30,7 @@ tests/fixtures/launchers/):
 from __future__ import annotations
 
 import collections
+import dataclasses
 import glob
 import json
 import os
@@ -291,12 +292,17 @@ class StreamWatches:
 
 
 def attribute_failure(res: JobResult, failure_dir, dead: dict,
-                      launcher: RankEnd | None = None) -> tuple[dict, str]:
+                      launcher: RankEnd | None = None, beats: dict | None = None) -> tuple[dict, str]:
     """(the rank and host to blame, when known; the reason) for a job that failed. A
     node that stopped comes first; then a rank the launcher saw killed by a signal (it
     wrote nothing, and its peers' failure files only describe their reaction); then the
     earliest failure file a rank wrote; then what the launcher said of the first rank
-    that exited non-zero; then the launcher's own last words."""
+    that exited non-zero; then the launcher's own last words. A launcher that names the
+    rank alone (horovodrun over Gloo) gets its host from the rank's last heartbeat
+    (`beats`: rank -> heartbeat, lab.host.stall.StallWatch.beats)."""
+    beat = (beats or {}).get(launcher.rank) if launcher and launcher.host is None else None
+    if beat and beat.get("host"):
+        launcher = dataclasses.replace(launcher, host=beat["host"])
     if dead:
         host, state = next(iter(dead.items()))
         if isinstance(state, dict):     # a runner's own sentence (a pod that never ran)

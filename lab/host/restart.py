@@ -38,7 +38,7 @@ def refusal(s, runner) -> str | None:
             flag = name.replace("_", "-")
             return (f"--{flag} {value} is not honoured by {runner.title}, where this request runs: "
                     f"leave it out, or run where it is (local processes, the lab image, or the "
-                    f"simulated cluster without --launcher slurm)")
+                    f"simulated cluster, also with --launcher slurm)")
     if s.max_restarts < 0:
         return f"--max-restarts counts relaunches: 0 or more, not {s.max_restarts}"
     return None

@@ -1,7 +1,21 @@
 """The simulated cluster's Slurm as a runner (`--launcher slurm`, `invoke up --scheduler
 slurm`): bench's launch as a batch job submitted from node1, its output file followed and
 its state polled until it is final; the nodes and their `docker exec` are
-lab.host.places.compose.runner's."""
+lab.host.places.compose.runner's.
+
+--max-restarts here is bench's relaunch (lab.host.restart), each relaunch a batch job of
+its own (<run>/slurm/<attempt>-restart<n>/job.sbatch) resuming from the checkpoints in
+the run's folder, which every node mounts. Not Slurm's requeue: `sbatch --requeue` makes
+a job eligible to be requeued "by a system administrator, after node failure, or upon
+preemption" (SchedMD/slurm doc/man/man1/sbatch.1, --requeue: lines 2036-2041 at tag
+slurm-22-05-8-1), not when its ranks fail, and a requeued job starts its script again
+under the same job id, so one job's output file, state and exit code would hold every
+launch; nor a job step retried inside the script (what `invoke sbatch` writes, where no
+bench is there to relaunch): bench would see one job's final state, with each failed
+step only in its output. A batch job per
+launch keeps each launch's state, exit code, failure naming and stall watch what they
+are for a first launch, and the record's `restarts` lab.host.restart's, as on every
+other place; the price is a second wait in the queue on a busy cluster."""
 from __future__ import annotations
 
 import collections
@@ -29,8 +43,8 @@ class SlurmClusterRunner(ClusterRunner):
 
     launcher = "slurm"
     title = "Slurm on the simulated cluster (--launcher slurm)"
-    # not bench's relaunch (untested under Slurm's batch jobs)
-    honours = ClusterRunner.honours - {"checkpoint_every", "max_restarts"} | {"launcher", "partition"}
+    # --checkpoint-every, --max-restarts: bench's relaunch, a batch job per launch (above)
+    honours = ClusterRunner.honours | {"launcher", "partition"}
     POLL_S = 1.0
     CONTROLLER_SILENCE_S = 60.0     # scontrol failing this long: the job's state is unknown
 

@@ -24,7 +24,10 @@ How each framework starts inside the allocation (checked on this kit's CPU image
   a container run (pyxis) cannot do it.
 A job that loses a node ends NODE_FAIL (the simulated cluster sets JobRequeue=0, and the
 script asks --no-requeue); srun's own exit code after a node failure can be 0, so the
-state is read from scontrol, never from the exit code alone."""
+state is read from scontrol, never from the exit code alone.
+--max-restarts K (`invoke sbatch`, where no bench is there to relaunch the job) retries
+the failed job step inside the allocation up to K times (`retried`); bench's own Slurm
+launcher relaunches a failed job as a new batch job instead (lab.host.places.slurm.runner)."""
 from __future__ import annotations
 
 import math
@@ -75,6 +78,7 @@ class SlurmJob:
     container: str = ""               # "", pyxis:IMAGE, apptainer:FILE.sif or venv:DIR
     mounts: list[str] = field(default_factory=list)   # folders a container must see
     comment: str = ""
+    retries: int = 0                  # --max-restarts: the job step retried this many times
 
 
 class Raw(str):
@@ -171,8 +175,31 @@ def job_script(job: SlurmJob) -> str:
         # --cpus-per-task on to srun (as for DDP above)
         threads = [f"--cpus-per-task={cpus}"] if cpus > 1 else []
         cmd = ["srun", "--mpi=pmix", *threads, "--kill-on-bad-exit=1", *srun_extra, *worker]
-    lines.append(_join(cmd))
-    return "\n".join(lines) + "\n"
+    if not job.retries:
+        lines.append(_join(cmd))
+        return "\n".join(lines) + "\n"
+    return "\n".join(lines + retried(cmd, job.retries)) + "\n"
+
+
+def retried(cmd: list[str], retries: int) -> list[str]:
+    """The job step, retried inside the allocation up to `retries` times after it fails:
+    retry n runs the ranks with --restart n (they resume from the job's newest checkpoint,
+    and --fault does not fire again: lab.worker.checkpoint.resume) under the launch name
+    of relaunch n (lab.common.restarts.attempt_of: its own failures/ and heartbeats/)."""
+    at = cmd.index("--attempt") if "--attempt" in cmd else -1
+    first = cmd[at + 1] if at >= 0 else "manual"
+    if at >= 0:
+        cmd = cmd[:at] + cmd[at + 2:]
+    cmd = [*cmd, Raw('--attempt "$attempt"'), Raw('--restart "$restart"')]
+    step = ["    " + line for line in _join(cmd).splitlines()]
+    step[-1] += " || rc=$?"
+    first = shlex.quote(first)
+    return [f"attempt={first}", f"for restart in $(seq 0 {int(retries)}); do",
+            '    if [ "$restart" -gt 0 ]; then',
+            f'        attempt={first}-restart"$restart"',
+            f'        echo "lab: the job step failed (exit code $rc): retrying it ($restart of at most '
+            f'{int(retries)}) from the last checkpoint"',
+            "    fi", "    rc=0", *step, '    if [ "$rc" -eq 0 ]; then exit 0; fi', "done", 'exit "$rc"']
 
 
 def _join(argv: list[str]) -> str:
@@ -308,7 +335,13 @@ def script_for_request(s, partition: str = "", gpus_per_node: int | None = None,
                            f"where you submit it); the record goes to "
                            f"{results_dir}/{run_id}/{results.RESULTS_FILE}\n"
                            f"(the folder must exist on shared storage); then: "
-                           f"invoke report {results_dir}/{run_id}")
+                           f"invoke report {results_dir}/{run_id}",
+                   retries=s.max_restarts)
+    if s.max_restarts < 0:
+        raise BenchError(f"--max-restarts counts retries: 0 or more, not {s.max_restarts}")
+    if s.max_restarts and not s.checkpoint_every:
+        notes.append(f"--max-restarts {s.max_restarts} without --checkpoint-every: a retried step "
+                     f"starts again from step 0")
     try:
         return job_script(job), notes
     except SlurmError as e:
