@@ -4,9 +4,9 @@ predicted before it runs (docs/pages/report.md, "The cost model" names the sourc
 
 step(N) = compute x slowdown + exposed communication + waiting, where
 - compute is the 1-worker step (its parts: forward, backward, optimizer, other) and
-  slowdown the per-rank loss when N ranks share cores or a GPU: the N-worker run's compute
-  parts over the 1-worker run's (figures.step_parts), else from the compute ceiling
-  measured at 1 and N processes (figures.ceiling), 1 where neither was measured;
+  slowdown the per-rank loss when N ranks share cores or a GPU, measured apart from the
+  N-worker run's steps: the compute ceiling at 1 and N processes (figures.ceiling); the
+  N-worker run's own compute parts give only an "explained" figure (lab.report.model_inputs);
 - the collective costs alpha x steps(op, n) + beta x size x factor(op, n): a latency and
   a per-byte cost fitted by least squares per framework, back end and place, with the
   ring algorithm's steps (2(n-1) for all-reduce, n-1 for all-gather) and bytes
@@ -19,7 +19,8 @@ step(N) = compute x slowdown + exposed communication + waiting, where
   during the backward pass, one collective at a time: what ends after the backward is
   exposed, so the last bucket always is, and a model whose gradients fit in one bucket
   overlaps nothing;
-- waiting is what the ranks waited for the slowest, their mean as measured, carried as it is.
+- waiting is what the ranks waited for the slowest, their mean as the other configurations
+  at the same ranks measured it, carried as it is.
 
 Pure functions on plain numbers: lab.report.prediction reads the records into them."""
 from __future__ import annotations
@@ -49,14 +50,17 @@ ASSUMPTIONS = {
             "the payload per rank (all-gather: n-1 steps and (n-1)/n of its output).",
     "serial": "Collectives run one at a time, in order, and a bucket's collective does not "
               "slow the backward it overlaps.",
-    "slowdown": "Where neither the step parts nor the compute ceiling measured the compute at 1 "
-                "and N workers, ranks sharing cores or a GPU are assumed not to slow each other.",
-    "slowdown_parts": "The slowdown is the N-worker run's own compute (forward, backward, optimizer "
-                      "and the rest, from its step parts) over the 1-worker run's: measured in the "
-                      "run, so the compute term explains the step rather than foretells it; the "
-                      "what-if table, every worker on a server of its own, has none.",
+    "slowdown": "Where no compute ceiling was measured at 1 and N workers, ranks sharing cores "
+                "or a GPU are assumed not to slow each other (the what-if table, every worker on a "
+                "server of its own).",
+    "slowdown_parts": "The explained figure's slowdown is the N-worker run's own compute (forward, "
+                      "backward, optimizer and the rest, from its step parts) over the 1-worker "
+                      "run's, and its waiting the run's own: measured in the run, so it explains the "
+                      "step rather than foretells it, and is shown apart from the prediction.",
     "slowdown_ceiling": "The slowdown is N x the compute ceiling of one process over that of N "
-                        "processes at once (--ceiling), measured apart from the run's steps.",
+                        "processes at once placed as the ranks are (--ceiling: the model's steps "
+                        "without a framework), measured apart from the run's steps, by this run or "
+                        "another of the same model, batch, threads, precision and place.",
     "cycle": "Horovod's cycle cost (what each cycle of its background thread costs in a step "
              "beyond the collectives timed alone) is fitted to the exposed communication measured "
              "in the other configurations of the same back end, place and link (of the same model "
@@ -67,9 +71,10 @@ ASSUMPTIONS = {
                   "one): its exposed communication is then measured, not predicted.",
     "cycle_none": "No configuration of this Horovod back end, place and link measured its exposed "
                   "communication: its cycles are taken to cost nothing beyond their collectives.",
-    "waiting": "Waiting for the slowest rank is the ranks' mean wait measured at the row's "
-               "own worker count, and for a configuration not run the one measured at the "
-               "most workers, carried unchanged.",
+    "waiting": "Waiting for the slowest rank is the median of the ranks' mean waits that the "
+               "other configurations measured at the same workers and servers (same model and "
+               "place), 0 where none did, and for a configuration not run the one at the most "
+               "workers, carried unchanged.",
     "backward": "Without measured step parts the backward is two thirds of the 1-worker "
                 "step (twice the forward).",
     "link": "On another link the per-byte cost is the host's (the fitted cost less the "
