@@ -436,3 +436,25 @@ def test_a_left_out_configuration_is_predicted_from_the_others_and_doctors_sweep
     assert "KEY=VALUE" in capsys.readouterr().err
 
 
+
+
+def test_the_model_benchmark_measures_every_term_and_prints_the_errors(tmp_path, capsys):
+    from lab.host import model_bench
+    cmds = model_bench.commands("R", 1)
+    benches = [c for part in cmds.values() for c in part if c[0] == "bench"]
+    # every run measures its ceiling; doctor's sweeps are saved where the report looks
+    assert all("--ceiling" in c and c[c.index("--results-dir") + 1] == "R" for c in benches)
+    assert all("--save" in c for part in cmds.values() for c in part if c[0] == "doctor")
+    assert {c[c.index("--link") + 1] for c in benches if "--link" in c} == {"1gbit", "100mbit"}
+    [left] = cmds["leftout"]
+    test = model_check.leave_out_test(model_bench.LEFT_OUT)
+    assert test({"world": {"np": 2, "nodes": 2}, "config": {"link": "100mbit", "model": "mnist"}})
+    assert left[left.index("--link") + 1] == "100mbit" and "predict" in model_bench.PARTS
+    for r in records():
+        results.append_record(tmp_path / "m" / results.RESULTS_FILE, r)
+    out = model_bench.table(str(tmp_path))
+    assert out[0].startswith("| case |") and "within one server: median absolute error" in "\n".join(out)
+    assert "across servers: no case" in out
+    with pytest.raises(SystemExit):
+        model_bench.main(["--only", "nope"])
+    assert "--only takes within" in capsys.readouterr().err
