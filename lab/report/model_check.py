@@ -11,7 +11,10 @@ latency 0 with one size timed). Horovod's cycle cost is fitted to the one publis
 time (Horovod MNIST across servers, marked as fitted on itself) and carried to the Horovod
 ResNet-50 case on the same link. With RESULTS_DIR: every predicted multi-worker row of the
 records there (lab.report.prediction), a row whose cycle cost came from its own exposed
-time marked the same way, and the rows it could not predict with why."""
+time marked the same way, and the rows it could not predict with why; then each row's
+explained figure (its own compute parts and wait: not a prediction). With --leave-out
+KEY=VALUE,...: the configurations those pick predicted from the other records and doctor's
+sweeps alone (lab.report.prediction.predictions' leave_out), "not run yet" where none ran."""
 from __future__ import annotations
 
 import statistics
@@ -200,7 +203,8 @@ def main(argv: list[str]) -> int:
     if not a.folders:
         if a.leave_out:
             p.error("--leave-out needs the results folders to predict from")
-        print("The published cases (docs/pages/report.md; steps in the unit each case names):")
+        print("The published cases (docs/pages/report.md; steps in the unit each case names), explained "
+              "by their own published parts (waiting, the compute that grew), not predicted:")
         print("\n".join(lines(published())))
         return 0
     missing = [f for f in a.folders if not Path(f).is_dir()]
