@@ -186,24 +186,28 @@ def test_the_prediction_is_its_terms_and_the_error_is_against_the_measured_step(
     # two sizes of the same back end and place: alpha and beta from both
     assert p["fit"].sizes == 2 and p["fit"].alpha_s > 0
     # the slowdown is the compute ceiling's (2 x 2000 / 3000), measured apart from the
-    # steps, never the run's own compute parts (1.25): those only explain it, shown apart
-    assert m["slowdown"] == pytest.approx(4 / 3) and m["slowdown_from"] == "ceiling"
+    # steps, times the contention the other configuration (fp16) measured beyond its
+    # ceiling (its parts 1.0 against the ceiling's 4/3): never the run's own compute parts
+    # (1.25), which only explain it, shown apart
+    assert m["slowdown"] == pytest.approx(1.0) and m["slowdown_from"] == "ceiling"
+    assert m["contention"] == pytest.approx(0.75) and m["contention_from"] == "its framework and model"
     assert m["buckets"] == 1 and m["exposed_s"] == pytest.approx(p["fit"].time("allreduce", 87_360, 2))
     assert m["exposed_s"] == pytest.approx(0.002, rel=1e-6)     # the fit goes through its own points
     # waiting: the other configuration's ranks' mean wait (fp16: one waited 5 ms, the other
     # none), not the row's own (3 ms and none)
     assert m["waiting_s"] == pytest.approx(0.0025, rel=1e-3)
-    assert p["predicted_ms"] == pytest.approx((16.5 * 4 / 3) + 2.0 + 2.5, rel=1e-3)
+    assert p["predicted_ms"] == pytest.approx(16.5 * 1.0 + 2.0 + 2.5, rel=1e-3)
     e = p["explained"]
     assert e["slowdown"] == pytest.approx(1.25) and e["waiting_ms"] == pytest.approx(1.5, rel=1e-3)
     assert e["step_ms"] == pytest.approx(16.5 * 1.25 + 2.0 + 1.5, rel=1e-3)
     assert p["unexplained_ms"] == pytest.approx(30.0 - p["predicted_ms"])
     assert p["error"] == pytest.approx(p["predicted_ms"] / 30.0 - 1)
     assert p["predicted_speedup"] == pytest.approx(2 * 16.5 / p["predicted_ms"])
-    assert "ready" in m["assumptions"] and "slowdown_ceiling" in m["assumptions"]
+    assert "ready" in m["assumptions"] and "slowdown_ceiling" in m["assumptions"] and "contention" in m["assumptions"]
     assert "slowdown" not in m["assumptions"] and "slowdown_parts" not in m["assumptions"]
-    # fp16 measured no ceiling: the uncompressed runs' serves it (same model, batch, place)
-    assert preds["fp16"]["model"]["slowdown"] == pytest.approx(4 / 3)
+    # fp16 measured no ceiling: the uncompressed runs' serves it (same model, batch, place),
+    # and its contention is the uncompressed run's (1.25 against 4/3)
+    assert preds["fp16"]["model"]["slowdown"] == pytest.approx(4 / 3 * 1.25 / (4 / 3))
     assert preds["fp16"]["model"]["waiting_s"] == pytest.approx(0.0015, rel=1e-3)
 
     run = tmp_path / "m"
@@ -412,10 +416,13 @@ def test_a_left_out_configuration_is_predicted_from_the_others_and_doctors_sweep
     test = model_check.leave_out_test("np=2,nodes=2,link=100mbit")
     [p] = prediction.predictions(known + [left], sweep, test)
     assert p["row"]["record"] is left and p["fit"].link_gbs == pytest.approx(0.0125)
-    assert p["model"]["slowdown"] == pytest.approx(2 * 2000 / 3600)      # the 1 Gbit run's ceiling
-    assert p["model"]["waiting_s"] == pytest.approx(0.002, rel=1e-3)     # the 1 Gbit run's wait
+    # the 1 Gbit run's ceiling (2 x 2000 / 3600) and its contention beyond it (its parts
+    # 1.0 against that ceiling: 0.9), its wait
+    assert p["model"]["slowdown"] == pytest.approx(2 * 2000 / 3600 * 0.9)
+    assert p["model"]["contention"] == pytest.approx(0.9)
+    assert p["model"]["waiting_s"] == pytest.approx(0.002, rel=1e-3)
     coll = 0.001 * 2 + 87_360 / 12.5e6
-    assert p["predicted_ms"] == pytest.approx(16.5 * 2000 * 2 / 3600 + 2.0 + coll * 1000, rel=1e-3)
+    assert p["predicted_ms"] == pytest.approx(16.5 + 2.0 + coll * 1000, rel=1e-3)
     other = across(2, 0.090, {**PARTS_GROWN, "waiting": 0.05}, "100mbit", coll_s=0.05, ceiling=1.0)
     [q] = prediction.predictions(known + [other], sweep, test)
     assert q["predicted_ms"] == pytest.approx(p["predicted_ms"]) and q["step_ms"] == pytest.approx(90.0)

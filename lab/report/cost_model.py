@@ -61,6 +61,13 @@ ASSUMPTIONS = {
                         "processes at once placed as the ranks are (--ceiling: the model's steps "
                         "without a framework), measured apart from the run's steps, by this run or "
                         "another of the same model, batch, threads, precision and place.",
+    "contention": "The compute slows beyond the ceiling's slowdown (the framework's threads and "
+                  "waits beside the ranks' compute) by the median ratio of the step parts' slowdown "
+                  "to the ceiling's that the other configurations measured at the same workers, "
+                  "servers and place (of the same framework and back end, and model, where any did).",
+    "contention_none": "No other configuration at these workers, servers and place measured both "
+                       "its step parts and its ceiling: the compute slows by the ceiling's slowdown "
+                       "alone.",
     "cycle": "Horovod's cycle cost (what each cycle of its background thread costs in a step "
              "beyond the collectives timed alone) is fitted to the exposed communication measured "
              "in the other configurations of the same back end, place and link (of the same model "
@@ -286,11 +293,13 @@ class Inputs:
     slowdown_from: str | None = None  # "step parts" or "ceiling" where slowdown was measured
     cycle_cost_s: float = 0.0       # Horovod: a cycle's cost beyond its collectives, fitted
     cycle_cost_from: str | None = None  # "others", "itself" where cycle_cost_s was fitted
+    contention: float = 1.0         # the compute's slowdown beyond the ceiling's, fitted on others
+    contention_from: str | None = None  # which others (lab.report.model_inputs.contention)
 
 
 def _backward_and_ratio(x: Inputs) -> tuple[float, float, float]:
     """(slowdown, the backward at N workers, payload bytes per gradient byte)."""
-    slow = x.slowdown if x.slowdown else 1.0
+    slow = (x.slowdown if x.slowdown else 1.0) * (x.contention or 1.0)
     backward1 = x.backward_s if x.backward_s is not None else BACKWARD_SHARE * x.compute_s
     return slow, backward1 * slow, (x.payload_bytes / x.grad_bytes if x.grad_bytes else 1.0)
 
@@ -313,6 +322,8 @@ def predict(x: Inputs, fit_: Fit) -> dict:
     if x.np > 1:
         used.append("slowdown_parts" if x.slowdown and x.slowdown_from == "step parts" else
                     "slowdown" if not x.slowdown else "slowdown_ceiling")
+        if x.slowdown and x.slowdown_from == "ceiling":
+            used.append("contention" if x.contention_from else "contention_none")
     if x.backward_s is None:
         used.append("backward")
     compute = x.compute_s * slow
@@ -336,6 +347,7 @@ def predict(x: Inputs, fit_: Fit) -> dict:
             "backward_s": backward, "exposed_s": sched["exposed_s"], "waiting_s": waiting,
             "collective_alone_s": alone, "buckets": sched["buckets"],
             "collectives_s": sched["collective_s"], "speedup": x.np * x.compute_s / step if step else None,
-            "slowdown_from": x.slowdown_from if x.slowdown else None,
+            "slowdown_from": x.slowdown_from if x.slowdown else None, "contention": x.contention or 1.0,
+            "contention_from": x.contention_from,
             "cycle_cost_s": x.cycle_cost_s if x.framework == "horovod" else 0.0,
             "cycles": sched.get("cycles", 0), "assumptions": used}

@@ -72,7 +72,8 @@ def _why(records: list[dict], level: int = 2, sweeps: list[dict] = ()) -> list:
     return [head, d.Table(prediction.HEADERS, prediction.table(records, preds), [
         "Milliseconds but for slowdown, error and speedups. Predicted step = compute (the 1-worker "
         "step) x slowdown (N x the compute ceiling of 1 process against that of N processes placed as "
-        "the ranks are) + exposed (communication: the bucket schedule, or Horovod's "
+        "the ranks are, times the contention beyond it that the other configurations' step parts "
+        "measured) + exposed (communication: the bucket schedule, or Horovod's "
         "cycles with their cost fitted to measured exposed time, against the backward pass, the "
         "collective's cost fitted per back end and place from its timings and doctor's sweeps) + waiting "
         "(the mean wait for the slowest rank the other configurations measured); error: predicted against measured; "

@@ -98,6 +98,28 @@ def explained_slowdown(row: dict, one: dict) -> float | None:
     return sum(parts[k] for k in keys) / one_s if one_s > 0 else None
 
 
+def contention(row: dict, measured: list[tuple[dict, float]]) -> tuple[float, str | None]:
+    """(the compute's slowdown beyond the ceiling's, from whom): the median of `measured`'s
+    ratios (each another row's explained_slowdown over its ceiling_slowdown) over the other
+    configurations at the row's ranks, servers and place, those of its framework, back end
+    and model where any, else of its framework and back end, else all; (1, None) without."""
+    rec = row["record"]
+
+    def fw(r):
+        c = r["record"].get("config", {})
+        return c.get("framework"), r["record"]["world"].get("controller") or c.get("backend")
+    mine = summary.group_key(rec)
+    near = [(r, v) for r, v in measured if summary.group_key(r["record"]) != mine and r["np"] == row["np"]
+            and r["servers"] == row["servers"] and summary.place(r["record"]) == summary.place(rec)]
+    model = rec.get("config", {}).get("model")
+    for how, pick in (("its framework and model", lambda r: fw(r) == fw(row) and r["record"]["config"].get("model") == model),
+                      ("its framework", lambda r: fw(r) == fw(row)), ("others", lambda r: True)):
+        values = [v for r, v in near if pick(r)]
+        if values:
+            return statistics.median(values), how
+    return 1.0, None
+
+
 # doctor's sweeps
 
 

@@ -157,11 +157,17 @@ def _cases(records: list[dict], sweeps: list[dict] = (), leave_out=None) -> list
     other records and the sweeps alone: not its collective probe, ceiling or step parts."""
     known = [r for r in records if not (leave_out and leave_out(r))]
     fitted, ceilings, known_rows = fits(known, sweeps), mi.ceilings(known), summary.rows(known)
+    measured = [(row, e / c) for row, one in _pairs(known) if one is not None
+                and (e := mi.explained_slowdown(row, one)) and (c := mi.ceiling_slowdown(
+                    row["record"], row["np"], row["servers"], ceilings))]
     out = []
     for row, one in _pairs(records, known):
         left = bool(leave_out and leave_out(row["record"]))
         fit = fit_for(fit_key(row["record"]), fitted)
         x = inputs(row, one, ceilings, known_rows) if one is not None else None
+        if x is not None and x.slowdown:
+            factor, how = mi.contention(row, measured)
+            x = cm.Inputs(**{**x.__dict__, "contention": factor, "contention_from": how})
         why = ("no 1-worker run of the same configuration" if one is None else
                "no collective timed for its back end and place" if fit is None else
                mi.no_ceiling(row["np"], row["servers"]) if not x.slowdown else None)
@@ -183,6 +189,7 @@ def _explain(cases: list[dict]) -> None:
         slow = mi.explained_slowdown(c["row"], c["one"])
         if slow is not None:
             mine.append((c, cm.Inputs(**{**c["inputs"].__dict__, "slowdown": slow, "slowdown_from": "step parts",
+                                         "contention": 1.0, "contention_from": None,
                                          "waiting_s": mi.mean_wait(c["row"]), "cycle_cost_s": 0.0,
                                          "cycle_cost_from": None})))
     for (c, _), x in zip(mine, with_cycle_costs([(c["row"], x, c["fit"]) for c, x in mine])):
@@ -253,7 +260,8 @@ def what_if(records: list[dict], preds: list[dict]) -> list[dict]:
         for n in WHAT_IF_WORKERS:
             for g in WHAT_IF_LINKS_GBIT:
                 fit = p["fit"].on_link(g / 8)
-                y = cm.Inputs(**{**x.__dict__, "np": n, "slowdown": None})
+                y = cm.Inputs(**{**x.__dict__, "np": n, "slowdown": None, "contention": 1.0,
+                                 "contention_from": None})
                 m = cm.predict(y, fit)
                 out.append({"configuration": rec.config_label(p["row"]["record"], records, " / "),
                             "workers": n, "link_gbit": g, "predicted_step_ms": m["step_s"] * 1000,
@@ -276,7 +284,8 @@ def _terms(m: dict, fit: cm.Fit) -> dict:
             "exposed_communication_ms": m["exposed_s"] * 1000, "waiting_ms": m["waiting_s"] * 1000,
             "collective_alone_ms": m["collective_alone_s"] * 1000, "collectives_per_step": m["buckets"],
             "collectives_ms": m["collectives_s"] * 1000, "fit": fit.as_dict(),
-            "slowdown_from": m["slowdown_from"], "horovod_cycle_cost_ms": m["cycle_cost_s"] * 1000,
+            "slowdown_from": m["slowdown_from"], "contention": m["contention"],
+            "contention_from": m["contention_from"], "horovod_cycle_cost_ms": m["cycle_cost_s"] * 1000,
             "assumptions": m["assumptions"]}
 
 
