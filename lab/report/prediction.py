@@ -208,10 +208,11 @@ def predictions(records: list[dict], sweeps: list[dict] = (), leave_out=None) ->
         row, one, x, fit = c["row"], c["one"], c["inputs"], c["fit"]
         p = cm.predict(x, fit)
         step = row["time per step (ms)"]
-        parts, parts_one = step_parts.of_row(row), step_parts.of_row(one)
+        ran = not row["record"].get("planned")      # planned (not run yet): no measurement of its own
+        parts, parts_one = step_parts.of_row(row) if ran else None, step_parts.of_row(one)
         out.append({"gap": step_parts.gap(parts, parts_one) if parts and parts_one else None,
                     "row": row, "np": row["np"], "servers": row["servers"], "inputs": x, "fit": fit,
-                    "model": p, "collective": _collective(row), "explained": c["explained"],
+                    "model": p, "collective": _collective(row) if ran else None, "explained": c["explained"],
                     "predicted_ms": p["step_s"] * 1000, "step_ms": step,
                     "compute_ms": x.compute_s * 1000,
                     "error": p["step_s"] * 1000 / step - 1 if step else None,
