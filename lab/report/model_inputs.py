@@ -7,6 +7,9 @@
   (the ceiling runs no framework, so every configuration of a sweep shares it). A row
   whose N-process ceiling no run measured is not predicted: the report says so and names
   the flag that measures it. The row's own step parts give only the "explained" figure;
+- the contention beyond the ceiling (the framework's threads and waits sharing the
+  ranks' cores): the median ratio of step-part slowdown to ceiling slowdown over the
+  other configurations at the same ranks, servers and place;
 - waiting for the slowest rank: the median of the mean waits that the other
   configurations measured at the same ranks and servers (same model and place);
 - the collective's points: the runs' own probes (figures.collective_alone) and the size
