@@ -465,3 +465,18 @@ def test_the_model_benchmark_measures_every_term_and_prints_the_errors(tmp_path,
     with pytest.raises(SystemExit):
         model_bench.main(["--only", "nope"])
     assert "--only takes within" in capsys.readouterr().err
+
+
+def test_horovods_cycle_cost_comes_from_another_link_before_the_row_itself():
+    def hvd(np, link, comm=0.0):
+        return across(np, 0.0165 if np == 1 else 0.030, {**PARTS_TWO, "communication": comm} if np > 1 else PARTS_ONE,
+                      link, coll_s=0.002 if np > 1 else None, framework="horovod",
+                      ceiling=2000.0 if np == 1 else 3000.0)
+    preds = {p["row"]["record"]["config"]["link"]: p for p in prediction.predictions(
+        [hvd(1, ""), hvd(2, "1gbit", 0.012), hvd(2, "100mbit", 0.020)])}
+    costs = {link: cm.cycle_cost(cm.Inputs(**{**p["inputs"].__dict__, "cycle_cost_s": 0.0}), p["fit"], t)
+             for (link, p), t in zip(sorted(preds.items()), (0.020, 0.012))}
+    assert costs["100mbit"] != costs["1gbit"]
+    assert preds["1gbit"]["inputs"].cycle_cost_from == "others"
+    assert preds["1gbit"]["inputs"].cycle_cost_s == pytest.approx(costs["100mbit"])
+    assert preds["100mbit"]["inputs"].cycle_cost_s == pytest.approx(costs["1gbit"])

@@ -48,8 +48,7 @@ def commands(results: str, repeat: int) -> dict[str, list[list[str]]]:
                    ["doctor", "--nodes", "2", "--link", "1gbit", "--save", results],
                    ["doctor", "--nodes", "2", "--link", "100mbit", "--save", results],
                    ["bench", *across, *BOTH, *MNIST, *common, "--run-id", "across-mnist-1gbit"],
-                   ["bench", *across, "--framework", "ddp,horovod", "--backend", "gloo", *RESNET, *common,
-                    "--run-id", "across-resnet50-1gbit"]],
+                   ["bench", *across, *BOTH, *RESNET, *common, "--run-id", "across-resnet50-1gbit"]],
         "leftout": [["bench", "--nodes", "2", "--np", "2", "--link", "100mbit", *BOTH, *MNIST, *common,
                      "--run-id", "across-mnist-100mbit"]],
     }

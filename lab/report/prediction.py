@@ -129,20 +129,22 @@ def _pairs(records: list[dict], known: list[dict] | None = None):
 def with_cycle_costs(cases: list[tuple[dict, cm.Inputs, cm.Fit]], blind: set[int] = frozenset()) -> list[cm.Inputs]:
     """Each case's inputs with Horovod's cycle cost: the median of the costs fitted to the
     exposed communication that the other cases of its fit_key measured (step parts), those
-    of its own model where there are any, else those of other models; else the one fitted
-    to its own (said in cycle_cost_from); else none. The cases in `blind` (left out) lend
-    none and take none of their own."""
+    of its own model where there are any, else those of other models; else the same of its
+    back end on another link; else the one fitted to its own (said in cycle_cost_from);
+    else none. The cases in `blind` (left out) lend none and take none of their own."""
     own = []
     for i, (row, x, fit) in enumerate(cases):
         parts = step_parts.of_row(row) if i not in blind else None
         own.append(cm.cycle_cost(x, fit, parts["communication"]) if parts else None)
     out = []
     for i, (row, x, _) in enumerate(cases):
-        key, model = fit_key(row["record"])[:4], row["record"]["config"].get("model")
-        others = [(c, r["record"]["config"].get("model") == model) for j, ((r, _, _), c) in enumerate(zip(cases, own))
-                  if j != i and c is not None and fit_key(r["record"])[:4] == key[:4]
-                  and (fit_key(r["record"]) == fit_key(row["record"]) or i in blind)]
-        others = [c for c, same in others if same] or [c for c, _ in others]
+        key, model = fit_key(row["record"]), row["record"]["config"].get("model")
+        near = [(c, fit_key(r["record"]), r["record"]["config"].get("model") == model)
+                for j, ((r, _, _), c) in enumerate(zip(cases, own)) if j != i and c is not None
+                and fit_key(r["record"])[:4] == key[:4]]
+        # its key (its model first, then others), else its back end on another link
+        others = ([c for c, k, same in near if k == key and same] or [c for c, k, _ in near if k == key]
+                  or [c for c, _, same in near if same] or [c for c, _, _ in near])
         if x.framework != "horovod" or (not others and own[i] is None):
             out.append(x)
             continue
