@@ -441,6 +441,8 @@ def test_a_left_out_configuration_is_predicted_from_the_others_and_doctors_sweep
     assert f"| {p['predicted_ms']:.4g} | not run yet |" in out
     assert model_check.main(["--leave-out", "np", str(tmp_path)]) == 2
     assert "KEY=VALUE" in capsys.readouterr().err
+    assert model_check.main(["--leave-out", "np=two", str(tmp_path)]) == 2
+    assert "whole number" in capsys.readouterr().err
 
 
 

@@ -135,6 +135,8 @@ def leave_out_test(spec: str):
         if not eq or not k.strip():
             raise ValueError(f"--leave-out takes KEY=VALUE pairs (np=2,nodes=2,link=100mbit), not {item!r}")
         want[k.strip()] = v.strip()
+        if k.strip() in ("np", "nodes") and not v.strip().isdigit():
+            raise ValueError(f"--leave-out's {k.strip()} is a whole number, not {v.strip()!r}")
     if not want:
         raise ValueError("--leave-out names no configuration: give np=2,nodes=2,link=100mbit or the like")
 
@@ -151,7 +153,7 @@ def planned(recs: list[dict], spec: str) -> list[dict]:
     test = leave_out_test(spec)
     if any(test(r) for r in recs):
         return []
-    want = dict(item.split("=", 1) for item in spec.split(",") if item)
+    want = {k.strip(): v.strip() for k, _, v in (item.partition("=") for item in spec.split(",") if item)}
     out, seen = [], set()
     for r in recs:
         if r.get("status") != "ok" or r["world"]["np"] < 2 or (
