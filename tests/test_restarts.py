@@ -252,6 +252,48 @@ def test_a_place_that_cannot_relaunch_refuses_in_one_sentence():
         "--max-restarts counts relaunches")
 
 
+class _Ranks:
+    """A process group's allgather_object over stated values (one per rank)."""
+    def __init__(self, said, rank=0):
+        self.said, self.rank, self.calls = said, rank, 0
+
+    def allgather_object(self, value):
+        self.calls += 1
+        return list(self.said)
+
+
+def test_under_torchruns_restarts_every_rank_takes_the_largest_count(monkeypatch):
+    """torchrun's agents count restarts per node (a node restarted along says 0): the
+    ranks agree on the largest, so none resumes alone nor fires --fault again; without
+    torchrun's restarts no collective is made."""
+    cfg = RunConfig(restart=0)
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "3")
+    group = _Ranks([0, 1])
+    assert checkpoint.agree_restart(cfg, group) == 1 and cfg.restart == 1 and group.calls == 1
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "0")
+    cfg, group = RunConfig(restart=0), _Ranks([0, 1])
+    assert checkpoint.agree_restart(cfg, group) == 0 and group.calls == 0
+    monkeypatch.delenv("TORCHELASTIC_MAX_RESTARTS")
+    cfg, group = RunConfig(restart=2), _Ranks([0, 1])
+    assert checkpoint.agree_restart(cfg, group) == 2 and group.calls == 0
+
+
+def test_a_first_launch_clears_its_jobs_old_checkpoints_before_it_writes(tmp_path):
+    """A script submitted again (the same run id and launch name) must not let its retries
+    resume from the submission before: its first launch's rank 0 clears the job's folder;
+    a relaunch keeps it, and a run without checkpoints touches nothing."""
+    cfg = RunConfig(results_dir=str(tmp_path), run_id="again", attempt="000-job", checkpoint_every=10)
+    folder = checkpoint.job_folder(cfg)
+    os.makedirs(folder)
+    torch.save({"old": 1}, checkpoint.path_of(folder, 90))
+    checkpoint.resume(dataclasses.replace(cfg, checkpoint_every=0), _Ranks([0, 0]), None)
+    assert checkpoint.listed(folder) != []
+    checkpoint.resume(cfg, _Ranks([0, 0], rank=1), None)           # not rank 0's to clear
+    assert checkpoint.listed(folder) != []
+    assert checkpoint.resume(cfg, _Ranks([0, 0]), None) == checkpoint.Position()
+    assert checkpoint.listed(folder) == []
+
+
 # ------------------------------------------------------------ real jobs
 
 @pytest.fixture(scope="module")

@@ -106,6 +106,11 @@ def test_max_restarts_retries_the_failed_step_with_the_ranks_restart_flag(tmp_pa
             assert line.endswith(f"--checkpoint-every 10 --attempt {name} --restart {n}"), line
         if fails:
             assert "lab: the job step failed (exit code 3): retrying it (1 of at most 2)" in cp.stdout
+    # DDP's step: each retry's torchrun a rendezvous of its own (the id), not the ended one's
+    ddp = script(framework="ddp", backend="gloo", worker_args=args, retries=2)
+    bash_ok(ddp, tmp_path)
+    assert '--rdzv-id="$SLURM_JOB_ID-$restart"' in ddp and '--rdzv-id="$SLURM_JOB_ID" ' not in ddp
+    assert '--rdzv-id="$SLURM_JOB_ID"' in script(framework="ddp", backend="gloo", worker_args=args)
 
 
 def test_options_of_a_real_cluster(tmp_path):

@@ -5,10 +5,13 @@ step 0), and the record says so.
 Why the whole job, from here: a relaunch is a fresh launcher (the kit's own for local
 DDP, which sets TORCHELASTIC_MAX_RESTARTS=0, or horovodrun), a fresh rendezvous and fresh
 ranks, exactly as the first launch was, so every place's failure naming, stall watch and
-records work on it unchanged. Restarting inside one job instead would meet Horovod
-0.28.1's Gloo rendezvous server, which clears every group's list of finished ranks on a
-DELETE (horovod/runner/http/http_server.py, RendezvousHandler.do_DELETE) and so breaks
-a second hvd.init() within one horovodrun; a new horovodrun has a new server.
+records work on it unchanged. Not Horovod Elastic: it blacklists a failed rank's host
+and goes on with the ranks left, or stops when every host is blacklisted
+(horovod/runner/elastic/registration.py, Horovod 0.28.1), so the job would not end at its
+np, and it covers Gloo only. Nor a second hvd.init() within one plain horovodrun: its Gloo
+rendezvous server clears every group's list of finished ranks on a DELETE
+(horovod/runner/http/http_server.py, RendezvousHandler.do_DELETE); a new horovodrun has a
+new server.
 
 What a relaunch is: its own launch name (lab.common.restarts.attempt_of: its failures/
 and heartbeats/ folders), RunConfig.restart set (the ranks resume, and --fault does not

@@ -231,11 +231,30 @@ def _load(path: str) -> dict:
     return torch.load(os.path.join(path, META), map_location="cpu", weights_only=False)
 
 
+def agree_restart(cfg, d) -> int:
+    """Which relaunch this launch is, the same on every rank. Under torchrun's own
+    --max-restarts each node's agent counts its restarts itself: it lowers its count only
+    when its own workers failed, and restarts healthy ones for a membership change without
+    counting it (torch/distributed/elastic/agent/server/api.py, SimpleElasticAgent._invoke_run;
+    pytorch/pytorch#135712), so the ranks of a node that did not fail say 0 where the failed
+    node's say 1. The largest is the launch's. A collective only under such a torchrun
+    (TORCHELASTIC_MAX_RESTARTS > 0; the kit's launchers give 0 or none)."""
+    if str(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")).strip() not in ("", "0"):
+        cfg.restart = max(d.allgather_object(int(cfg.restart)))
+    return cfg.restart
+
+
 def resume(cfg, d, strategy, log=print) -> Position:
     """Where this launch starts: step 0 on a first launch, or the newest checkpoint
     that loads on a relaunch (then the model, optimizer and this rank's random states
-    are restored); rank 0 writes where it resumed (lab.common.restarts.write_resumed)."""
+    are restored); rank 0 writes where it resumed (lab.common.restarts.write_resumed).
+    A first launch that checkpoints clears its job's folder first (rank 0, before any
+    rank's first write): a script submitted again under the same run id and launch name
+    must not resume its retries from the checkpoints of the submission before (bench
+    clears it before a first launch too: lab.host.restart)."""
     if not cfg.restart:
+        if cfg.checkpoint_every and d.rank == 0:
+            shutil.rmtree(job_folder(cfg), ignore_errors=True)
         return Position()
     folder = job_folder(cfg)
     path, state = newest_loadable(folder, log) if d.rank == 0 else (None, None)

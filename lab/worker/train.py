@@ -145,7 +145,7 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
     # The step's collective alone, on this run's payload (data parallelism only).
     probe = strategy.time_collective()
     # --fault fires on a job's first launch only: a relaunch (--max-restarts) runs clean.
-    fault_rank, fault_step, fault_mode = cfg.fault_plan() if not cfg.restart else (-1, -1, "")
+    fault_rank, fault_step, fault_mode = (-1, -1, "") if ckpt.agree_restart(cfg, d) else cfg.fault_plan()
     # Data-parallel strategies split the data over the ranks; a pipeline's stages all
     # see the same batches (strategy.data_world is 1).
     steps = cfg.steps_per_epoch(len(train_split), strategy.data_world)

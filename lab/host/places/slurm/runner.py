@@ -9,7 +9,8 @@ the run's folder, which every node mounts. Not Slurm's requeue: `sbatch --requeu
 a job eligible to be requeued "by a system administrator, after node failure, or upon
 preemption" (SchedMD/slurm doc/man/man1/sbatch.1, --requeue: lines 2036-2041 at tag
 slurm-22-05-8-1), not when its ranks fail, and a requeued job starts its script again
-under the same job id, so one job's output file, state and exit code would hold every
+under the same job id (so too a requeue by the job's owner, `scontrol requeue`, or a
+site's RequeueExit), so one job's output file, state and exit code would hold every
 launch; nor a job step retried inside the script (what `invoke sbatch` writes, where no
 bench is there to relaunch): bench would see one job's final state, with each failed
 step only in its output. A batch job per

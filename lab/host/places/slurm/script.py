@@ -190,6 +190,10 @@ def retried(cmd: list[str], retries: int) -> list[str]:
     first = cmd[at + 1] if at >= 0 else "manual"
     if at >= 0:
         cmd = cmd[:at] + cmd[at + 2:]
+    # each retry a rendezvous of its own (torchrun's c10d: an agent that finds the port
+    # still held joins as a client, which must not be the ended step's rendezvous)
+    cmd = [Raw('--rdzv-id="$SLURM_JOB_ID-$restart"') if str(w) == '--rdzv-id="$SLURM_JOB_ID"' else w
+           for w in cmd]
     cmd = [*cmd, Raw('--attempt "$attempt"'), Raw('--restart "$restart"')]
     step = ["    " + line for line in _join(cmd).splitlines()]
     step[-1] += " || rc=$?"
