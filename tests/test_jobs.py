@@ -104,6 +104,17 @@ def test_a_rank_killed_on_one_node_is_the_cause_though_its_peer_is_seen_first():
     assert (w.first.rank, w.first.host, w.first.signal) == (1, "node2", 9)
 
 
+def test_a_slurm_jobs_one_output_with_a_torchrun_per_node_blames_the_killed_rank():
+    """A Slurm batch job's output file holds every node's torchrun in one stream (srun
+    without --label): the same captured blocks as above, node1's exit 1 printed before
+    node2's SIGKILL, read by one watch: the signal is still the cause (a watch keeps the
+    rank to blame, not the first seen)."""
+    text = (FIXTURES / "cluster-ddp-rank1-sigkill-node1-seen-first.txt").read_text()
+    one = [line.split("] ", 1)[1] if line.startswith("[node") else line for line in text.splitlines()]
+    w = first_alone(one)
+    assert (w.rank, w.host, w.signal) == (1, "node2", 9)
+
+
 def test_horovodrun_naming_the_killed_ranks_peer_first_still_blames_the_killed_rank():
     """horovodrun over Gloo with rank 1 SIGKILLed: its lines as captured (127.0.0.1,
     2026-11-27, `invoke bench --local --np 2 --framework horovod --backend gloo --fault

@@ -108,8 +108,9 @@ def cause(ends: list[RankEnd]) -> RankEnd | None:
 class LauncherWatch:
     """Feed it every line of a job's output (`line`); it passes them on to `echo`,
     with a launcher's traceback condensed to its last line, keeps the last lines it
-    passed on (`tail`), and remembers the first rank the launcher reports as ended
-    abnormally (`first`)."""
+    passed on (`tail`), and remembers the rank to blame among those the launcher reports
+    as ended abnormally (`first`: the first, unless a later one was killed by a signal:
+    cause)."""
 
     def __init__(self, echo, tail: int = 40, srun_tasks_are_ranks: bool = False):
         self.echo = echo
@@ -160,8 +161,10 @@ class LauncherWatch:
             self.first = self._srun_terminated[0]
 
     def _found(self, end: RankEnd) -> None:
-        if self.first is None:
-            self.first = end
+        # One output may hold several launchers' reports (a Slurm job's file: a torchrun
+        # per node, in any order): a rank killed by a signal reported after its peer's
+        # exit 1 (the connection reset) is still the one to blame (cause).
+        self.first = end if self.first is None else cause([self.first, end])
 
     def _finish_torchrun(self) -> None:
         t, self._torchrun = self._torchrun, None
