@@ -103,3 +103,10 @@ def test_horovodrun_over_ssh_status_255_is_not_a_signal():
         w.line(line)
     w.close()
     assert (w.first.rank, w.first.signal) == (1, 9)
+    # horovodrun printing the killed rank's peer first: ssh's 255 is still the cause
+    w = LauncherWatch(lambda line: None)
+    for line in ["Process 0 exit with status code 1.", "Process 1 exit with status code 255.",
+                 "Process name: 0", "Exit code: 1"]:
+        w.line(line)
+    w.close()
+    assert (w.first.rank, w.first.exit_code) == (1, 255)

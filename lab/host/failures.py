@@ -112,7 +112,8 @@ def cause(ends: list[RankEnd]) -> RankEnd | None:
     launcher does not send when it stops the others (SIGTERM), else the first. A killed
     rank's peer exits at once (a connection reset) and is often reported before it."""
     killed = [e for e in ends if e.signal not in (None, _signal.SIGTERM)]
-    return (killed or ends or [None])[0]
+    lost = [e for e in ends if e.signal is None and e.exit_code == SSH_ERROR]   # over ssh: the
+    return (killed or lost or ends or [None])[0]     # remote rank killed, or its link lost
 
 
 class LauncherWatch:
