@@ -336,8 +336,8 @@ def attribute_failure(res: JobResult, failure_dir, dead: dict,
     end = {"rank": launcher.rank, "host": launcher.host, "exit_code": launcher.exit_code,
            "signal": launcher.signal} if launcher else None
     where = f" on {launcher.host}" if launcher and launcher.host else ""
-    if launcher and launcher.signal is not None:
-        return end, f"rank {launcher.rank}{where} {launcher.how()}"
+    if launcher and (launcher.signal is not None or launcher.exit_code == SSH_ERROR):
+        return end, f"rank {launcher.rank}{where} {launcher.how()}"     # its peers' files: reactions
     if sched.get("state") == "FAILED" and not launcher and not first_failure(str(failure_dir)):
         return {}, res.why
     info = first_failure(str(failure_dir))
