@@ -120,8 +120,8 @@ class LauncherWatch:
     """Feed it every line of a job's output (`line`); it passes them on to `echo`,
     with a launcher's traceback condensed to its last line, keeps the last lines it
     passed on (`tail`), and remembers the rank to blame among those the launcher reports
-    as ended abnormally (`first`: the first, unless a later one was killed by a signal:
-    cause)."""
+    as ended abnormally (`first`: the first, unless a later one was killed by a signal
+    or lost over ssh: cause)."""
 
     def __init__(self, echo, tail: int = 40, srun_tasks_are_ranks: bool = False):
         self.echo = echo
@@ -308,8 +308,9 @@ class StreamWatches:
 def attribute_failure(res: JobResult, failure_dir, dead: dict,
                       launcher: RankEnd | None = None, beats: dict | None = None) -> tuple[dict, str]:
     """(the rank and host to blame, when known; the reason) for a job that failed. A
-    node that stopped comes first; then a rank the launcher saw killed by a signal (it
-    wrote nothing, and its peers' failure files only describe their reaction); then the
+    node that stopped comes first; then a rank the launcher saw killed by a signal, or
+    whose ssh said 255 (SSH_ERROR; it wrote nothing, and its peers' failure files only
+    describe their reaction); then the
     earliest failure file a rank wrote; then what the launcher said of the first rank
     that exited non-zero; then the launcher's own last words. A launcher that names the
     rank alone (horovodrun over Gloo) gets its host from the rank's last heartbeat
