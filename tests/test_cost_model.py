@@ -251,6 +251,14 @@ def test_without_the_ceiling_at_n_the_row_is_not_predicted_only_explained(tmp_pa
     section = (run / "report.md").read_text().split("## Why it scales as it does", 1)[1].split("\n## ", 1)[0]
     assert "Not predicted: ddp / gloo at 2 workers (no compute ceiling" in section
     assert "explained by its own measurements (not a prediction)" in section
+    # what the step lost, split into its measured parts, and what fp16 would buy it (from
+    # those parts): measurements, in the report without a prediction
+    assert ("at 2 workers: measured, of the 7.5 ms the step lost against one worker, 27% (2.0 ms) is "
+            "exposed communication (the allreduce of") in section and "(not predicted)." in section
+    assert "with fp16 (half the payload, 0.0437 MB): predicted step 22.5 ms" in section
+    [s] = prediction.measured(recs)
+    assert s["prediction"] is None and s["gap"]["lost"] == pytest.approx(0.0075)
+    assert s["gap"]["communication"] == pytest.approx(0.002) and s["gap"]["compute"] == pytest.approx(0.004)
 
 
 def test_with_an_8_bit_codecs_note_the_backward_is_left_out_of_the_slowdown():

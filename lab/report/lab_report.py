@@ -50,8 +50,12 @@ def _results(records: list[dict], across: bool, notes: d.Notes, empty: str) -> l
 
 
 def _why(records: list[dict], level: int = 2, sweeps: list[dict] = ()) -> list:
-    """Predicted against measured scaling (lab.report.prediction); `sweeps`: doctor's."""
+    """Predicted against measured scaling (lab.report.prediction); `sweeps`: doctor's. The
+    measured split of what each multi-worker row lost, and what fp16 would buy it, for every
+    row with its 1-worker row: measurements, shown whether the model predicted the row or not."""
     preds = prediction.predictions(records, sweeps)
+    splits = prediction.measured(records, preds)
+    said = prediction.split_sentences(records, splits) + prediction.fp16_sentences(records, splits)
     head = d.Heading(level, "Why it scales as it does")
     parts = step_parts.table(records)
     split = [d.Para("Each step, part by part (every rank measures its steps; a part is its mean "
@@ -64,7 +68,7 @@ def _why(records: list[dict], level: int = 2, sweeps: list[dict] = ()) -> list:
                  "joined it last. Data loading is before the timed step and not in the sum; step: "
                  "the same typical steps as the training loop timed them.", *step_parts.notes(records)])] if parts else []
     if not preds:
-        return [head, *split, d.Para("No multi-worker run could be predicted: that takes a 1-worker run "
+        return [head, *split, *([d.Items(said)] if said else []), d.Para("No multi-worker run could be predicted: that takes a 1-worker run "
                                      "of the same configuration, a timed collective and the compute "
                                      "ceiling at 1 and N processes (data-parallel runs at 1 and 2 or "
                                      "more workers with --ceiling make one)."),
@@ -79,7 +83,7 @@ def _why(records: list[dict], level: int = 2, sweeps: list[dict] = ()) -> list:
         "(the mean wait for the slowest rank the other configurations measured); error: predicted against measured; "
         "unexplained: the measured step less the predicted one. Every term is in prediction.json.",
         *_unpredicted(records, sweeps)]), *_what_if(records, preds), *split,
-        d.Items(prediction.sentences(records, preds) + prediction.fp16_sentences(records, preds)),
+        d.Items(prediction.sentences(records, preds) + said),
         d.Para("The model's assumptions:"), d.Items(_assumed(preds))]
 
 

@@ -4,8 +4,11 @@ ranks, the other configurations' waiting, the collectives its back end timed apa
 training (figures.collective_alone and doctor's sweeps, fitted per framework, back end,
 place and link) and the bucket schedule, beside the measured step: nothing of the row's
 own steps goes in (lab.report.model_inputs); what the measured step has beyond the
-prediction is unexplained, and the step the row's own parts explain is shown apart. Then a what-if table for configurations not run, and prediction.json (every
-term, so the error can be recomputed).
+prediction is unexplained, and the step the row's own parts explain is shown apart. Then a
+what-if table for configurations not run, and prediction.json (every term, so the error can
+be recomputed). Apart from the model, `measured`: what each multi-worker row's step lost
+against one worker, split into its measured parts, for every row with its 1-worker row,
+predicted or not.
 
 Every figure comes from the records (medians over repeats, lab.report.summary.rows)."""
 from __future__ import annotations
@@ -19,7 +22,7 @@ from lab.report import cost_model as cm
 from lab.report import model_inputs as mi
 from lab.report import records as rec
 from lab.report import step_parts, summary
-from lab.report.prediction_text import fp16_sentences, sentences  # noqa: F401 (the report's)
+from lab.report.prediction_text import fp16_sentences, sentences, split_sentences  # noqa: F401 (the report's)
 from lab.report.tables import row_oversubscribed
 
 HEADERS = ["configuration", "np", "servers", "compute", "slowdown", "exposed", "waiting",
@@ -211,8 +214,7 @@ def predictions(records: list[dict], sweeps: list[dict] = (), leave_out=None) ->
         p = cm.predict(x, fit)
         step = row["time per step (ms)"]
         ran = not row["record"].get("planned")      # planned (not run yet): no measurement of its own
-        parts, parts_one = step_parts.of_row(row) if ran else None, step_parts.of_row(one)
-        out.append({"gap": step_parts.gap(parts, parts_one) if parts and parts_one else None,
+        out.append({"gap": _gap(row, one) if ran else None,
                     "row": row, "np": row["np"], "servers": row["servers"], "inputs": x, "fit": fit,
                     "model": p, "collective": _collective(row) if ran else None, "explained": c["explained"],
                     "predicted_ms": p["step_s"] * 1000, "step_ms": step,
@@ -221,6 +223,32 @@ def predictions(records: list[dict], sweeps: list[dict] = (), leave_out=None) ->
                     "unexplained_ms": step - p["step_s"] * 1000,
                     "predicted_speedup": p["speedup"], "speedup": row.get("speedup"),
                     "oversubscribed": row_oversubscribed(row)})
+    return out
+
+
+def _gap(row: dict, one: dict) -> dict | None:
+    """What `row`'s step lost against its 1-worker row's, part by part (step_parts.gap);
+    None where either measured no step parts."""
+    parts, parts_one = step_parts.of_row(row), step_parts.of_row(one)
+    return step_parts.gap(parts, parts_one) if parts and parts_one else None
+
+
+def measured(records: list[dict], preds: list[dict] = ()) -> list[dict]:
+    """Every multi-worker row that ran, with its 1-worker row, both with step parts: what
+    its step lost against one worker, part by part, and its collective timed alone. A
+    measurement: it needs no compute ceiling and no fitted collective; the row's entry of
+    `preds` (predictions) rides along as "prediction" where the model made one, else None."""
+    predicted = {summary.group_key(p["row"]["record"]): p for p in preds}
+    out = []
+    for row, one in _pairs(records):
+        g = _gap(row, one) if one is not None and not row["record"].get("planned") else None
+        if g is None:
+            continue
+        p = predicted.get(summary.group_key(row["record"]))
+        out.append({"row": row, "np": row["np"], "servers": row["servers"], "gap": g,
+                    "collective": _collective(row), "step_ms": row["time per step (ms)"],
+                    "speedup": row.get("speedup"), "oversubscribed": row_oversubscribed(row),
+                    "prediction": p, "predicted_speedup": p["predicted_speedup"] if p else None})
     return out
 
 

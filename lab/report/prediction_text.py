@@ -1,6 +1,7 @@
-"""The report's sentences on each predicted configuration (lab.report.prediction's
-entries): what its predicted step is made of, the step its own measurements explain, what
-the measured parts say it lost against one worker, and what fp16 would buy it."""
+"""The report's sentences: on each predicted configuration (lab.report.prediction's
+predictions), what its predicted step is made of and the step its own measurements explain;
+on each multi-worker row with its 1-worker row, predicted or not (prediction.measured), what
+the measured parts say it lost against one worker and what fp16 would buy it."""
 from __future__ import annotations
 
 from lab.common.link import rate_gbs
@@ -31,10 +32,19 @@ def sentences(records: list[dict], preds: list[dict]) -> list[str]:
                 f"{m['slowdown']:.2f}, {m['exposed_s'] * 1000:.1f} exposed of {m['buckets']} "
                 f"collective(s) costing {m['collectives_s'] * 1000:.1f} ms{_cycles(m)}, "
                 f"{m['waiting_s'] * 1000:.1f} waiting), measured {p['step_ms']:.1f} ms{explained(p.get('explained'))}")
-        if p["gap"] and p["gap"]["lost"] > 0:
-            out.append(head + "; " + _measured_split(p))
-        else:
-            out.append(head + ".")
+        out.append(head + ".")
+    return out
+
+
+def split_sentences(records: list[dict], splits: list[dict]) -> list[str]:
+    """Each row of prediction.measured that lost time against one worker: where it went,
+    measured (with or without a prediction of its step)."""
+    out = []
+    for s in splits:
+        if s["gap"]["lost"] > 0:
+            name = rec.config_label(s["row"]["record"], records)
+            where = f"at {s['np']} workers" + (f" on {s['servers']} servers" if s["servers"] > 1 else "")
+            out.append(f"{name} {where}: {_measured_split(s)}")
     return out
 
 
@@ -45,6 +55,7 @@ def _cycles(m: dict) -> str:
 
 
 def _with_fp16(p: dict, rows: list[dict]) -> dict | None:
+    # p: an entry of prediction.measured (its row's measured parts; no prediction needed)
     """What fp16 would buy a row sent uncompressed: half the payload, so (bandwidth-bound)
     half its exposed communication, the rest of the step unchanged; and the step measured
     where the same configuration ran with --compression fp16."""
@@ -66,11 +77,12 @@ def _with_fp16(p: dict, rows: list[dict]) -> dict | None:
             "measured_communication_s": measured["communication"] if measured else None}
 
 
-def fp16_sentences(records: list[dict], preds: list[dict]) -> list[str]:
-    """What fp16 would buy each uncompressed configuration: predicted, then measured."""
+def fp16_sentences(records: list[dict], splits: list[dict]) -> list[str]:
+    """What fp16 would buy each uncompressed configuration of prediction.measured (from its
+    measured parts, not the cost model: no compute ceiling needed), then measured."""
     rows = summary.rows(records)
     out = []
-    for p in preds:
+    for p in splits:
         f = _with_fp16(p, rows)
         if f is None or p["collective"] is None:
             continue
@@ -99,7 +111,8 @@ def _of_link(p: dict) -> str:
 
 
 def _measured_split(p: dict) -> str:
-    """The measured parts of what the step lost against one worker (step_parts.gap)."""
+    """The measured parts of what the step lost against one worker (step_parts.gap); `p`: an
+    entry of prediction.measured."""
     c, g = p["collective"], p["gap"]
     lost = g["lost"]
 
@@ -107,13 +120,15 @@ def _measured_split(p: dict) -> str:
         return f"{max(0.0, x) / lost:.0%} ({x * 1000:.1f} ms)"
     grew = ("compute slowed by ranks contending for the cores (more ranks than cores)"
             if p["oversubscribed"] else "compute that grew (cores and memory shared by more ranks)")
+    predicted = (f", predicted {p['predicted_speedup']:.2f}" if p.get("predicted_speedup") is not None
+                 else " (not predicted)")
     alone = (f" (the {c['op']} of {_mb(c['size_bytes'])}: {c['time_s'] * 1000:.1f} ms alone at "
              f"{c['busbw_gbs']:.3g} GB/s bus bandwidth{_of_link(p)})") if c else ""
     return (f"measured, of the {lost * 1000:.1f} ms the step lost against one worker, "
             f"{share(g['communication'])} is exposed communication{alone}, "
             f"{share(g['waiting'])} waiting for the slowest rank, {share(g['compute'])} {grew}, "
             f"and {share(g['unexplained'])} not in the parts (each part's median over repeats). "
-            f"Speedup predicted {_fmt(p['predicted_speedup'], '.2f')}, measured {_fmt(p['speedup'], '.2f')}.")
+            f"Speedup measured {_fmt(p['speedup'], '.2f')}{predicted}.")
 
 
 def _mb(b: float) -> str:
