@@ -68,10 +68,11 @@ def _why(records: list[dict], level: int = 2, sweeps: list[dict] = ()) -> list:
                  "joined it last. Data loading is before the timed step and not in the sum; step: "
                  "the same typical steps as the training loop timed them.", *step_parts.notes(records)])] if parts else []
     if not preds:
-        return [head, *split, *([d.Items(said)] if said else []), d.Para("No multi-worker run could be predicted: that takes a 1-worker run "
-                                     "of the same configuration, a timed collective and the compute "
-                                     "ceiling at 1 and N processes (data-parallel runs at 1 and 2 or "
-                                     "more workers with --ceiling make one)."),
+        return [head, *split, *([d.Items(said)] if said else []),
+                d.Para("No multi-worker run could be predicted: that takes a 1-worker run "
+                       "of the same configuration, a timed collective and the compute "
+                       "ceiling at 1 and N processes (data-parallel runs at 1 and 2 or "
+                       "more workers with --ceiling make one)."),
                 *([d.Items(_unpredicted(records, sweeps))] if _unpredicted(records, sweeps) else [])]
     return [head, d.Table(prediction.HEADERS, prediction.table(records, preds), [
         "Milliseconds but for slowdown, error and speedups. Predicted step = compute (the 1-worker "
