@@ -80,3 +80,26 @@ def test_exit_codes_signals_and_cluster_prefixes():
     w.close()
     assert w.first == RankEnd(3, None, 2, None)
     assert shown[-1] == "(the launcher printed a traceback that ended without its exception line)"
+
+
+def test_horovodrun_over_ssh_status_255_is_not_a_signal():
+    """horovodrun over Gloo with rank 1 on node2 SIGKILLed, its lines as captured on the
+    simulated cluster (2026-11-27, `invoke bench --nodes 2 --np 2 --framework horovod
+    --backend gloo --fault 1:35:kill`): the rank's ssh said 255, ssh's own error status,
+    which is not 128 + a signal (there is no signal 127); the shell's 128 + N still is."""
+    w = LauncherWatch(lambda line: None)
+    for line in ["Process 1 exit with status code 255.",
+                 "Terminating remaining workers after failure of Process 1.",
+                 "Process 0 exit with status code 1.",
+                 "RuntimeError: Horovod detected that one or more processes exited with non-zero "
+                 "status, thus causing the job to be terminated. The first process to do so was:",
+                 "Process name: 1", "Exit code: 255"]:
+        w.line(line)
+    w.close()
+    assert w.first == RankEnd(1, None, 255, None)
+    assert w.first.how().startswith("exited with code 255 (over ssh: the remote command was killed")
+    w = LauncherWatch(lambda line: None)
+    for line in ["Process 1 exit with status code 137.", "Process name: 1", "Exit code: 137"]:
+        w.line(line)
+    w.close()
+    assert (w.first.rank, w.first.signal) == (1, 9)

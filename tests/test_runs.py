@@ -210,7 +210,7 @@ def test_ctrl_c_records_the_interruption_and_leaves_no_rank(tmp_path, how):
     assert recs[0]["error"]["reason"] == ("interrupted by the user" if how == "ctrl-c" else
                                           "stopped by SIGTERM") and recs[0]["world"]["np"] == 1
     run_id = recs[0]["run_id"]
-    assert processes_with(run_id) == [], "ranks left running after Ctrl-C"
+    assert processes_left(run_id) == [], "ranks left running after Ctrl-C"
 
 
 def training(run_dirs: str, rank: int, within_s: float = 120) -> bool:
@@ -243,6 +243,17 @@ def processes_with(text):
             continue
         if text in cmd:
             found.append(cmd)
+    return found
+
+
+def processes_left(text, within_s=10.0):
+    """The processes with `text` still alive `within_s` after a job ended (none, when it
+    ended whole): a launcher's wrapper shell may still be exiting as bench returns (seen:
+    horovodrun's `/bin/sh -c env ... lab.worker.train` of a SIGSTOPped rank); one left
+    that long is left for good."""
+    deadline = time.monotonic() + within_s
+    while (found := processes_with(text)) and time.monotonic() < deadline:
+        time.sleep(0.2)
     return found
 
 

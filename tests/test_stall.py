@@ -19,7 +19,7 @@ from lab.host.places.local import LocalRunner
 from lab.host.request import BenchError, BenchSettings, parse_stall
 from lab.host.stall import StallWatch
 from tests.conftest import requires_horovod, requires_mpirun
-from tests.test_runs import processes_with
+from tests.test_runs import processes_left
 
 # The tests' stall bound (--stall-s). It bounds only the silences outside steps (rendezvous,
 # setup, finish) and is a floor for steps: the import has its own bound (IMPORT_S, 120 s),
@@ -76,7 +76,7 @@ def test_ddp_hang_through_invoke_names_rank_1_its_step_and_frames(tmp_path, mnis
     assert any("backward" in f for f in zero["stack"])
     # start-up, 20 steps, 20 s of silence, the stacks, the stop: well within a minute after it
     assert elapsed < 20 + 60, f"took {elapsed:.0f} s"
-    assert processes_with("--run-id hang") == []
+    assert processes_left("--run-id hang") == []
 
 
 @pytest.mark.parametrize("framework,backend", [
@@ -96,7 +96,7 @@ def test_horovod_hang_is_stopped_and_explained(stack, tmp_path, mnist_like, fram
     assert elapsed < STALL_S + 75, f"took {elapsed:.0f} s"
     assert any(line.startswith("!! run stalled and was stopped") for line in lines)
     # its own run id: the other back end's case may run at the same time on another worker
-    assert processes_with(f"--run-id h-{backend} ") == []
+    assert processes_left(f"--run-id h-{backend} ") == []
 
 
 def test_a_rank_asleep_in_its_data_loading(stack, tmp_path, mnist_like):

@@ -22,7 +22,7 @@ from lab.host.places.local import LocalRunner
 from lab.host.stall import StallWatch
 from lab.host.stall_diagnosis import culprits, in_collective, process_state
 from tests.conftest import requires_horovod, requires_mpirun
-from tests.test_runs import processes_with
+from tests.test_runs import processes_left
 
 # The module's bench stack and its run(): test_stall's, shared.
 from tests.test_stall import STALL_S, run  # noqa: E402 (the stack fixture: conftest)
@@ -73,7 +73,7 @@ def test_a_stopped_rank_is_the_culprit_and_its_peer_only_waits(stack, tmp_path, 
     assert "waiting for it: rank 0" in err["reason"]
     assert in_collective(zero["stack"]), zero["stack"]
     assert elapsed < STALL_S + 120, f"took {elapsed:.0f} s"
-    assert processes_with(f"--run-id {run_id} ") == []
+    assert processes_left(f"--run-id {run_id} ") == []
 
 
 @pytest.mark.slow
@@ -127,7 +127,7 @@ def test_without_a_shared_folder_the_heartbeats_come_over_the_stream(stack, tmp_
     assert list((theirs / "stream" / "heartbeats").glob("*/rank-1.json"))
     assert not any("@lab-" in line for line in lines) and "@lab-" not in err["log_tail"]
     assert elapsed < STALL_S + 60
-    assert processes_with("--run-id stream ") == []
+    assert processes_left("--run-id stream ") == []
 
 
 # -- the stream's lines as the launchers really print them --------------------------
@@ -310,4 +310,4 @@ def test_a_launcher_that_hangs_after_its_ranks_finished_is_ended_and_the_result_
     assert r["status"] == "ok" and results.missing_fields(r) == []
     assert r["world"]["launcher_ended"].startswith("the launcher had not exited 5 s after every rank ended")
     assert elapsed < 120, f"took {elapsed:.0f} s"
-    assert processes_with("--run-id hung-launcher ") == []
+    assert processes_left("--run-id hung-launcher ") == []

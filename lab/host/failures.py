@@ -71,13 +71,23 @@ class RankEnd:
     def how(self) -> str:
         if self.signal is not None:
             return f"was killed by signal {self.signal} ({signal_name(self.signal)})"
+        if self.exit_code == SSH_ERROR:
+            return (f"exited with code {SSH_ERROR} (over ssh: the remote command was killed by a "
+                    f"signal, or the connection failed)")
         return f"exited with code {self.exit_code}"
+
+
+SSH_ERROR = 255     # ssh(1): "exits with the exit status of the remote command or with 255
+#                     if an error occurred"; horovodrun over Gloo reaches another node's rank
+#                     over ssh, and a rank SIGKILLed there was reported as "exit with status
+#                     code 255" (the simulated cluster, 2026-11-27): not signal 127
+SIGNALS_MAX = 64    # a shell's 128+N for a command killed by signal N (N up to SIGRTMAX)
 
 
 def _from_code(rank: int, code: int, host: str | None = None, shell: bool = False) -> RankEnd:
     if code < 0:
         return RankEnd(rank, host, None, -code)
-    if shell and code > 128:
+    if shell and 128 < code <= 128 + SIGNALS_MAX:
         return RankEnd(rank, host, code, code - 128)
     return RankEnd(rank, host, code, None)
 
