@@ -190,12 +190,14 @@ DOCTOR_HELP = {
     "all": "show every check on its row (default: the checks skipped for want of a GPU in one line)",
     "nodes": "also time the collectives with one rank on each of the cluster's N nodes (invoke up first)",
     "link": "with --nodes: shape the links as bench --link does while they run, RATE[/DELAY]",
+    "save": "append the collectives' size sweeps to FOLDER/doctor-collectives.jsonl, where invoke report "
+            "and python -m lab.report.model_check find them for the cost model (give the results folder)",
 }
 
 
 @task(help=DOCTOR_HELP)
 def doctor(c, np=None, json=False, local=False, image=None, frozen=False, wide=False, all=False,
-           nodes=None, link=None):
+           nodes=None, link=None, save=None):
     """Diagnose the host and the lab image: what is wrong and how to fix it."""
     from envcheck import report
     from envcheck.stack import DEFAULT_NP
@@ -222,6 +224,12 @@ def doctor(c, np=None, json=False, local=False, image=None, frozen=False, wide=F
                                          cluster=cluster, link=link or "")
     except (BenchError, RunnerError) as e:
         raise Exit(f"error: {e}", code=2)
+    if save:
+        from lab.report import model_inputs
+        saved = model_inputs.save_sweeps(model_inputs.sweep_entries(checks, link or ""), save)
+        if not json:
+            print(f"the collectives' sweeps saved to {saved}" if saved else
+                  "no collectives' sweep passed: nothing saved for the cost model")
     if json:
         print(report.as_json(checks, seconds, notes))
     else:

@@ -12,6 +12,7 @@ from lab.common import collectives, results
 from lab.common.config import RunConfig
 from lab.report import cost_model as cm
 from lab.report import lab_report, model_check, prediction
+from lab.report import model_inputs as mi
 from lab.worker import step_parts
 
 MIB = 2**20
@@ -169,10 +170,12 @@ PARTS_GROWN = {**PARTS_TWO, "forward": 0.00625, "backward": 0.0125, "optimizer":
 
 
 def records():
+    """DDP uncompressed with its compute ceilings, and fp16 without any (the ceiling runs no
+    framework and no codec: the uncompressed runs' is fp16's too) and a longer wait."""
     return [rec(1, 0.0165, PARTS_ONE, ceiling=2000.0),
             rec(2, 0.030, PARTS_GROWN, coll_s=0.002, ceiling=3000.0),  # parts 1.25, ceiling 1.33
             rec(1, 0.0160, PARTS_ONE, compression="fp16", payload=43_680),
-            rec(2, 0.025, PARTS_TWO, coll_s=0.0012, compression="fp16", payload=43_680)]
+            rec(2, 0.025, {**PARTS_TWO, "waiting": 0.005}, coll_s=0.0012, compression="fp16", payload=43_680)]
 
 
 def test_the_prediction_is_its_terms_and_the_error_is_against_the_measured_step(tmp_path):
@@ -182,19 +185,30 @@ def test_the_prediction_is_its_terms_and_the_error_is_against_the_measured_step(
     m = p["model"]
     # two sizes of the same back end and place: alpha and beta from both
     assert p["fit"].sizes == 2 and p["fit"].alpha_s > 0
-    # the slowdown is the run's own compute parts at 2 against 1, ahead of the ceiling
-    assert m["slowdown"] == pytest.approx(1.25) and m["slowdown_from"] == "step parts"
+    # the slowdown is the compute ceiling's (2 x 2000 / 3000), measured apart from the
+    # steps, times the contention the other configuration (fp16) measured beyond its
+    # ceiling (its parts 1.0 against the ceiling's 4/3): never the run's own compute parts
+    # (1.25), which only explain it, shown apart
+    assert m["slowdown"] == pytest.approx(1.0) and m["slowdown_from"] == "ceiling"
+    assert m["contention"] == pytest.approx(0.75) and m["contention_from"] == "its framework and model"
     assert m["buckets"] == 1 and m["exposed_s"] == pytest.approx(p["fit"].time("allreduce", 87_360, 2))
     assert m["exposed_s"] == pytest.approx(0.002, rel=1e-6)     # the fit goes through its own points
-    # waiting: the ranks' mean wait (one waited 3 ms, the other none), not the most
-    assert m["waiting_s"] == pytest.approx(0.0015, rel=1e-3)
-    assert p["predicted_ms"] == pytest.approx((16.5 * 1.25) + 2.0 + 1.5, rel=1e-3)
+    # waiting: the other configuration's ranks' mean wait (fp16: one waited 5 ms, the other
+    # none), not the row's own (3 ms and none)
+    assert m["waiting_s"] == pytest.approx(0.0025, rel=1e-3)
+    assert p["predicted_ms"] == pytest.approx(16.5 * 1.0 + 2.0 + 2.5, rel=1e-3)
+    e = p["explained"]
+    assert e["slowdown"] == pytest.approx(1.25) and e["waiting_ms"] == pytest.approx(1.5, rel=1e-3)
+    assert e["step_ms"] == pytest.approx(16.5 * 1.25 + 2.0 + 1.5, rel=1e-3)
     assert p["unexplained_ms"] == pytest.approx(30.0 - p["predicted_ms"])
     assert p["error"] == pytest.approx(p["predicted_ms"] / 30.0 - 1)
     assert p["predicted_speedup"] == pytest.approx(2 * 16.5 / p["predicted_ms"])
-    assert "ready" in m["assumptions"] and "slowdown_parts" in m["assumptions"]
-    assert "slowdown" not in m["assumptions"]
-    assert preds["fp16"]["model"]["slowdown"] == pytest.approx(1.0)   # its compute did not grow
+    assert "ready" in m["assumptions"] and "slowdown_ceiling" in m["assumptions"] and "contention" in m["assumptions"]
+    assert "slowdown" not in m["assumptions"] and "slowdown_parts" not in m["assumptions"]
+    # fp16 measured no ceiling: the uncompressed runs' serves it (same model, batch, place),
+    # and its contention is the uncompressed run's (1.25 against 4/3)
+    assert preds["fp16"]["model"]["slowdown"] == pytest.approx(4 / 3 * 1.25 / (4 / 3))
+    assert preds["fp16"]["model"]["waiting_s"] == pytest.approx(0.0015, rel=1e-3)
 
     run = tmp_path / "m"
     for r in recs:
@@ -205,7 +219,8 @@ def test_the_prediction_is_its_terms_and_the_error_is_against_the_measured_step(
     t = c["terms"]
     assert c["predicted_step_ms"] == pytest.approx(t["compute_ms"] + t["exposed_communication_ms"] + t["waiting_ms"])
     assert t["compute_ms"] == pytest.approx(t["compute_one_worker_ms"] * t["slowdown"])
-    assert t["slowdown_from"] == "step parts" and t["horovod_cycle_cost_ms"] == 0
+    assert t["slowdown_from"] == "ceiling" and t["horovod_cycle_cost_ms"] == 0
+    assert c["explained"]["step_ms"] == pytest.approx(e["step_ms"])
     assert c["error"] == pytest.approx(c["predicted_step_ms"] / c["measured_step_ms"] - 1)
     assert {w["workers"] for w in doc["what_if"]} == {1, 2, 4, 8, 16, 64}
     assert {w["link_gbit"] for w in doc["what_if"]} == {1, 10, 100} and all(w["extrapolated"] for w in doc["what_if"])
@@ -218,31 +233,48 @@ def test_the_prediction_is_its_terms_and_the_error_is_against_the_measured_step(
     assert max(len(ln) for ln in section.splitlines() if ln.startswith("|")) <= 160
 
 
-def test_without_step_parts_the_slowdown_is_the_ceilings_and_without_either_none():
+def test_without_the_ceiling_at_n_the_row_is_not_predicted_only_explained(tmp_path):
     recs = [rec(1, 0.0165, PARTS_ONE, ceiling=2000.0, with_parts=False),
             rec(2, 0.030, PARTS_GROWN, coll_s=0.002, ceiling=3000.0, with_parts=False)]
     [p] = prediction.predictions(recs)
-    assert p["model"]["slowdown"] == pytest.approx(2 * 2000 / 3000) and p["model"]["slowdown_from"] == "ceiling"
-    assert "slowdown_ceiling" in p["model"]["assumptions"]
-    recs = [rec(1, 0.0165, PARTS_ONE, with_parts=False), rec(2, 0.030, PARTS_GROWN, coll_s=0.002, with_parts=False)]
-    [p] = prediction.predictions(recs)
-    assert p["model"]["slowdown"] == 1.0 and p["model"]["slowdown_from"] is None
-    assert "slowdown" in p["model"]["assumptions"]
+    assert p["model"]["slowdown"] == pytest.approx(2 * 2000 / 3000) and p["explained"] is None
+    # no ceiling at 2 processes: its own step parts do not stand in for one
+    recs = [rec(1, 0.0165, PARTS_ONE, ceiling=2000.0), rec(2, 0.030, PARTS_GROWN, coll_s=0.002)]
+    assert prediction.predictions(recs) == []
+    [u] = prediction.unpredicted(recs)
+    assert "compute ceiling" in u["why"] and "--ceiling" in u["why"]
+    assert u["explained"]["slowdown"] == pytest.approx(1.25)
+    run = tmp_path / "m"
+    for r in recs:
+        results.append_record(run / results.RESULTS_FILE, r)
+    lab_report.write(str(run))
+    section = (run / "report.md").read_text().split("## Why it scales as it does", 1)[1].split("\n## ", 1)[0]
+    assert "Not predicted: ddp / gloo at 2 workers (no compute ceiling" in section
+    assert "explained by its own measurements (not a prediction)" in section
+    # what the step lost, split into its measured parts, and what fp16 would buy it (from
+    # those parts): measurements, in the report without a prediction
+    assert ("at 2 workers: measured, of the 7.5 ms the step lost against one worker, 27% (2.0 ms) is "
+            "exposed communication (the allreduce of") in section and "(not predicted)." in section
+    assert "with fp16 (half the payload, 0.0437 MB): predicted step 22.5 ms" in section
+    [s] = prediction.measured(recs)
+    assert s["prediction"] is None and s["gap"]["lost"] == pytest.approx(0.0075)
+    assert s["gap"]["communication"] == pytest.approx(0.002) and s["gap"]["compute"] == pytest.approx(0.004)
 
 
 def test_with_an_8_bit_codecs_note_the_backward_is_left_out_of_the_slowdown():
     one, two = rec(1, 0.0165, PARTS_ONE), rec(2, 0.030, {**PARTS_GROWN, "backward": 0.030}, coll_s=0.002)
     two["figures"]["step_parts"]["note"] = "the backward part holds the exchange of every bucket but the last"
-    [p] = prediction.predictions([one, two])
+    [u] = prediction.unpredicted([one, two])
     # (6.25 + 1.25) / (5 + 1): the backward's 30 ms holds collectives
-    assert p["model"]["slowdown"] == pytest.approx(1.25)
+    assert u["explained"]["slowdown"] == pytest.approx(1.25)
 
 
 def horovod_records(comm_none=0.012, comm_half=0.010):
     """Horovod at 1 and 2 workers, uncompressed and fp16 (two sizes of one fit), each
     2-worker run with its exposed communication."""
-    return [rec(1, 0.0165, PARTS_ONE, framework="horovod"),
-            rec(2, 0.030, {**PARTS_TWO, "communication": comm_none}, coll_s=0.002, framework="horovod"),
+    return [rec(1, 0.0165, PARTS_ONE, framework="horovod", ceiling=2000.0),
+            rec(2, 0.030, {**PARTS_TWO, "communication": comm_none}, coll_s=0.002, framework="horovod",
+                ceiling=4000.0),
             rec(1, 0.0160, PARTS_ONE, framework="horovod", compression="fp16", payload=43_680),
             rec(2, 0.028, {**PARTS_TWO, "communication": comm_half}, coll_s=0.0012, framework="horovod",
                 compression="fp16", payload=43_680)]
@@ -268,8 +300,9 @@ def test_horovods_cycle_cost_comes_from_the_other_configurations_exposed_time():
 
 
 def test_the_cycle_cost_comes_from_the_same_model_where_one_measured_it_else_from_others():
-    lstm = [rec(1, 0.0165, PARTS_ONE, framework="horovod", model="lstm"),
-            rec(2, 0.040, {**PARTS_TWO, "communication": 0.030}, coll_s=0.002, framework="horovod", model="lstm")]
+    lstm = [rec(1, 0.0165, PARTS_ONE, framework="horovod", model="lstm", ceiling=2000.0),
+            rec(2, 0.040, {**PARTS_TWO, "communication": 0.030}, coll_s=0.002, framework="horovod", model="lstm",
+                ceiling=4000.0)]
     preds = {(p["row"]["record"]["config"]["model"], p["row"]["record"]["config"]["compression"]): p
              for p in prediction.predictions(horovod_records() + lstm)}
     measured = {("mnist", "none"): 0.012, ("mnist", "fp16"): 0.010, ("lstm", "none"): 0.030}
@@ -295,7 +328,7 @@ def test_what_if_grows_with_workers_on_a_slow_link_and_shrinks_on_a_fast_one():
 
 
 def test_rows_without_a_timed_collective_are_listed_not_predicted_and_no_file_without_workers(tmp_path):
-    recs = [rec(1, 0.0165, PARTS_ONE), rec(2, 0.030, PARTS_TWO)]
+    recs = [rec(1, 0.0165, PARTS_ONE, ceiling=2000.0), rec(2, 0.030, PARTS_TWO, ceiling=4000.0)]
     assert prediction.predictions(recs) == []
     [u] = prediction.unpredicted(recs)
     assert "no collective timed" in u["why"]
@@ -328,19 +361,135 @@ def test_model_check_marks_a_run_whose_own_exposed_time_fitted_its_cycle_cost(tm
     for name, recs in (("solo", horovod_records()[:2]), ("pair", horovod_records())):
         for r in recs:
             results.append_record(tmp_path / name / results.RESULTS_FILE, r)
-    solo, _ = model_check.of_results(str(tmp_path / "solo"))
-    pair, _ = model_check.of_results(str(tmp_path / "pair"))
+    solo, _, _ = model_check.of_results(str(tmp_path / "solo"))
+    pair, _, _ = model_check.of_results(str(tmp_path / "pair"))
     assert [model_check.SELF in name for name, _, _ in solo] == [True]
     assert len(pair) == 2 and not any(model_check.SELF in name for name, _, _ in pair)
 
 
-def test_the_recorded_runs_are_predicted_within_the_published_errors():
+def test_the_recorded_runs_without_ceilings_are_explained_not_predicted():
     """The records of tests/fixtures/model-check (docs/pages/report.md publishes their
-    table): every multi-worker row predicted, Horovod's cycle cost of each from the other
-    configurations, none fitted on itself, errors as published (recorded data, no timing)."""
+    table) measured no compute ceiling: no row is predicted, each says why, and what their
+    own parts explain keeps the published errors (recorded data, no timing)."""
     from pathlib import Path
-    rows, why = model_check.of_results(str(Path(__file__).parent / "fixtures" / "model-check"))
-    assert len(rows) == 8 and why == []
-    assert not any(model_check.SELF in name for name, _, _ in rows)
-    errors = sorted(abs(pred / meas - 1) for _, pred, meas in rows)
+    rows, why, explained = model_check.of_results(str(Path(__file__).parent / "fixtures" / "model-check"))
+    assert rows == [] and len(why) == 8 and all("compute ceiling" in w for w in why)
+    assert len(explained) == 8
+    errors = sorted(abs(pred / meas - 1) for _, pred, meas in explained)
     assert (errors[3] + errors[4]) / 2 <= 0.10 and errors[-1] <= 0.25
+
+
+def across(np, step_s, parts, link, coll_s=None, framework="ddp", ceiling=None, payload=87_360):
+    r = rec(np, step_s, parts, nodes=2 if np > 1 else 1, link=link if np > 1 else "", coll_s=coll_s,
+            framework=framework, ceiling=ceiling, payload=payload)
+    r["world"]["place"] = "cluster"
+    return r
+
+
+def sweep_check(name, backend, ranks, alpha, beta, sizes=(65536, 1048576, 16777216)):
+    """A passed check of doctor's with envcheck.collectives' value: per size its time."""
+    rows = [{"size_bytes": s, "time_us": 1e6 * (alpha * cm.steps("allreduce", ranks)
+                                                + beta * cm.wire_bytes("allreduce", s, ranks)),
+             **collectives.bandwidths("allreduce", s, 1.0, ranks)} for s in sizes]
+    return {"name": name, "status": "PASS", "where": "cluster (2 nodes)", "fix": "",
+            "value": {"backend": backend, "ranks": ranks, "ops": {"allreduce": rows}}}
+
+
+def test_doctors_sweep_is_stored_where_the_report_finds_it_and_fits_its_key(tmp_path):
+    checks = [sweep_check("collectives_across", "gloo", 2, 0.002, 1 / 12.5e6),
+              sweep_check("collectives", "gloo", 2, 0.0001, 1e-9),
+              {"name": "collectives_mpi", "status": "FAIL", "value": None, "fix": "no MPI"}]
+    checks[1]["where"] = "image dl-lab-kit:cpu"
+    entries = mi.sweep_entries(checks, link="100mbit")
+    assert [(e["framework"], e["backend"], e["place"], e["across"], e["link"]) for e in entries] == [
+        ("ddp", "gloo", "cluster", True, "100mbit"), ("ddp", "gloo", "image", False, "")]
+    assert mi.save_sweeps(entries, str(tmp_path)) == tmp_path / mi.SWEEP_FILE
+    assert mi.save_sweeps([], str(tmp_path / "none")) is None
+    (tmp_path / "run1").mkdir()
+    assert mi.load_sweeps(str(tmp_path / "run1")) == entries       # the folder above a run folder
+    fitted = prediction.fits([], mi.load_sweeps(str(tmp_path)))
+    f = fitted[("ddp", "gloo", "cluster", True, "100mbit")]
+    assert f.sizes == 3 and f.alpha_s == pytest.approx(0.002) and f.beta_s_per_byte == pytest.approx(1 / 12.5e6)
+    assert f.link_gbs == pytest.approx(0.0125)
+
+
+def test_a_left_out_configuration_is_predicted_from_the_others_and_doctors_sweep_alone(tmp_path, capsys):
+    """np 2 on 2 servers at 100 Mbit left out: its collective from doctor's sweep on that
+    link, its ceiling and waiting from the 1 Gbit runs; nothing of its own records goes in
+    (changing them changes nothing), and where it has not run yet it is still predicted."""
+    known = [across(1, 0.0165, PARTS_ONE, "", ceiling=2000.0),
+             across(2, 0.030, {**PARTS_TWO, "waiting": 0.004}, "1gbit", coll_s=0.002, ceiling=3600.0)]
+    left = across(2, 0.040, PARTS_GROWN, "100mbit", coll_s=0.5, ceiling=100.0)
+    sweep = mi.sweep_entries([sweep_check("collectives_across", "gloo", 2, 0.001, 1 / 12.5e6)], "100mbit")
+    test = model_check.leave_out_test("np=2,nodes=2,link=100mbit")
+    [p] = prediction.predictions(known + [left], sweep, test)
+    assert p["row"]["record"] is left and p["fit"].link_gbs == pytest.approx(0.0125)
+    # the 1 Gbit run's ceiling (2 x 2000 / 3600) and its contention beyond it (its parts
+    # 1.0 against that ceiling: 0.9), its wait
+    assert p["model"]["slowdown"] == pytest.approx(2 * 2000 / 3600 * 0.9)
+    assert p["model"]["contention"] == pytest.approx(0.9)
+    assert p["model"]["waiting_s"] == pytest.approx(0.002, rel=1e-3)
+    coll = 0.001 * 2 + 87_360 / 12.5e6
+    assert p["predicted_ms"] == pytest.approx(16.5 + 2.0 + coll * 1000, rel=1e-3)
+    other = across(2, 0.090, {**PARTS_GROWN, "waiting": 0.05}, "100mbit", coll_s=0.05, ceiling=1.0)
+    [q] = prediction.predictions(known + [other], sweep, test)
+    assert q["predicted_ms"] == pytest.approx(p["predicted_ms"]) and q["step_ms"] == pytest.approx(90.0)
+    # without doctor's sweep: the 1 Gbit fit moved to the 100 Mbit link (its nominal rate)
+    [m] = prediction.predictions(known + [left], [], test)
+    assert m["fit"].link_gbs == pytest.approx(0.0125) and "moved" in m["fit"].how
+    # not run yet: planned from the 1 Gbit run, predicted, "not run yet" in model_check
+    for r in known:
+        results.append_record(tmp_path / "r" / results.RESULTS_FILE, r)
+    mi.save_sweeps(sweep, str(tmp_path))
+    [plan] = model_check.planned(known, "np=2,nodes=2,link=100mbit")
+    assert plan["planned"] and plan["config"]["link"] == "100mbit"
+    assert model_check.main(["--leave-out", "np=2,nodes=2,link=100mbit", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "1 doctor sweep(s) alone" in out
+    assert f"| {p['predicted_ms']:.4g} | not run yet |" in out
+    assert model_check.main(["--leave-out", "np", str(tmp_path)]) == 2
+    assert "KEY=VALUE" in capsys.readouterr().err
+    assert model_check.main(["--leave-out", "np=two", str(tmp_path)]) == 2
+    assert "whole number" in capsys.readouterr().err
+
+
+
+
+def test_the_model_benchmark_measures_every_term_and_prints_the_errors(tmp_path, capsys):
+    from lab.host import model_bench
+    cmds = model_bench.commands("R", 1)
+    benches = [c for part in cmds.values() for c in part if c[0] == "bench"]
+    # the DDP runs measure the ceiling, Horovod's share it (the same model, batch and
+    # place); doctor's sweeps are saved where the report looks
+    assert all(("--ceiling" in c) == (c[c.index("--framework") + 1] == "ddp") for c in benches if "--nodes" not in c
+               or c[c.index("--nodes") + 1] == "1,2")
+    assert all(c[c.index("--results-dir") + 1] == "R" for c in benches)
+    assert all("--save" in c for part in cmds.values() for c in part if c[0] == "doctor")
+    assert {c[c.index("--link") + 1] for c in benches if "--link" in c} == {"1gbit", "100mbit"}
+    [left] = cmds["leftout"]
+    test = model_check.leave_out_test(model_bench.LEFT_OUT)
+    assert test({"world": {"np": 2, "nodes": 2}, "config": {"link": "100mbit", "model": "mnist"}})
+    assert left[left.index("--link") + 1] == "100mbit" and "predict" in model_bench.PARTS
+    for r in records():
+        results.append_record(tmp_path / "m" / results.RESULTS_FILE, r)
+    out = model_bench.table(str(tmp_path))
+    assert out[0].startswith("| case |") and "within one server: median absolute error" in "\n".join(out)
+    assert "across servers: no case" in out
+    with pytest.raises(SystemExit):
+        model_bench.main(["--only", "nope"])
+    assert "--only takes within" in capsys.readouterr().err
+
+
+def test_horovods_cycle_cost_comes_from_another_link_before_the_row_itself():
+    def hvd(np, link, comm=0.0):
+        return across(np, 0.0165 if np == 1 else 0.030, {**PARTS_TWO, "communication": comm} if np > 1 else PARTS_ONE,
+                      link, coll_s=0.002 if np > 1 else None, framework="horovod",
+                      ceiling=2000.0 if np == 1 else 3000.0)
+    preds = {p["row"]["record"]["config"]["link"]: p for p in prediction.predictions(
+        [hvd(1, ""), hvd(2, "1gbit", 0.012), hvd(2, "100mbit", 0.020)])}
+    costs = {link: cm.cycle_cost(cm.Inputs(**{**p["inputs"].__dict__, "cycle_cost_s": 0.0}), p["fit"], t)
+             for (link, p), t in zip(sorted(preds.items()), (0.020, 0.012))}
+    assert costs["100mbit"] != costs["1gbit"]
+    assert preds["1gbit"]["inputs"].cycle_cost_from == "others"
+    assert preds["1gbit"]["inputs"].cycle_cost_s == pytest.approx(costs["100mbit"])
+    assert preds["100mbit"]["inputs"].cycle_cost_s == pytest.approx(costs["1gbit"])

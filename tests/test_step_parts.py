@@ -163,10 +163,14 @@ def test_a_strategy_whose_step_is_not_split_says_so(tmp_path):
 
 
 def test_the_report_shows_each_step_by_part_and_the_measured_split(tmp_path):
+    """The split is a measurement: runs without --ceiling are not predicted, and their split
+    is in the report all the same."""
     recs = bench(tmp_path, "--np", "1,2", "--framework", "ddp", "--backend", "gloo")
     rows = report_parts.table(recs)
     assert [row[1] for row in rows] == [1, 2]
-    [p] = prediction.predictions(recs)
+    assert prediction.predictions(recs) == []                # no compute ceiling in these runs
+    [p] = prediction.measured(recs)
+    assert p["prediction"] is None
     g = p["gap"]
     two = report_parts.of_row(p["row"])
     assert g["communication"] == pytest.approx(two["communication"])
@@ -177,7 +181,7 @@ def test_the_report_shows_each_step_by_part_and_the_measured_split(tmp_path):
     assert "exposed comm." in section and "| yes" in section
     assert max(len(ln) for ln in section.splitlines() if ln.startswith("|")) <= 160
     if g["lost"] > 0:
-        assert "is exposed communication (the allreduce of" in section
+        assert "is exposed communication (the allreduce of" in section and "(not predicted)" in section
     # a record whose parts do not add up to its step is flagged, not hidden
     bad = [dict(r) for r in recs]
     two_rec = next(r for r in bad if r["world"]["np"] == 2)
@@ -188,14 +192,15 @@ def test_the_report_shows_each_step_by_part_and_the_measured_split(tmp_path):
 
 
 def test_fp16_is_predicted_from_the_measured_parts_then_measured(tmp_path):
+    """From the row's measured parts, not the cost model: no compute ceiling needed."""
     recs = bench(tmp_path, "--np", "1,2", "--framework", "ddp", "--compression", "none,fp16")
-    preds = prediction.predictions(recs)
-    [none] = [p for p in preds if p["row"]["record"]["config"]["compression"] == "none"]
+    splits = prediction.measured(recs)
+    [none] = [p for p in splits if p["row"]["record"]["config"]["compression"] == "none"]
     parts = report_parts.of_row(none["row"])
-    [line] = prediction.fp16_sentences(recs, preds)
+    [line] = prediction.fp16_sentences(recs, splits)
     predicted = (parts["step"] - parts["communication"] / 2) * 1000
     assert f"predicted step {predicted:.1f} ms" in line
-    fp16 = next(p for p in preds if p["row"]["record"]["config"]["compression"] == "fp16")
+    fp16 = next(p for p in splits if p["row"]["record"]["config"]["compression"] == "fp16")
     assert f"measured {report_parts.of_row(fp16['row'])['step'] * 1000:.1f} ms" in line
 
 

@@ -4,9 +4,9 @@ predicted before it runs (docs/pages/report.md, "The cost model" names the sourc
 
 step(N) = compute x slowdown + exposed communication + waiting, where
 - compute is the 1-worker step (its parts: forward, backward, optimizer, other) and
-  slowdown the per-rank loss when N ranks share cores or a GPU: the N-worker run's compute
-  parts over the 1-worker run's (figures.step_parts), else from the compute ceiling
-  measured at 1 and N processes (figures.ceiling), 1 where neither was measured;
+  slowdown the per-rank loss when N ranks share cores or a GPU, measured apart from the
+  N-worker run's steps: the compute ceiling at 1 and N processes (figures.ceiling); the
+  N-worker run's own compute parts give only an "explained" figure (lab.report.model_inputs);
 - the collective costs alpha x steps(op, n) + beta x size x factor(op, n): a latency and
   a per-byte cost fitted by least squares per framework, back end and place, with the
   ring algorithm's steps (2(n-1) for all-reduce, n-1 for all-gather) and bytes
@@ -19,7 +19,8 @@ step(N) = compute x slowdown + exposed communication + waiting, where
   during the backward pass, one collective at a time: what ends after the backward is
   exposed, so the last bucket always is, and a model whose gradients fit in one bucket
   overlaps nothing;
-- waiting is what the ranks waited for the slowest, their mean as measured, carried as it is.
+- waiting is what the ranks waited for the slowest, their mean as the other configurations
+  at the same ranks measured it, carried as it is.
 
 Pure functions on plain numbers: lab.report.prediction reads the records into them."""
 from __future__ import annotations
@@ -49,27 +50,38 @@ ASSUMPTIONS = {
             "the payload per rank (all-gather: n-1 steps and (n-1)/n of its output).",
     "serial": "Collectives run one at a time, in order, and a bucket's collective does not "
               "slow the backward it overlaps.",
-    "slowdown": "Where neither the step parts nor the compute ceiling measured the compute at 1 "
-                "and N workers, ranks sharing cores or a GPU are assumed not to slow each other.",
-    "slowdown_parts": "The slowdown is the N-worker run's own compute (forward, backward, optimizer "
-                      "and the rest, from its step parts) over the 1-worker run's: measured in the "
-                      "run, so the compute term explains the step rather than foretells it; the "
-                      "what-if table, every worker on a server of its own, has none.",
+    "slowdown": "Where no compute ceiling was measured at 1 and N workers, ranks sharing cores "
+                "or a GPU are assumed not to slow each other (the what-if table, every worker on a "
+                "server of its own).",
+    "slowdown_parts": "The explained figure's slowdown is the N-worker run's own compute (forward, "
+                      "backward, optimizer and the rest, from its step parts) over the 1-worker "
+                      "run's, and its waiting the run's own: measured in the run, so it explains the "
+                      "step rather than foretells it, and is shown apart from the prediction.",
     "slowdown_ceiling": "The slowdown is N x the compute ceiling of one process over that of N "
-                        "processes at once (--ceiling), measured apart from the run's steps.",
+                        "processes at once placed as the ranks are (--ceiling: the model's steps "
+                        "without a framework), measured apart from the run's steps, by this run or "
+                        "another of the same model, batch, threads, precision and place.",
+    "contention": "The compute slows beyond the ceiling's slowdown (the framework's threads and "
+                  "waits beside the ranks' compute) by the median ratio of the step parts' slowdown "
+                  "to the ceiling's that the other configurations measured at the same workers, "
+                  "servers and place (of the same framework and back end, and model, where any did).",
+    "contention_none": "No other configuration at these workers, servers and place measured both "
+                       "its step parts and its ceiling: the compute slows by the ceiling's slowdown "
+                       "alone.",
     "cycle": "Horovod's cycle cost (what each cycle of its background thread costs in a step "
              "beyond the collectives timed alone) is fitted to the exposed communication measured "
              "in the other configurations of the same back end, place and link (of the same model "
-             "where any measured it), and carried unchanged to this one and to the configurations "
-             "not run.",
+             "where any measured it; else on another link), and carried unchanged to this one and "
+             "to the configurations not run.",
     "cycle_self": "Horovod's cycle cost is fitted to this configuration's own measured exposed "
                   "communication (no other configuration of its back end, place and link measured "
                   "one): its exposed communication is then measured, not predicted.",
     "cycle_none": "No configuration of this Horovod back end, place and link measured its exposed "
                   "communication: its cycles are taken to cost nothing beyond their collectives.",
-    "waiting": "Waiting for the slowest rank is the ranks' mean wait measured at the row's "
-               "own worker count, and for a configuration not run the one measured at the "
-               "most workers, carried unchanged.",
+    "waiting": "Waiting for the slowest rank is the median of the ranks' mean waits that the "
+               "other configurations measured at the same workers and servers (same model and "
+               "place), 0 where none did, and for a configuration not run the one at the most "
+               "workers, carried unchanged.",
     "backward": "Without measured step parts the backward is two thirds of the 1-worker "
                 "step (twice the forward).",
     "link": "On another link the per-byte cost is the host's (the fitted cost less the "
@@ -281,11 +293,13 @@ class Inputs:
     slowdown_from: str | None = None  # "step parts" or "ceiling" where slowdown was measured
     cycle_cost_s: float = 0.0       # Horovod: a cycle's cost beyond its collectives, fitted
     cycle_cost_from: str | None = None  # "others", "itself" where cycle_cost_s was fitted
+    contention: float = 1.0         # the compute's slowdown beyond the ceiling's, fitted on others
+    contention_from: str | None = None  # which others (lab.report.model_inputs.contention)
 
 
 def _backward_and_ratio(x: Inputs) -> tuple[float, float, float]:
     """(slowdown, the backward at N workers, payload bytes per gradient byte)."""
-    slow = x.slowdown if x.slowdown else 1.0
+    slow = (x.slowdown if x.slowdown else 1.0) * (x.contention or 1.0)
     backward1 = x.backward_s if x.backward_s is not None else BACKWARD_SHARE * x.compute_s
     return slow, backward1 * slow, (x.payload_bytes / x.grad_bytes if x.grad_bytes else 1.0)
 
@@ -308,6 +322,8 @@ def predict(x: Inputs, fit_: Fit) -> dict:
     if x.np > 1:
         used.append("slowdown_parts" if x.slowdown and x.slowdown_from == "step parts" else
                     "slowdown" if not x.slowdown else "slowdown_ceiling")
+        if x.slowdown and x.slowdown_from == "ceiling":
+            used.append("contention" if x.contention_from else "contention_none")
     if x.backward_s is None:
         used.append("backward")
     compute = x.compute_s * slow
@@ -331,6 +347,7 @@ def predict(x: Inputs, fit_: Fit) -> dict:
             "backward_s": backward, "exposed_s": sched["exposed_s"], "waiting_s": waiting,
             "collective_alone_s": alone, "buckets": sched["buckets"],
             "collectives_s": sched["collective_s"], "speedup": x.np * x.compute_s / step if step else None,
-            "slowdown_from": x.slowdown_from if x.slowdown else None,
+            "slowdown_from": x.slowdown_from if x.slowdown else None, "contention": x.contention or 1.0,
+            "contention_from": x.contention_from,
             "cycle_cost_s": x.cycle_cost_s if x.framework == "horovod" else 0.0,
             "cycles": sched.get("cycles", 0), "assumptions": used}

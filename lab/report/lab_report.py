@@ -12,7 +12,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lab.report import cost_model, curves, html, markdown, prediction, step_parts, strategies, tables
+from lab.report import (
+    cost_model,
+    curves,
+    html,
+    markdown,
+    model_inputs,
+    prediction,
+    prediction_text,
+    step_parts,
+    strategies,
+    tables,
+)
 from lab.report import document as d
 from lab.report.analysis import RANKING_HEADERS, analysis
 from lab.report.bench_output import restart_line
@@ -38,9 +49,13 @@ def _results(records: list[dict], across: bool, notes: d.Notes, empty: str) -> l
                     + tables.devices_note(shown, records))]
 
 
-def _why(records: list[dict], level: int = 2) -> list:
-    """Predicted against measured scaling (lab.report.prediction)."""
-    preds = prediction.predictions(records)
+def _why(records: list[dict], level: int = 2, sweeps: list[dict] = ()) -> list:
+    """Predicted against measured scaling (lab.report.prediction); `sweeps`: doctor's. The
+    measured split of what each multi-worker row lost, and what fp16 would buy it, for every
+    row with its 1-worker row: measurements, shown whether the model predicted the row or not."""
+    preds = prediction.predictions(records, sweeps)
+    splits = prediction.measured(records, preds)
+    said = prediction.split_sentences(records, splits) + prediction.fp16_sentences(records, splits)
     head = d.Heading(level, "Why it scales as it does")
     parts = step_parts.table(records)
     split = [d.Para("Each step, part by part (every rank measures its steps; a part is its mean "
@@ -53,25 +68,30 @@ def _why(records: list[dict], level: int = 2) -> list:
                  "joined it last. Data loading is before the timed step and not in the sum; step: "
                  "the same typical steps as the training loop timed them.", *step_parts.notes(records)])] if parts else []
     if not preds:
-        return [head, *split, d.Para("No multi-worker run timed its collective with a 1-worker run of the "
-                             "same configuration beside it (data-parallel runs at 1 and 2 or more "
-                             "workers make one).")]
+        return [head, *split, *([d.Items(said)] if said else []),
+                d.Para("No multi-worker run could be predicted: that takes a 1-worker run "
+                       "of the same configuration, a timed collective and the compute "
+                       "ceiling at 1 and N processes (data-parallel runs at 1 and 2 or "
+                       "more workers with --ceiling make one)."),
+                *([d.Items(_unpredicted(records, sweeps))] if _unpredicted(records, sweeps) else [])]
     return [head, d.Table(prediction.HEADERS, prediction.table(records, preds), [
         "Milliseconds but for slowdown, error and speedups. Predicted step = compute (the 1-worker "
-        "step) x slowdown (the N-worker run's compute parts against the 1-worker run's, else the compute "
-        "ceiling at N processes against 1) + exposed (communication: the bucket schedule, or Horovod's "
+        "step) x slowdown (N x the compute ceiling of 1 process against that of N processes placed as "
+        "the ranks are, times the contention beyond it that the other configurations' step parts "
+        "measured) + exposed (communication: the bucket schedule, or Horovod's "
         "cycles with their cost fitted to measured exposed time, against the backward pass, the "
-        "collective's cost fitted per back end and place from its timings) + waiting (measured "
-        "mean wait for the slowest rank); error: predicted against measured; "
+        "collective's cost fitted per back end and place from its timings and doctor's sweeps) + waiting "
+        "(the mean wait for the slowest rank the other configurations measured); error: predicted against measured; "
         "unexplained: the measured step less the predicted one. Every term is in prediction.json.",
-        *_unpredicted(records)]), *_what_if(records, preds), *split,
-        d.Items(prediction.sentences(records, preds) + prediction.fp16_sentences(records, preds)),
+        *_unpredicted(records, sweeps)]), *_what_if(records, preds), *split,
+        d.Items(prediction.sentences(records, preds) + said),
         d.Para("The model's assumptions:"), d.Items(_assumed(preds))]
 
 
-def _unpredicted(records: list[dict]) -> list[str]:
+def _unpredicted(records: list[dict], sweeps: list[dict] = ()) -> list[str]:
     return [f"Not predicted: {config_label(u['row']['record'], records, ' / ')} at "
-            f"{u['row']['np']} workers ({u['why']})." for u in prediction.unpredicted(records)]
+            f"{u['row']['np']} workers ({u['why']}){prediction_text.explained(u['explained'])}."
+            for u in prediction.unpredicted(records, sweeps)]
 
 
 def _what_if(records: list[dict], preds: list[dict]) -> list:
@@ -90,7 +110,7 @@ def _assumed(preds: list[dict]) -> list[str]:
     return [text for key, text in cost_model.ASSUMPTIONS.items() if key in used]
 
 
-def document(records: list[dict], images: list[str], source: str) -> list:
+def document(records: list[dict], images: list[str], source: str, sweeps: list[dict] = ()) -> list:
     """The report's blocks, in the template's order. Records of several models: each
     model its own results, compression, strategies and analysis (its own ranking), under
     a heading of its own; the curves (a panel per setup) and what did not run after them."""
@@ -112,7 +132,7 @@ def document(records: list[dict], images: list[str], source: str) -> list:
     models = list(dict.fromkeys(r.get("config", {}).get("model") for r in records))
     if len(models) == 1:
         blocks += _results_sections(records, notes, 2)
-        blocks += _why(records)
+        blocks += _why(records, 2, sweeps)
         blocks += _curves(images)
         blocks += _by_configuration(records, images, 2)
         blocks += _not_run(records)
@@ -126,7 +146,7 @@ def document(records: list[dict], images: list[str], source: str) -> list:
             mine = [r for r in records if r.get("config", {}).get("model") == m]
             blocks.append(d.Heading(2, f"Model {m}"))
             blocks += _results_sections(mine, notes, 3)
-            blocks += _why(mine, 3)
+            blocks += _why(mine, 3, sweeps)
             blocks += _by_configuration(mine, images, 3)
             blocks += _analysis(mine, 3)
         blocks += _curves(images)
@@ -239,10 +259,11 @@ def write_files(path: str, format: str = "md", sources: list[str] | None = None)
     out_dir = Path(path)
     images = curves.plot(records, out_dir)
     where = ", ".join(Path(s).name for s in sources) if sources else str(path)
-    blocks = document(records, images, where)
+    sweeps = model_inputs.load_sweeps(*(sources or [path]))
+    blocks = document(records, images, where, sweeps)
     written = [out_dir / "report.md"]
     written[0].write_text(markdown.render(blocks))
-    prediction.write_json(records, out_dir)
+    prediction.write_json(records, out_dir, sweeps)
     if "html" in wanted:
         written.append(out_dir / "report.html")
         written[1].write_text(html.render(blocks, out_dir))

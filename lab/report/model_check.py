@@ -11,7 +11,10 @@ latency 0 with one size timed). Horovod's cycle cost is fitted to the one publis
 time (Horovod MNIST across servers, marked as fitted on itself) and carried to the Horovod
 ResNet-50 case on the same link. With RESULTS_DIR: every predicted multi-worker row of the
 records there (lab.report.prediction), a row whose cycle cost came from its own exposed
-time marked the same way, and the rows it could not predict with why."""
+time marked the same way, and the rows it could not predict with why; then each row's
+explained figure (its own compute parts and wait: not a prediction). With --leave-out
+KEY=VALUE,...: the configurations those pick predicted from the other records and doctor's
+sweeps alone (lab.report.prediction.predictions' leave_out), "not run yet" where none ran."""
 from __future__ import annotations
 
 import statistics
@@ -92,28 +95,92 @@ def published() -> list[tuple[str, float, float]]:
     return out
 
 
-def of_results(path: str) -> tuple[list[tuple[str, float, float]], list[str]]:
+def _records(paths: list[str]) -> list[dict]:
     from lab.common import results
-    from lab.report import prediction
+    return [r for path in paths for f in sorted(Path(path).rglob(results.RESULTS_FILE))
+            for r in results.read_records(f)[0]]
+
+
+def _name(p: dict, recs: list[dict]) -> str:
     from lab.report.records import config_label
-    recs = [r for f in sorted(Path(path).rglob(results.RESULTS_FILE)) for r in results.read_records(f)[0]]
-    rows = [(f"{config_label(p['row']['record'], recs, ' / ')}, {p['servers']} server(s), {p['np']} workers"
-             + (SELF if p["inputs"].cycle_cost_from == "itself" else ""), p["predicted_ms"], p["step_ms"])
-            for p in prediction.predictions(recs)]
-    why = [f"{config_label(u['row']['record'], recs, ' / ')} at {u['row']['np']} workers: {u['why']}"
-           for u in prediction.unpredicted(recs)]
-    return rows, why
+    row = p["row"]
+    link = row["record"].get("config", {}).get("link", "") if row["servers"] > 1 else ""
+    return (f"{config_label(row['record'], recs, ' / ')}, {row['servers']} server(s)"
+            f"{' at ' + link if link else ''}, {row['np']} workers")
 
 
-def lines(cases: list[tuple[str, float, float]]) -> list[str]:
+def of_results(*paths: str, leave_out=None) -> tuple[list[tuple[str, float, float]], list[str], list[tuple]]:
+    """(predicted rows, why the others were not, the rows' explained figures) of the records
+    under `paths` and doctor's sweeps stored there (lab.report.model_inputs.load_sweeps);
+    `leave_out`: prediction.predictions'."""
+    from lab.report import model_inputs, prediction
+    from lab.report.records import config_label
+    recs, sweeps = _records(list(paths)), model_inputs.load_sweeps(*paths)
+    preds = prediction.predictions(recs, sweeps, leave_out)
+    rows = [(_name(p, recs) + (SELF if p["inputs"].cycle_cost_from == "itself" else ""), p["predicted_ms"],
+             None if p["row"]["record"].get("planned") else p["step_ms"]) for p in preds]
+    left = prediction.unpredicted(recs, sweeps, leave_out)
+    why = [f"{config_label(u['row']['record'], recs, ' / ')} at {u['row']['np']} workers: {u['why']}" for u in left]
+    explained = [(_name(u, recs), u["explained"]["step_ms"], u["row"]["time per step (ms)"])
+                 for u in preds + left if u["explained"] and not u["row"]["record"].get("planned")]
+    return rows, why, explained
+
+
+def leave_out_test(spec: str):
+    """'np=2,nodes=2,link=100mbit[,framework=ddp,...]' -> a test on a record: its world's
+    np and nodes, its configuration's other fields (ValueError: one sentence)."""
+    want = {}
+    for item in filter(None, spec.split(",")):
+        k, eq, v = item.partition("=")
+        if not eq or not k.strip():
+            raise ValueError(f"--leave-out takes KEY=VALUE pairs (np=2,nodes=2,link=100mbit), not {item!r}")
+        want[k.strip()] = v.strip()
+        if k.strip() in ("np", "nodes") and not v.strip().isdigit():
+            raise ValueError(f"--leave-out's {k.strip()} is a whole number, not {v.strip()!r}")
+    if not want:
+        raise ValueError("--leave-out names no configuration: give np=2,nodes=2,link=100mbit or the like")
+
+    def value(record, k):
+        v = record["world"].get(k) if k in ("np", "nodes") else record.get("config", {}).get(k)
+        return "" if v is None else str(v)
+    return lambda r: all(value(r, k) == v for k, v in want.items())
+
+
+def planned(recs: list[dict], spec: str) -> list[dict]:
+    """Where no record matches `spec`: the configuration not run yet, one per configuration
+    of the records' multi-worker runs that matches the rest of it, as a record marked
+    planned (its figures are its template's and nothing of them is used: it is left out)."""
+    test = leave_out_test(spec)
+    if any(test(r) for r in recs):
+        return []
+    want = {k.strip(): v.strip() for k, _, v in (item.partition("=") for item in spec.split(",") if item)}
+    out, seen = [], set()
+    for r in recs:
+        if r.get("status") != "ok" or r["world"]["np"] < 2 or (
+                "nodes" in want and (r["world"]["nodes"] > 1) != (int(want["nodes"]) > 1)):
+            continue            # across servers from runs across servers, within from within
+        world = {**r["world"], **{k: int(want[k]) for k in ("np", "nodes") if k in want}}
+        config = {**r["config"], **{k: v for k, v in want.items() if k not in ("np", "nodes")}}
+        new = {**r, "world": world, "config": config, "planned": True}
+        key = (tuple(sorted(map(str, config.items()))), world["np"], world["nodes"])
+        if test(new) and key not in seen:
+            seen.add(key)
+            out.append(new)
+    return out
+
+
+def lines(cases: list[tuple[str, float, float | None]]) -> list[str]:
     out = ["| case | predicted step | measured step | error |", "| --- | --- | --- | --- |"]
     errors = []
     for name, pred, meas in cases:
+        if meas is None:
+            out.append(f"| {name} | {pred:.4g} | not run yet | |")
+            continue
         errors.append(pred / meas - 1)
         out.append(f"| {name} | {pred:.4g} | {meas:.4g} | {100 * errors[-1]:+.0f}% |")
     if errors:
         out.append("\n" + _summary(errors))
-    apart = [pred / meas - 1 for name, pred, meas in cases if SELF not in name]
+    apart = [pred / meas - 1 for name, pred, meas in cases if SELF not in name and meas is not None]
     if len(apart) < len(errors):
         out.append(f"without the cases fitted on themselves: {_summary(apart)}")
     return out
@@ -127,17 +194,60 @@ def _summary(errors: list[float]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if not argv:
-        print("The published cases (docs/pages/report.md; steps in the unit each case names):")
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m lab.report.model_check", description=__doc__.split("\n\n")[0])
+    p.add_argument("folders", nargs="*", help="results folders (each with its run folders)")
+    p.add_argument("--leave-out", default="", metavar="KEY=VALUE,...",
+                   help="predict the configuration these pick (np, nodes, link, framework, backend, model, ...) "
+                        "from the other records and doctor's sweeps alone; not run yet: each matching "
+                        "configuration of the records at those settings")
+    a = p.parse_args(argv)
+    if not a.folders:
+        if a.leave_out:
+            p.error("--leave-out needs the results folders to predict from")
+        print("The published cases (docs/pages/report.md; steps in the unit each case names), explained "
+              "by their own published parts (waiting, the compute that grew), not predicted:")
         print("\n".join(lines(published())))
-    for path in argv:
-        rows, why = of_results(path)
+        return 0
+    missing = [f for f in a.folders if not Path(f).is_dir()]
+    if missing:
+        print(f"error: {', '.join(missing)}: no such folder (give results folders)", file=sys.stderr)
+        return 2
+    if a.leave_out:
+        try:
+            test = leave_out_test(a.leave_out)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        return _leave_out(a.folders, a.leave_out, test)
+    for path in a.folders:
+        rows, why, explained = of_results(path)
         print(f"\n{path}:")
         if not rows and not why:
             print(f"no multi-worker row in the records under {path}")
             continue
         print("\n".join(lines(rows)) if rows else "no multi-worker row predicted")
         print("\n".join(f"- not predicted: {w}" for w in why))
+        if explained:
+            print("\nExplained by each row's own measurements (its compute parts and wait: not predictions):")
+            print("\n".join(lines(explained)))
+    return 0
+
+
+def _leave_out(folders: list[str], spec: str, test) -> int:
+    """Predict the left-out configuration from the others (planned where not run yet)."""
+    from lab.report import model_inputs, prediction
+    recs = _records(folders)
+    recs += planned(recs, spec)
+    sweeps = model_inputs.load_sweeps(*folders)
+    preds = prediction.predictions(recs, sweeps, test)
+    rows = [(_name(p, recs), p["predicted_ms"], None if p["row"]["record"].get("planned") else p["step_ms"])
+            for p in preds]
+    print(f"Left out: {spec}; predicted from the other records of {', '.join(folders)} and "
+          f"{len(sweeps)} doctor sweep(s) alone (steps in ms):")
+    print("\n".join(lines(rows)) if rows else "nothing predicted")
+    for u in prediction.unpredicted(recs, sweeps, test):
+        print(f"- not predicted: {_name(u, recs)}: {u['why']}")
     return 0
 
 

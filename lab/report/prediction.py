@@ -1,9 +1,14 @@
 """Why a configuration scales as it does: each multi-worker row's step predicted by the cost
-model (lab.report.cost_model) from its 1-worker row, the collectives its back end timed
-(figures.collective_alone, fitted per framework, back end and place) and the bucket
-schedule, beside the measured step; what the measured step has beyond the prediction is
-unexplained. Then a what-if table for configurations not run, and prediction.json (every
-term, so the error can be recomputed).
+model (lab.report.cost_model) from its 1-worker row, the compute ceilings at 1 and at its
+ranks, the other configurations' waiting, the collectives its back end timed apart from
+training (figures.collective_alone and doctor's sweeps, fitted per framework, back end,
+place and link) and the bucket schedule, beside the measured step: nothing of the row's
+own steps goes in (lab.report.model_inputs); what the measured step has beyond the
+prediction is unexplained, and the step the row's own parts explain is shown apart. Then a
+what-if table for configurations not run, and prediction.json (every term, so the error can
+be recomputed). Apart from the model, `measured`: what each multi-worker row's step lost
+against one worker, split into its measured parts, for every row with its 1-worker row,
+predicted or not.
 
 Every figure comes from the records (medians over repeats, lab.report.summary.rows)."""
 from __future__ import annotations
@@ -14,8 +19,10 @@ from pathlib import Path
 
 from lab.common.link import DELAY, rate_gbs
 from lab.report import cost_model as cm
+from lab.report import model_inputs as mi
 from lab.report import records as rec
 from lab.report import step_parts, summary
+from lab.report.prediction_text import fp16_sentences, sentences, split_sentences  # noqa: F401 (the report's)
 from lab.report.tables import row_oversubscribed
 
 HEADERS = ["configuration", "np", "servers", "compute", "slowdown", "exposed", "waiting",
@@ -36,10 +43,10 @@ def _collective(row: dict) -> dict | None:
     return {**figs[0], "time_s": t, "busbw_gbs": statistics.median(f["busbw_gbs"] for f in figs)}
 
 
-def _link(record: dict) -> tuple[float | None, float]:
-    """(rate in GB/s, delay in s) of a multi-server record's shaped link; (None, 0) else."""
-    spec = record.get("config", {}).get("link", "") or ""
-    if record["world"]["nodes"] < 2 or not spec:
+def _link(spec: str, nodes: int) -> tuple[float | None, float]:
+    """(rate in GB/s, delay in s) of a multi-server run's shaped link; (None, 0) else."""
+    spec = spec or ""
+    if nodes < 2 or not spec:
         return None, 0.0
     delay = spec.partition("/")[2]
     m = DELAY.match(delay) if delay else None
@@ -54,16 +61,33 @@ def fit_key(record: dict) -> tuple:
             w["nodes"] > 1, (c.get("link", "") or "") if w["nodes"] > 1 else "")
 
 
-def fits(records: list[dict]) -> dict[tuple, cm.Fit]:
-    """One alpha-beta fit per fit_key from every ok record's collective timed alone."""
+def fits(records: list[dict], sweeps: list[dict] = ()) -> dict[tuple, cm.Fit]:
+    """One alpha-beta fit per fit_key from every ok record's collective timed alone and
+    doctor's size sweeps of the same key (model_inputs.load_sweeps)."""
     points: dict[tuple, list[dict]] = {}
     links: dict[tuple, tuple] = {}
     for r in records:
         c = (r.get("figures") or {}).get("collective_alone") if r.get("status") == "ok" else None
         if c and c.get("time_s"):
             points.setdefault(fit_key(r), []).append(c)
-            links[fit_key(r)] = _link(r)
+            links[fit_key(r)] = _link(r.get("config", {}).get("link", ""), r["world"]["nodes"])
+    for e in sweeps:
+        key = mi.sweep_key(e)
+        points.setdefault(key, []).extend(e["points"])
+        links[key] = _link(key[4], 2 if key[3] else 1)
     return {k: f for k, pts in points.items() if (f := cm.fit(pts, *links[k]))}
+
+
+def fit_for(key: tuple, fitted: dict[tuple, cm.Fit]) -> cm.Fit | None:
+    """The fit of `key`; across servers without one, the same back end's fit on another
+    link moved to this one (Fit.on_link: the link's nominal rate and delay)."""
+    if key in fitted or not key[3]:
+        return fitted.get(key)
+    moved = [(k, f) for k, f in fitted.items() if k[:4] == key[:4]]
+    if not moved:
+        return None
+    k, f = max(moved, key=lambda kf: kf[1].points)
+    return f.on_link(*_link(key[4], 2))
 
 
 def _median(values: list) -> float | None:
@@ -71,47 +95,16 @@ def _median(values: list) -> float | None:
     return statistics.median(values) if values else None
 
 
-def _ceiling(row: dict) -> float | None:
-    return _median([((r.get("figures") or {}).get("ceiling") or {}).get("images_per_s")
-                    for r in row["records"]])
-
-
-def mean_wait(row: dict) -> float | None:
-    """What the ranks waited in the collective for the slowest (seconds): in each record the
-    mean over its ranks (each rank's mean over its typical steps), the median over repeats.
-    The mean, not the most: rank i joins at a_i and waits max(a) - a_i, so the step, the
-    last one's arrival plus the collective, is the ranks' mean arrival (the mean compute)
-    plus their mean wait plus the collective."""
-    return _median([statistics.fmean(x["parts_s"]["waiting"] for x in ranks) for r in row["records"]
-                    if (ranks := [x for x in ((r.get("figures") or {}).get("step_parts") or {}).get("ranks") or []
-                                  if x.get("parts_s")])]) if row.get("records") else None
-
-
-def slowdown(row: dict, one: dict) -> tuple[float | None, str | None]:
-    """(compute at N workers over compute at 1, where it was measured): the rows' step parts
-    (forward, backward, optimizer, other; where a record's note says a part holds some of the
-    exchange, the backward is left out of both), else N x the 1-process compute ceiling over
-    the N-process one; (None, None) where neither was measured."""
-    parts, parts_one = step_parts.of_row(row), step_parts.of_row(one)
-    if parts and parts_one:
-        noted = any(((r.get("figures") or {}).get("step_parts") or {}).get("note")
-                    for r in row["records"] + one["records"])
-        keys = [k for k in step_parts.COMPUTE if not (noted and k == "backward")]
-        one_s = sum(parts_one[k] for k in keys)
-        if one_s > 0:
-            return sum(parts[k] for k in keys) / one_s, "step parts"
-    c1, cn = _ceiling(one), _ceiling(row)
-    return ((row["np"] * c1 / cn, "ceiling") if c1 and cn else (None, None))
-
-
-def inputs(row: dict, one: dict) -> cm.Inputs:
-    """The model's inputs for `row` from its records and its 1-worker row's."""
+def inputs(row: dict, one: dict, ceilings: dict, rows: list[dict]) -> cm.Inputs:
+    """The model's inputs for `row`: the compute of its 1-worker row, the slowdown from the
+    compute ceilings (model_inputs.ceiling_slowdown), waiting from the other configurations
+    at its ranks and servers (model_inputs.others_wait), the settings from its record."""
     r, n = row["record"], row["np"]
     f = r["figures"]
     compute = one["time per step (ms)"] / 1000
     parts = step_parts.of_row(one)
     backward = compute * parts["backward"] / parts["step"] if parts and parts["step"] else None
-    slow, slow_from = slowdown(row, one)
+    slow = mi.ceiling_slowdown(r, n, row["servers"], ceilings)
     hv = r["world"].get("horovod") or {}
     values = f.get("gradient_values")
     grad = 4.0 * values if values else float(f.get("payload_bytes_per_step") or 0)
@@ -119,37 +112,42 @@ def inputs(row: dict, one: dict) -> cm.Inputs:
         framework=r["config"].get("framework", "ddp"), np=n, compute_s=compute, backward_s=backward,
         grad_bytes=grad, payload_bytes=float(f.get("payload_bytes_per_step") or grad),
         op=f.get("collective") or "allreduce",
-        slowdown=slow, slowdown_from=slow_from, waiting_s=mean_wait(row),
+        slowdown=slow, slowdown_from="ceiling" if slow else None, waiting_s=mi.others_wait(row, rows),
         tensors=cm.MODEL_TENSORS.get(r["config"].get("model"), cm.DEFAULT_TENSORS),
         cycle_s=hv.get("cycle_time_ms", cm.HOROVOD_CYCLE_S * 1000) / 1000,
         fusion_bytes=hv.get("fusion_threshold_bytes", cm.HOROVOD_FUSION))
 
 
-def _pairs(records: list[dict]):
-    """(row, its 1-worker row or None) for every multi-worker row that ran."""
+def _pairs(records: list[dict], known: list[dict] | None = None):
+    """(row, its 1-worker row or None) for every multi-worker row that ran; the 1-worker
+    rows from `known` where given."""
     rows = summary.rows(records)
-    base = {summary.config_key(r["record"]): r for r in rows
+    base = {summary.config_key(r["record"]): r for r in (summary.rows(known) if known is not None else rows)
             if r.get("runs") and r["np"] == 1 and r.get("servers") == 1}
     for row in rows:
         if row.get("runs") and row["np"] >= 2:
             yield row, base.get(summary.config_key(row["record"]))
 
 
-def with_cycle_costs(cases: list[tuple[dict, cm.Inputs, cm.Fit]]) -> list[cm.Inputs]:
+def with_cycle_costs(cases: list[tuple[dict, cm.Inputs, cm.Fit]], blind: set[int] = frozenset()) -> list[cm.Inputs]:
     """Each case's inputs with Horovod's cycle cost: the median of the costs fitted to the
     exposed communication that the other cases of its fit_key measured (step parts), those
-    of its own model where there are any, else those of other models; else the one fitted
-    to its own (said in cycle_cost_from); else none."""
+    of its own model where there are any, else those of other models; else the same of its
+    back end on another link; else the one fitted to its own (said in cycle_cost_from);
+    else none. The cases in `blind` (left out) lend none and take none of their own."""
     own = []
-    for row, x, fit in cases:
-        parts = step_parts.of_row(row)
+    for i, (row, x, fit) in enumerate(cases):
+        parts = step_parts.of_row(row) if i not in blind else None
         own.append(cm.cycle_cost(x, fit, parts["communication"]) if parts else None)
     out = []
     for i, (row, x, _) in enumerate(cases):
         key, model = fit_key(row["record"]), row["record"]["config"].get("model")
-        others = [(c, r["record"]["config"].get("model") == model) for j, ((r, _, _), c) in enumerate(zip(cases, own))
-                  if j != i and c is not None and fit_key(r["record"]) == key]
-        others = [c for c, same in others if same] or [c for c, _ in others]
+        near = [(c, fit_key(r["record"]), r["record"]["config"].get("model") == model)
+                for j, ((r, _, _), c) in enumerate(zip(cases, own)) if j != i and c is not None
+                and fit_key(r["record"])[:4] == key[:4]]
+        # its key (its model first, then others), else its back end on another link
+        others = ([c for c, k, same in near if k == key and same] or [c for c, k, _ in near if k == key]
+                  or [c for c, _, same in near if same] or [c for c, _, _ in near])
         if x.framework != "horovod" or (not others and own[i] is None):
             out.append(x)
             continue
@@ -158,19 +156,67 @@ def with_cycle_costs(cases: list[tuple[dict, cm.Inputs, cm.Fit]]) -> list[cm.Inp
     return out
 
 
-def predictions(records: list[dict]) -> list[dict]:
-    """One entry per multi-worker row that has its 1-worker row and a fitted collective."""
-    fitted = fits(records)
-    pairs = [(row, one) for row, one in _pairs(records) if one is not None and fit_key(row["record"]) in fitted]
-    cases = [(row, inputs(row, one), fitted[fit_key(row["record"])]) for row, one in pairs]
+def _cases(records: list[dict], sweeps: list[dict] = (), leave_out=None) -> list[dict]:
+    """Every multi-worker row with what predicting it needs, or why it cannot be. With
+    `leave_out` (a test on a record), only the rows it picks, each predicted from the
+    other records and the sweeps alone: not its collective probe, ceiling or step parts."""
+    known = [r for r in records if not (leave_out and leave_out(r))]
+    fitted, ceilings, known_rows = fits(known, sweeps), mi.ceilings(known), summary.rows(known)
+    measured = [(row, e / c) for row, one in _pairs(known) if one is not None
+                and (e := mi.explained_slowdown(row, one)) and (c := mi.ceiling_slowdown(
+                    row["record"], row["np"], row["servers"], ceilings))]
     out = []
-    for (row, one), (_, _, fit), x in zip(pairs, cases, with_cycle_costs(cases)):
+    for row, one in _pairs(records, known):
+        left = bool(leave_out and leave_out(row["record"]))
+        fit = fit_for(fit_key(row["record"]), fitted)
+        x = inputs(row, one, ceilings, known_rows) if one is not None else None
+        if x is not None and x.slowdown:
+            factor, how = mi.contention(row, measured)
+            x = cm.Inputs(**{**x.__dict__, "contention": factor, "contention_from": how})
+        why = ("no 1-worker run of the same configuration" if one is None else
+               "no collective timed for its back end and place" if fit is None else
+               mi.no_ceiling(row["np"], row["servers"]) if not x.slowdown else None)
+        out.append({"row": row, "one": one, "inputs": x, "fit": fit, "why": why, "left": left, "explained": None})
+    ready = [c for c in out if not c["why"]]
+    blind = {i for i, c in enumerate(ready) if c["left"]}
+    for c, x in zip(ready, with_cycle_costs([(c["row"], c["inputs"], c["fit"]) for c in ready], blind)):
+        c["inputs"] = x
+    _explain([c for c in out if c["fit"] is not None and c["one"] is not None and not c["row"]["record"].get("planned")])
+    return [c for c in out if c["left"] or not leave_out]
+
+
+def _explain(cases: list[dict]) -> None:
+    """Each case's step explained by the row's own measurements (its compute parts'
+    slowdown, its own wait, Horovod's cycle cost from the other rows' exposed time as for a
+    prediction): not a prediction, shown apart as one; None without the row's step parts."""
+    mine = []
+    for c in cases:
+        slow = mi.explained_slowdown(c["row"], c["one"])
+        if slow is not None:
+            mine.append((c, cm.Inputs(**{**c["inputs"].__dict__, "slowdown": slow, "slowdown_from": "step parts",
+                                         "contention": 1.0, "contention_from": None,
+                                         "waiting_s": mi.mean_wait(c["row"]), "cycle_cost_s": 0.0,
+                                         "cycle_cost_from": None})))
+    for (c, _), x in zip(mine, with_cycle_costs([(c["row"], x, c["fit"]) for c, x in mine])):
+        p, step = cm.predict(x, c["fit"]), c["row"]["time per step (ms)"]
+        c["explained"] = {"step_ms": p["step_s"] * 1000, "slowdown": x.slowdown, "waiting_ms": p["waiting_s"] * 1000,
+                          "error": p["step_s"] * 1000 / step - 1 if step else None}
+
+
+def predictions(records: list[dict], sweeps: list[dict] = (), leave_out=None) -> list[dict]:
+    """One entry per multi-worker row that has its 1-worker row, a fitted collective and
+    the compute ceilings at 1 and at its ranks (_cases: `leave_out`)."""
+    out = []
+    for c in _cases(records, sweeps, leave_out):
+        if c["why"]:
+            continue
+        row, one, x, fit = c["row"], c["one"], c["inputs"], c["fit"]
         p = cm.predict(x, fit)
         step = row["time per step (ms)"]
-        parts, parts_one = step_parts.of_row(row), step_parts.of_row(one)
-        out.append({"gap": step_parts.gap(parts, parts_one) if parts and parts_one else None,
+        ran = not row["record"].get("planned")      # planned (not run yet): no measurement of its own
+        out.append({"gap": _gap(row, one) if ran else None,
                     "row": row, "np": row["np"], "servers": row["servers"], "inputs": x, "fit": fit,
-                    "model": p, "collective": _collective(row),
+                    "model": p, "collective": _collective(row) if ran else None, "explained": c["explained"],
                     "predicted_ms": p["step_s"] * 1000, "step_ms": step,
                     "compute_ms": x.compute_s * 1000,
                     "error": p["step_s"] * 1000 / step - 1 if step else None,
@@ -180,17 +226,37 @@ def predictions(records: list[dict]) -> list[dict]:
     return out
 
 
-def unpredicted(records: list[dict]) -> list[dict]:
-    """The multi-worker rows the model could not predict, with why."""
-    fitted = fits(records)
+def _gap(row: dict, one: dict) -> dict | None:
+    """What `row`'s step lost against its 1-worker row's, part by part (step_parts.gap);
+    None where either measured no step parts."""
+    parts, parts_one = step_parts.of_row(row), step_parts.of_row(one)
+    return step_parts.gap(parts, parts_one) if parts and parts_one else None
+
+
+def measured(records: list[dict], preds: list[dict] = ()) -> list[dict]:
+    """Every multi-worker row that ran, with its 1-worker row, both with step parts: what
+    its step lost against one worker, part by part, and its collective timed alone. A
+    measurement: it needs no compute ceiling and no fitted collective; the row's entry of
+    `preds` (predictions) rides along as "prediction" where the model made one, else None."""
+    predicted = {summary.group_key(p["row"]["record"]): p for p in preds}
     out = []
     for row, one in _pairs(records):
-        why = ("no 1-worker run of the same configuration" if one is None else
-               "no collective timed for its back end and place" if fit_key(row["record"]) not in fitted
-               else None)
-        if why:
-            out.append({"row": row, "why": why})
+        g = _gap(row, one) if one is not None and not row["record"].get("planned") else None
+        if g is None:
+            continue
+        p = predicted.get(summary.group_key(row["record"]))
+        out.append({"row": row, "np": row["np"], "servers": row["servers"], "gap": g,
+                    "collective": _collective(row), "step_ms": row["time per step (ms)"],
+                    "speedup": row.get("speedup"), "oversubscribed": row_oversubscribed(row),
+                    "prediction": p, "predicted_speedup": p["predicted_speedup"] if p else None})
     return out
+
+
+def unpredicted(records: list[dict], sweeps: list[dict] = (), leave_out=None) -> list[dict]:
+    """The multi-worker rows the model could not predict, with why (and the step their own
+    parts explain, where they have them)."""
+    return [{"row": c["row"], "why": c["why"], "explained": c["explained"]}
+            for c in _cases(records, sweeps, leave_out) if c["why"]]
 
 
 def _fmt(v: float | None, spec: str = ".1f") -> str:
@@ -225,7 +291,8 @@ def what_if(records: list[dict], preds: list[dict]) -> list[dict]:
         for n in WHAT_IF_WORKERS:
             for g in WHAT_IF_LINKS_GBIT:
                 fit = p["fit"].on_link(g / 8)
-                y = cm.Inputs(**{**x.__dict__, "np": n, "slowdown": None})
+                y = cm.Inputs(**{**x.__dict__, "np": n, "slowdown": None, "contention": 1.0,
+                                 "contention_from": None})
                 m = cm.predict(y, fit)
                 out.append({"configuration": rec.config_label(p["row"]["record"], records, " / "),
                             "workers": n, "link_gbit": g, "predicted_step_ms": m["step_s"] * 1000,
@@ -248,16 +315,18 @@ def _terms(m: dict, fit: cm.Fit) -> dict:
             "exposed_communication_ms": m["exposed_s"] * 1000, "waiting_ms": m["waiting_s"] * 1000,
             "collective_alone_ms": m["collective_alone_s"] * 1000, "collectives_per_step": m["buckets"],
             "collectives_ms": m["collectives_s"] * 1000, "fit": fit.as_dict(),
-            "slowdown_from": m["slowdown_from"], "horovod_cycle_cost_ms": m["cycle_cost_s"] * 1000,
+            "slowdown_from": m["slowdown_from"], "contention": m["contention"],
+            "contention_from": m["contention_from"], "horovod_cycle_cost_ms": m["cycle_cost_s"] * 1000,
             "assumptions": m["assumptions"]}
 
 
-def document(records: list[dict]) -> dict | None:
-    """prediction.json's content: None where no row has more than one worker."""
+def document(records: list[dict], sweeps: list[dict] = ()) -> dict | None:
+    """prediction.json's content: None where no row has more than one worker. Beside each
+    prediction, the step the row's own measurements explain (not a prediction)."""
     pairs = list(_pairs(records))
     if not pairs:
         return None
-    preds = predictions(records)
+    preds = predictions(records, sweeps)
     return {"model": "step = compute x slowdown + exposed communication + waiting (lab.report.cost_model)",
             "assumptions": cm.ASSUMPTIONS,
             "configurations": [
@@ -266,119 +335,20 @@ def document(records: list[dict]) -> dict | None:
                  "predicted_step_ms": p["predicted_ms"], "measured_step_ms": p["step_ms"],
                  "error": p["error"], "unexplained_ms": p["unexplained_ms"],
                  "predicted_speedup": p["predicted_speedup"], "measured_speedup": p["speedup"],
-                 "terms": _terms(p["model"], p["fit"])} for p in preds]
+                 "terms": _terms(p["model"], p["fit"]), "explained": p["explained"]} for p in preds]
             + [{"configuration": rec.config_label(u["row"]["record"], records, " / "), "np": u["row"]["np"],
                 "servers": u["row"]["servers"], "predicted_step_ms": None,
-                "measured_step_ms": u["row"]["time per step (ms)"], "why": u["why"]}
-               for u in unpredicted(records)],
+                "measured_step_ms": u["row"]["time per step (ms)"], "why": u["why"],
+                "explained": u["explained"]}
+               for u in unpredicted(records, sweeps)],
             "what_if": what_if(records, preds)}
 
 
-def write_json(records: list[dict], out_dir: Path) -> Path | None:
+def write_json(records: list[dict], out_dir: Path, sweeps: list[dict] = ()) -> Path | None:
     """prediction.json beside report.md, for every report with a multi-worker row."""
-    doc = document(records)
+    doc = document(records, sweeps)
     if doc is None:
         return None
     path = Path(out_dir) / JSON_FILE
     path.write_text(json.dumps(doc, indent=1) + "\n")
     return path
-
-
-def sentences(records: list[dict], preds: list[dict]) -> list[str]:
-    """What explains each configuration's step, in one sentence each."""
-    out = []
-    for p in preds:
-        name = rec.config_label(p["row"]["record"], records)
-        where = f"at {p['np']} workers" + (f" on {p['servers']} servers" if p["servers"] > 1 else "")
-        m = p["model"]
-        head = (f"{name} {where}: predicted {p['predicted_ms']:.1f} ms ({p['compute_ms']:.1f} compute x "
-                f"{m['slowdown']:.2f}, {m['exposed_s'] * 1000:.1f} exposed of {m['buckets']} "
-                f"collective(s) costing {m['collectives_s'] * 1000:.1f} ms{_cycles(m)}, "
-                f"{m['waiting_s'] * 1000:.1f} waiting), measured {p['step_ms']:.1f} ms")
-        if p["gap"] and p["gap"]["lost"] > 0:
-            out.append(head + "; " + _measured_split(p))
-        else:
-            out.append(head + ".")
-    return out
-
-
-def _cycles(m: dict) -> str:
-    """' in 2.4 Horovod cycles of 18.5 ms each' where Horovod's cycle cost was fitted."""
-    return (f" in {m['cycles']:.1f} Horovod cycles of {m['cycle_cost_s'] * 1000:.1f} ms each"
-            if m["cycle_cost_s"] else "")
-
-
-def _with_fp16(p: dict, rows: list[dict]) -> dict | None:
-    """What fp16 would buy a row sent uncompressed: half the payload, so (bandwidth-bound)
-    half its exposed communication, the rest of the step unchanged; and the step measured
-    where the same configuration ran with --compression fp16."""
-    r = p["row"]["record"]
-    if p["gap"] is None or r.get("config", {}).get("compression") != "none":
-        return None
-    two = step_parts.of_row(p["row"])
-    predicted = two["step"] - two["communication"] / 2
-    key = summary.group_key(r)
-    measured = None
-    for row in rows:
-        other = row["record"]
-        if row.get("runs") and other.get("config", {}).get("compression") == "fp16":
-            twin = {**other, "config": {**other["config"], "compression": "none"}}
-            if summary.group_key(twin) == key:
-                measured = step_parts.of_row(row)
-    return {"predicted_s": predicted, "communication_s": two["communication"],
-            "measured_s": measured["step"] if measured else None,
-            "measured_communication_s": measured["communication"] if measured else None}
-
-
-def fp16_sentences(records: list[dict], preds: list[dict]) -> list[str]:
-    """What fp16 would buy each uncompressed configuration: predicted, then measured."""
-    rows = summary.rows(records)
-    out = []
-    for p in preds:
-        f = _with_fp16(p, rows)
-        if f is None or p["collective"] is None:
-            continue
-        name = rec.config_label(p["row"]["record"], records)
-        where = f"at {p['np']} workers" + (f" on {p['servers']} servers" if p["servers"] > 1 else "")
-        head = (f"{name} {where} with fp16 (half the payload, "
-                f"{_mb(p['collective']['size_bytes'] / 2)}): predicted step "
-                f"{f['predicted_s'] * 1000:.1f} ms (the exposed communication "
-                f"{f['communication_s'] * 1000:.1f} ms halved)")
-        if f["measured_s"] is None:
-            out.append(head + "; not measured (`--compression none,fp16` measures it).")
-        else:
-            out.append(head + f", measured {f['measured_s'] * 1000:.1f} ms (exposed "
-                              f"communication {f['measured_communication_s'] * 1000:.1f} ms).")
-    return out
-
-
-def _of_link(p: dict) -> str:
-    """', 66% of its 1gbit link' for a run on shaped links (bus bandwidth against the rate
-    --link gave each node), else ''."""
-    spec = p["row"]["record"].get("config", {}).get("link", "")
-    gbs = rate_gbs(spec)
-    if not gbs or p["servers"] < 2:
-        return ""
-    return f", {p['collective']['busbw_gbs'] / gbs:.0%} of its {spec.partition('/')[0]} link"
-
-
-def _measured_split(p: dict) -> str:
-    """The measured parts of what the step lost against one worker (step_parts.gap)."""
-    c, g = p["collective"], p["gap"]
-    lost = g["lost"]
-
-    def share(x):
-        return f"{max(0.0, x) / lost:.0%} ({x * 1000:.1f} ms)"
-    grew = ("compute slowed by ranks contending for the cores (more ranks than cores)"
-            if p["oversubscribed"] else "compute that grew (cores and memory shared by more ranks)")
-    alone = (f" (the {c['op']} of {_mb(c['size_bytes'])}: {c['time_s'] * 1000:.1f} ms alone at "
-             f"{c['busbw_gbs']:.3g} GB/s bus bandwidth{_of_link(p)})") if c else ""
-    return (f"measured, of the {lost * 1000:.1f} ms the step lost against one worker, "
-            f"{share(g['communication'])} is exposed communication{alone}, "
-            f"{share(g['waiting'])} waiting for the slowest rank, {share(g['compute'])} {grew}, "
-            f"and {share(g['unexplained'])} not in the parts (each part's median over repeats). "
-            f"Speedup predicted {_fmt(p['predicted_speedup'], '.2f')}, measured {_fmt(p['speedup'], '.2f')}.")
-
-
-def _mb(b: float) -> str:
-    return f"{b / 1e6:.3g} MB"
