@@ -10,8 +10,8 @@ import pytest
 
 from lab.common import collectives, results
 from lab.common.config import RunConfig
+from lab.report import algorithms, lab_report, model_check, prediction
 from lab.report import cost_model as cm
-from lab.report import lab_report, model_check, prediction
 from lab.report import model_inputs as mi
 from lab.worker import step_parts
 
@@ -20,7 +20,7 @@ MIB = 2**20
 
 def points(alpha, beta, sizes, n=2, op="allreduce"):
     return [{"op": op, "size_bytes": s, "ranks": n,
-             "time_s": alpha * cm.steps(op, n) + beta * cm.wire_bytes(op, s, n)} for s in sizes]
+             "time_s": alpha * algorithms.steps(op, n) + beta * algorithms.wire_bytes(op, s, n)} for s in sizes]
 
 
 def test_the_fit_recovers_latency_and_per_byte_cost_and_extrapolates_in_n_and_size():
@@ -30,8 +30,8 @@ def test_the_fit_recovers_latency_and_per_byte_cost_and_extrapolates_in_n_and_si
     assert f.sizes == 4 and f.how == "least squares"
     # ring all-reduce at 8 ranks: 14 latency steps, 2*7/8 of the bytes (nccl-tests' bus factor)
     assert f.time("allreduce", 1e6, 8) == pytest.approx(14 * alpha + 1.75e6 * beta)
-    assert cm.wire_bytes("allreduce", 1e6, 8) == 1e6 * collectives.bus_factor("allreduce", 8)
-    assert cm.steps("allgather", 4) == 3 and f.time("allreduce", 1e6, 1) == 0
+    assert algorithms.wire_bytes("allreduce", 1e6, 8) == 1e6 * collectives.bus_factor("allreduce", 8)
+    assert algorithms.steps("allgather", 4) == 3 and f.time("allreduce", 1e6, 1) == 0
     # noise that would make the latency negative keeps it at 0
     noisy = points(0.0, beta, [1e5, 1e6]) + [{"op": "allreduce", "size_bytes": 1e5, "ranks": 2, "time_s": 1e-7}]
     g = cm.fit(noisy)
@@ -55,6 +55,50 @@ def test_ddp_buckets_are_a_first_small_one_then_the_cap():
     b = cm.ddp_buckets(102e6)
     assert b[0] == 1 * MIB and b[1:4] == [25 * MIB] * 3 and sum(b) == pytest.approx(102e6)
     assert len(b) == 5
+
+
+def test_ddp_fills_a_bucket_with_whole_tensors_in_reverse_until_it_reaches_the_limit():
+    # the model's order: 3 MiB, 0.5 MiB, 0.6 MiB; DDP starts from the last: 0.6 + 0.5 MiB
+    # reaches the first bucket's 1 MiB, then 3 MiB stays under 25 MiB and closes the step
+    assert cm.ddp_buckets(4.1 * MIB, tensor_bytes=[3 * MIB, 0.5 * MIB, 0.6 * MIB]) == [1.1 * MIB, 3 * MIB]
+    # a tensor larger than the cap is a bucket of its own, never split
+    assert cm.ddp_buckets(0, tensor_bytes=[40 * MIB, 2 * MIB]) == [2 * MIB, 40 * MIB]
+    # ResNet-50's last bucket (the one always exposed) is what is left after the 25 MiB ones,
+    # not a cut at exact bytes: here 9 + 8 MiB of small tensors after a 26 MiB bucket
+    sizes = [9 * MIB, 8 * MIB, 26 * MIB, 2 * MIB]
+    assert cm.ddp_buckets(sum(sizes), tensor_bytes=sizes) == [2 * MIB, 26 * MIB, 17 * MIB]
+    f = cm.Fit(0.0, 1 / 1e9, 2, 2, "given")
+    whole = cm.ddp_schedule(sum(sizes), 1.0, 30.0, f, "allreduce", 2, tensor_bytes=sizes)
+    assert whole["buckets"] == 3 and whole["exposed_s"] == pytest.approx(f.time("allreduce", 17 * MIB, 2))
+
+
+def test_open_mpis_allreduce_is_the_algorithm_its_tuned_component_picks_and_gloos_a_ring():
+    # coll_tuned_decision_fixed.c (v4.1.4), commutative: under 4 ranks recursive doubling
+    # below 4 KiB, the segmented ring at 87,360 B (with no segment size: the ring),
+    # Rabenseifner from 256 KiB; 4 to 7 ranks Rabenseifner from 8 KiB
+    assert algorithms.allreduce_algorithm("mpi", 2040, 2) == "recursive doubling"
+    assert algorithms.allreduce_algorithm("mpi", 87_360, 2) == "segmented ring"
+    assert algorithms.allreduce_algorithm("mpi", 40_000, 2) == "ring"
+    assert algorithms.allreduce_algorithm("mpi", 100e6, 2) == "rabenseifner"
+    assert algorithms.allreduce_algorithm("mpi", 100e6, 8) == "rabenseifner"
+    assert algorithms.allreduce_algorithm("gloo", 100e6, 8) == "ring"
+    # at 2 ranks every algorithm moves the buffer once; recursive doubling in 1 step
+    assert [algorithms.steps("allreduce", 2, "mpi", s) for s in (2040, 87_360, 100e6)] == [1, 2, 2]
+    assert algorithms.wire_bytes("allreduce", 100e6, 2, "mpi") == pytest.approx(100e6)
+    # 8 ranks: Rabenseifner 2 log2 8 = 6 steps, 2 x 7/8 of the buffer; Gloo's ring 14 steps
+    assert algorithms.steps("allreduce", 8, "mpi", 100e6) == 6 and algorithms.steps("allreduce", 8, "gloo") == 14
+    assert algorithms.wire_bytes("allreduce", 4096, 8, "mpi") == pytest.approx(3 * 4096)   # recursive doubling
+    # 6 ranks fold 2 into 4: two steps and the buffer twice more
+    assert algorithms.steps("allreduce", 6, "mpi", 100e6) == 2 * 2 + 2
+    # a fit made on MPI's algorithm recovers its terms and extrapolates with it
+    alpha, beta = 40e-6, 1 / 1e9
+    pts = [{"op": "allreduce", "size_bytes": s, "ranks": n, "backend": "mpi",
+            "time_s": alpha * algorithms.steps("allreduce", n, "mpi", s)
+            + beta * algorithms.wire_bytes("allreduce", s, n, "mpi")} for s in (2040, 1 << 20, 16 << 20) for n in (2, 4)]
+    f = cm.fit(pts, backend="mpi")
+    assert f.alpha_s == pytest.approx(alpha, rel=1e-6) and f.beta_s_per_byte == pytest.approx(beta, rel=1e-6)
+    assert f.time("allreduce", 1e6, 8) == pytest.approx(6 * alpha + 1.75e6 * beta)
+    assert f.on_link(0.125).backend == "mpi"
 
 
 def test_gradients_in_one_bucket_overlap_nothing_and_the_last_bucket_is_always_exposed():
@@ -86,6 +130,25 @@ def test_horovod_fuses_what_each_cycle_finds_ready_up_to_its_threshold():
     # 1 ms cycles over a 1 s backward: no more collectives than tensors, most of it hidden
     fast = cm.horovod_schedule(50e6, 1.0, 1.0, f, "allreduce", 2, tensors=161, cycle_s=0.001)
     assert fast["buckets"] == 161 and fast["exposed_s"] < 0.01 * fast["collective_s"] + 0.001
+
+
+def test_horovods_all_gather_fuses_up_to_the_threshold_in_gathered_bytes():
+    # FuseResponses counts an all-gather's output (n x each rank's part) against the
+    # threshold: 10 MB of parts on 4 ranks with a 8 MB threshold is 5 buffers of 2 MB parts
+    f = cm.Fit(0.0, 1 / 1e9, 2, 2, "given")
+    g = cm.horovod_schedule(10e6, 1.0, 0.010, f, "allgather", 4, tensors=1, cycle_s=1.0, fusion=8e6)
+    assert g["buckets"] == 5
+    r = cm.horovod_schedule(10e6, 1.0, 0.010, f, "allreduce", 4, tensors=1, cycle_s=1.0, fusion=8e6)
+    assert r["buckets"] == 2
+
+
+def test_horovods_tensors_become_ready_in_reverse_order_by_their_bytes():
+    # 1 ms cycles, no cost per byte beyond 1 ns: a 9 MB tensor first in the model is the last
+    # ready, at the backward's end, so its collective is exposed
+    f = cm.Fit(0.0, 1 / 1e9, 2, 2, "given")
+    sched = cm.horovod_schedule(10e6, 1.0, 1.0, f, "allreduce", 2, tensors=2, cycle_s=0.001,
+                                tensor_bytes=[9e6, 1e6], phases=1)
+    assert sched["exposed_s"] == pytest.approx(0.0005 + f.time("allreduce", 9e6, 2), rel=1e-3)
 
 
 def test_a_horovod_cycle_waits_for_the_last_ones_work_and_costs_its_agreement():
@@ -388,8 +451,8 @@ def across(np, step_s, parts, link, coll_s=None, framework="ddp", ceiling=None, 
 
 def sweep_check(name, backend, ranks, alpha, beta, sizes=(65536, 1048576, 16777216)):
     """A passed check of doctor's with envcheck.collectives' value: per size its time."""
-    rows = [{"size_bytes": s, "time_us": 1e6 * (alpha * cm.steps("allreduce", ranks)
-                                                + beta * cm.wire_bytes("allreduce", s, ranks)),
+    rows = [{"size_bytes": s, "time_us": 1e6 * (alpha * algorithms.steps("allreduce", ranks)
+                                                + beta * algorithms.wire_bytes("allreduce", s, ranks)),
              **collectives.bandwidths("allreduce", s, 1.0, ranks)} for s in sizes]
     return {"name": name, "status": "PASS", "where": "cluster (2 nodes)", "fix": "",
             "value": {"backend": backend, "ranks": ranks, "ops": {"allreduce": rows}}}

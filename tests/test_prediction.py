@@ -55,6 +55,10 @@ def test_each_run_times_its_own_collective_on_its_own_payload(framework, tmp_pat
         # what measuring costs is recorded, and stays small beside the run's start-up
         assert 0 < c["cost_s"] < f["startup_s"]
     assert by[("fp16", 2)]["collective_alone"]["size_bytes"] * 2 == by[("none", 2)]["collective_alone"]["size_bytes"]
+    # each parameter's size, in the model's order (the cost model's buckets): the MNIST
+    # CNN's four layers, weight then bias, adding up to the gradient's values
+    sizes = by[("none", 2)]["gradient_tensors"]
+    assert len(sizes) == 8 and sum(sizes) == by[("none", 2)]["gradient_values"] and sizes[1] < sizes[0]
 
 
 def test_without_its_ceiling_a_run_is_explained_by_its_own_parts_and_not_predicted(tmp_path):

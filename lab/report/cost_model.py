@@ -9,10 +9,10 @@ step(N) = compute x slowdown + exposed communication + waiting, where
   N-worker run's own compute parts give only an "explained" figure (lab.report.model_inputs);
 - the collective costs alpha x steps(op, n) + beta x size x factor(op, n): a latency and
   a per-byte cost fitted by least squares per framework, back end and place, with the
-  ring algorithm's steps (2(n-1) for all-reduce, n-1 for all-gather) and bytes
-  (nccl-tests' bus factor: 2(n-1)/n for all-reduce);
-- exposed communication comes from the bucket schedule (DDP: a first bucket of 1 MiB, then
-  25 MiB; Horovod: its background thread's cycles, each taking what is queued at its
+  steps and bytes of the algorithm the back end runs (lab.report.algorithms: Gloo's
+  ring, 2(n-1) steps and 2(n-1)/n of the buffer; Open MPI's choice by size and ranks);
+- exposed communication comes from the bucket schedule (DDP: whole tensors in reverse
+  order, a bucket closed once it holds 1 MiB, the first, then 25 MiB; Horovod: its background thread's cycles, each taking what is queued at its
   start, fused up to the fusion threshold, and costing a cycle cost beyond its
   collectives, fitted to measured exposed time by lab.report.prediction on the other
   configurations of a back end, place and link) run against the gradients becoming ready
@@ -29,11 +29,11 @@ import math
 import statistics
 from dataclasses import asdict, dataclass
 
-from lab.common import collectives
+from lab.report import algorithms
 
 MIB = 2**20
 DDP_FIRST_BUCKET = 1 * MIB        # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES
-DDP_BUCKET_CAP = 25 * MIB         # DistributedDataParallel(bucket_cap_mb=25)
+DDP_BUCKET_CAP = 25 * MIB         # DistributedDataParallel's bucket_cap_mb default (None: 25)
 HOROVOD_FUSION = 128 * MIB        # Horovod 0.28.1: HOROVOD_FUSION_THRESHOLD's default
 HOROVOD_CYCLE_S = 0.001           # HOROVOD_CYCLE_TIME's default, 1 ms
 PHASES = 8                        # phases of Horovod's cycles against the backward, averaged
@@ -46,8 +46,10 @@ DEFAULT_TENSORS = 64
 ASSUMPTIONS = {
     "ready": "Gradients become ready uniformly over the backward pass (bytes in proportion "
              "to the backward's time), as the records hold no per-bucket ready times.",
-    "ring": "Every back end's all-reduce is a ring: 2(n-1) latency steps and 2(n-1)/n of "
-            "the payload per rank (all-gather: n-1 steps and (n-1)/n of its output).",
+    "ring": "Gloo's all-reduce is a ring, 2(n-1) latency steps and 2(n-1)/n of the payload "
+            "per rank; Open MPI's is the algorithm its coll/tuned component picks by size and "
+            "ranks (at 2 ranks each moves the payload once in 1 or 2 steps); all-gather: n-1 "
+            "steps and (n-1)/n of its output.",
     "serial": "Collectives run one at a time, in order, and a bucket's collective does not "
               "slow the backward it overlaps.",
     "slowdown": "Where no compute ceiling was measured at 1 and N workers, ranks sharing cores "
@@ -93,23 +95,11 @@ ASSUMPTIONS = {
 }
 
 
-def steps(op: str, n: int) -> int:
-    """Latency steps of the ring algorithm (Thakur, Rabenseifner and Gropp 2005; Patarasuk
-    and Yuan 2009): all-reduce 2(n-1), all-gather and reduce-scatter n-1, others 1."""
-    if n < 2:
-        return 0
-    return 2 * (n - 1) if op == "allreduce" else (n - 1 if op in ("allgather", "reducescatter") else 1)
-
-
-def wire_bytes(op: str, size: float, n: int) -> float:
-    """Bytes each rank moves for `size` (nccl-tests' size): size x the bus factor."""
-    return size * collectives.bus_factor(op, n) if n > 1 else 0.0
-
-
 @dataclass
 class Fit:
-    """t = alpha_s x steps + beta_s_per_byte x wire bytes; `link_gbs` and `delay_s`: the
-    shaped link the points were timed on (None and 0 when unshaped)."""
+    """t = alpha_s x steps + beta_s_per_byte x wire bytes (lab.report.algorithms, of
+    `backend`'s algorithm); `link_gbs` and `delay_s`: the shaped link the points were
+    timed on (None and 0 when unshaped)."""
     alpha_s: float
     beta_s_per_byte: float
     points: int
@@ -117,11 +107,13 @@ class Fit:
     how: str
     link_gbs: float | None = None
     delay_s: float = 0.0
+    backend: str | None = None
 
     def time(self, op: str, size: float, n: int) -> float:
         if n < 2 or size <= 0:
             return 0.0
-        return self.alpha_s * steps(op, n) + self.beta_s_per_byte * wire_bytes(op, size, n)
+        return (self.alpha_s * algorithms.steps(op, n, self.backend, size)
+                + self.beta_s_per_byte * algorithms.wire_bytes(op, size, n, self.backend))
 
     def on_link(self, gbs: float | None, delay_s: float = 0.0) -> Fit:
         """The same host on another link: its per-byte cost and delay replace the
@@ -129,17 +121,19 @@ class Fit:
         host_beta = max(0.0, self.beta_s_per_byte - (1 / (self.link_gbs * 1e9) if self.link_gbs else 0.0))
         host_alpha = max(0.0, self.alpha_s - self.delay_s)
         return Fit(host_alpha + delay_s, host_beta + (1 / (gbs * 1e9) if gbs else 0.0), self.points,
-                   self.sizes, self.how + ", moved to another link", gbs, delay_s)
+                   self.sizes, self.how + ", moved to another link", gbs, delay_s, self.backend)
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def fit(points: list[dict], link_gbs: float | None = None, delay_s: float = 0.0) -> Fit | None:
+def fit(points: list[dict], link_gbs: float | None = None, delay_s: float = 0.0,
+        backend: str | None = None) -> Fit | None:
     """Least squares of alpha and beta over `points` (op, size_bytes, ranks, time_s), each
     residual relative to its time (sizes spanning decades weigh alike); both kept at 0 or
     above. One distinct size: beta alone through the points. None without points."""
-    rows = [(steps(p["op"], p["ranks"]), wire_bytes(p["op"], p["size_bytes"], p["ranks"]), p["time_s"])
+    rows = [(algorithms.steps(p["op"], p["ranks"], backend, p["size_bytes"]),
+             algorithms.wire_bytes(p["op"], p["size_bytes"], p["ranks"], backend), p["time_s"])
             for p in points if p.get("time_s") and p.get("ranks", 0) > 1 and p.get("size_bytes")]
     if not rows:
         return None
@@ -155,27 +149,39 @@ def fit(points: list[dict], link_gbs: float | None = None, delay_s: float = 0.0)
         if det > 0:
             alpha, beta = (b1 * s22 - b2 * s12) / det, (s11 * b2 - s12 * b1) / det
             if alpha >= 0 and beta >= 0:
-                return Fit(alpha, beta, len(rows), sizes, "least squares", link_gbs, delay_s)
+                return Fit(alpha, beta, len(rows), sizes, "least squares", link_gbs, delay_s, backend)
         # a negative term: the best fit with it at 0
         alpha_only = b1 / s11 if s11 else 0.0
         beta_only = b2 / s22 if s22 else 0.0
         err_a = sum((x * alpha_only - 1) ** 2 for x, _ in a)
         err_b = sum((y * beta_only - 1) ** 2 for _, y in a)
         if err_a < err_b:
-            return Fit(alpha_only, 0.0, len(rows), sizes, "least squares, beta 0", link_gbs, delay_s)
-        return Fit(0.0, beta_only, len(rows), sizes, "least squares, alpha 0", link_gbs, delay_s)
+            return Fit(alpha_only, 0.0, len(rows), sizes, "least squares, beta 0", link_gbs, delay_s, backend)
+        return Fit(0.0, beta_only, len(rows), sizes, "least squares, alpha 0", link_gbs, delay_s, backend)
     beta = sum(y for _, y in a) / sum(y * y for _, y in a)
-    return Fit(0.0, beta, len(rows), 1, "one size: bandwidth only", link_gbs, delay_s)
+    return Fit(0.0, beta, len(rows), 1, "one size: bandwidth only", link_gbs, delay_s, backend)
 
 
-def ddp_buckets(grad_bytes: float, first: float = DDP_FIRST_BUCKET, cap: float = DDP_BUCKET_CAP) -> list[float]:
+def ddp_buckets(grad_bytes: float, first: float = DDP_FIRST_BUCKET, cap: float = DDP_BUCKET_CAP,
+                tensor_bytes: list[float] | None = None) -> list[float]:
     """DDP's buckets in the order they become ready (the gradients in reverse order of the
-    parameters: the first bucket is the first ready): `first`, then up to `cap` each."""
-    out, left, size = [], float(grad_bytes), first
+    parameters: the first bucket is the first ready). With the parameters' sizes
+    (`tensor_bytes`, in the model's order) whole tensors fill a bucket until it holds
+    `first` bytes, then `cap` (torch's compute_bucket_assignment_by_size closes a bucket
+    once its size is at least the limit); without them, buckets of exactly those sizes."""
+    out = []
+    if tensor_bytes:
+        size, limit = 0.0, first
+        for t in reversed(tensor_bytes):
+            size += t
+            if size >= limit:
+                out, size, limit = out + [size], 0.0, cap
+        return out + [size] if size > 0 else out
+    left, limit = float(grad_bytes), first
     while left > 0:
-        out.append(min(size, left))
+        out.append(min(limit, left))
         left -= out[-1]
-        size = cap
+        limit = cap
     return out
 
 
@@ -191,12 +197,13 @@ def _run(ops: list[tuple[float, float]], backward_s: float) -> dict:
 
 
 def ddp_schedule(grad_bytes: float, payload_ratio: float, backward_s: float, fit_: Fit, op: str,
-                 n: int, first: float = DDP_FIRST_BUCKET, cap: float = DDP_BUCKET_CAP) -> dict:
+                 n: int, first: float = DDP_FIRST_BUCKET, cap: float = DDP_BUCKET_CAP,
+                 tensor_bytes: list[float] | None = None) -> dict:
     """DDP: each bucket is ready when its last gradient is (uniformly over the backward),
     and its collective moves the bucket's payload (fp32 bytes x `payload_ratio`; an
     all-gather's size is n payloads)."""
     ops, done = [], 0.0
-    for b in ddp_buckets(grad_bytes, first, cap):
+    for b in ddp_buckets(grad_bytes, first, cap, tensor_bytes):
         done += b
         size = b * payload_ratio * (n if op == "allgather" else 1)
         ops.append((backward_s * done / grad_bytes, fit_.time(op, size, n)))
@@ -224,8 +231,8 @@ def _horovod_cycles(ready: list[float], sizes: list[float], fit_: Fit, op: str, 
             fresh += sizes[k]
             k += 1
         work = cost_s
-        while fresh > 0:
-            part = min(fresh, fusion)
+        while fresh > 0:       # an all-gather's fused buffer is its gathered bytes (controller.cc 973-984)
+            part = min(fresh, fusion / n if op == "allgather" else fusion)
             fresh -= part
             t = fit_.time(op, part * (n if op == "allgather" else 1), n)
             work, ops, spent = work + t, ops + 1, spent + t
@@ -237,14 +244,24 @@ def _horovod_cycles(ready: list[float], sizes: list[float], fit_: Fit, op: str, 
 
 def horovod_schedule(grad_bytes: float, payload_ratio: float, backward_s: float, fit_: Fit, op: str,
                      n: int, tensors: int, cycle_s: float = HOROVOD_CYCLE_S,
-                     fusion: float = HOROVOD_FUSION, cycle_cost_s: float = 0.0, phases: int = PHASES) -> dict:
-    """Horovod: the tensors (`tensors` of them, alike in size) become ready uniformly over the
-    backward and its background thread's cycles (_horovod_cycles) fuse and reduce them; the
-    cycles' phase against the backward is unknown, so the exposed time is the mean over
-    `phases` phases spread over one cycle."""
-    count = max(1, tensors)
-    ready = [backward_s * (k + 1) / count for k in range(count)]
-    sizes = [grad_bytes * payload_ratio / count] * count
+                     fusion: float = HOROVOD_FUSION, cycle_cost_s: float = 0.0, phases: int = PHASES,
+                     tensor_bytes: list[float] | None = None) -> dict:
+    """Horovod: the tensors become ready over the backward, in reverse order of the model's
+    parameters, each when the backward has gone through bytes up to it (`tensor_bytes`, in
+    the model's order; without them `tensors` alike in size, ready uniformly) and its
+    background thread's cycles (_horovod_cycles) fuse and reduce them; the cycles' phase
+    against the backward is unknown, so the exposed time is the mean over `phases` phases
+    spread over one cycle."""
+    if tensor_bytes and sum(tensor_bytes) > 0:
+        total, done, ready = sum(tensor_bytes), 0.0, []
+        for t in reversed(tensor_bytes):
+            done += t
+            ready.append(backward_s * done / total)
+        sizes = [t * payload_ratio for t in reversed(tensor_bytes)]
+    else:
+        count = max(1, tensors)
+        ready = [backward_s * (k + 1) / count for k in range(count)]
+        sizes = [grad_bytes * payload_ratio / count] * count
     period = max(cycle_s, cycle_cost_s)
     runs = [_horovod_cycles(ready, sizes, fit_, op, n, cycle_s, cycle_cost_s, fusion,
                             period * (i + 0.5) / max(1, phases)) for i in range(max(1, phases))]
@@ -257,12 +274,12 @@ def horovod_schedule(grad_bytes: float, payload_ratio: float, backward_s: float,
 
 def fit_cycle_cost(exposed_s: float, grad_bytes: float, payload_ratio: float, backward_s: float, fit_: Fit,
                    op: str, n: int, tensors: int, cycle_s: float = HOROVOD_CYCLE_S,
-                   fusion: float = HOROVOD_FUSION) -> float:
+                   fusion: float = HOROVOD_FUSION, tensor_bytes: list[float] | None = None) -> float:
     """The cycle cost (seconds) with which horovod_schedule's exposed time is a measured
     one, `exposed_s` (bisection; 0 where the collectives alone already expose as much)."""
     def exposed(c):
         return horovod_schedule(grad_bytes, payload_ratio, backward_s, fit_, op, n, tensors, cycle_s,
-                                fusion, c)["exposed_s"]
+                                fusion, c, tensor_bytes=tensor_bytes)["exposed_s"]
     if exposed_s <= exposed(0.0):
         return 0.0
     lo, hi = 0.0, max(exposed_s, 1e-6)
@@ -295,6 +312,7 @@ class Inputs:
     cycle_cost_from: str | None = None  # "others", "itself" where cycle_cost_s was fitted
     contention: float = 1.0         # the compute's slowdown beyond the ceiling's, fitted on others
     contention_from: str | None = None  # which others (lab.report.model_inputs.contention)
+    tensor_bytes: list[float] | None = None  # each parameter's fp32 bytes, in the model's order
 
 
 def _backward_and_ratio(x: Inputs) -> tuple[float, float, float]:
@@ -311,7 +329,7 @@ def cycle_cost(x: Inputs, fit_: Fit, exposed_s: float) -> float | None:
         return None
     _, backward, ratio = _backward_and_ratio(x)
     return fit_cycle_cost(exposed_s, x.grad_bytes, ratio, backward, fit_, x.op, x.np, x.tensors,
-                          x.cycle_s, x.fusion_bytes)
+                          x.cycle_s, x.fusion_bytes, x.tensor_bytes)
 
 
 def predict(x: Inputs, fit_: Fit) -> dict:
@@ -331,10 +349,10 @@ def predict(x: Inputs, fit_: Fit) -> dict:
         sched = {"exposed_s": 0.0, "collectives": 0, "collective_s": 0.0, "buckets": 0, "end_s": 0.0}
     elif x.framework == "horovod":
         sched = horovod_schedule(x.grad_bytes, ratio, backward, fit_, x.op, x.np, x.tensors,
-                                 x.cycle_s, x.fusion_bytes, x.cycle_cost_s)
+                                 x.cycle_s, x.fusion_bytes, x.cycle_cost_s, tensor_bytes=x.tensor_bytes)
         used += ["ready", {"others": "cycle", "itself": "cycle_self"}.get(x.cycle_cost_from, "cycle_none")]
     else:
-        sched = ddp_schedule(x.grad_bytes, ratio, backward, fit_, x.op, x.np)
+        sched = ddp_schedule(x.grad_bytes, ratio, backward, fit_, x.op, x.np, tensor_bytes=x.tensor_bytes)
         used.append("ready")
     waiting = (x.waiting_s or 0.0) if x.np > 1 else 0.0
     if x.np > 1:

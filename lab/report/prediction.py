@@ -75,7 +75,7 @@ def fits(records: list[dict], sweeps: list[dict] = ()) -> dict[tuple, cm.Fit]:
         key = mi.sweep_key(e)
         points.setdefault(key, []).extend(e["points"])
         links[key] = _link(key[4], 2 if key[3] else 1)
-    return {k: f for k, pts in points.items() if (f := cm.fit(pts, *links[k]))}
+    return {k: f for k, pts in points.items() if (f := cm.fit(pts, *links[k], backend=k[1]))}
 
 
 def fit_for(key: tuple, fitted: dict[tuple, cm.Fit]) -> cm.Fit | None:
@@ -114,6 +114,7 @@ def inputs(row: dict, one: dict, ceilings: dict, rows: list[dict]) -> cm.Inputs:
         op=f.get("collective") or "allreduce",
         slowdown=slow, slowdown_from="ceiling" if slow else None, waiting_s=mi.others_wait(row, rows),
         tensors=cm.MODEL_TENSORS.get(r["config"].get("model"), cm.DEFAULT_TENSORS),
+        tensor_bytes=[4.0 * v for v in f["gradient_tensors"]] if f.get("gradient_tensors") else None,
         cycle_s=hv.get("cycle_time_ms", cm.HOROVOD_CYCLE_S * 1000) / 1000,
         fusion_bytes=hv.get("fusion_threshold_bytes", cm.HOROVOD_FUSION))
 

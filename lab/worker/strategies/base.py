@@ -258,9 +258,10 @@ class DataParallel(Strategy):
         """Gradient bytes per step: what a rank hands to the collective, and an estimate
         of what it sends (lab.worker.compression.bytes_per_step)."""
         from lab.worker.compression import bytes_per_step
-        n = sum(p.numel() for p in self.eval_module().parameters())
+        sizes = [p.numel() for p in self.eval_module().parameters()]
+        n = sum(sizes)
         b = bytes_per_step(self.cfg.compression, n, self.d.size)
-        out = {"gradient_values": n, "payload_bytes_per_step": b["payload_bytes"],
+        out = {"gradient_values": n, "gradient_tensors": sizes, "payload_bytes_per_step": b["payload_bytes"],
                "wire_bytes_per_step_estimate": b["wire_bytes_estimate"],
                "collective": b["collective"]}
         codec = getattr(self.d, "codec", None)
