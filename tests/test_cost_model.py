@@ -506,6 +506,13 @@ def test_a_left_out_configuration_is_predicted_from_the_others_and_doctors_sweep
     mi.save_sweeps(sweep, str(tmp_path))
     [plan] = model_check.planned(known, "np=2,nodes=2,link=100mbit")
     assert plan["planned"] and plan["config"]["link"] == "100mbit"
+    # a model named in the spec picks the runs to start from: a ResNet-50 run is not made
+    # into an MNIST one with ResNet-50's data and batch
+    resnet = across(2, 1.5, PARTS_TWO, "1gbit", coll_s=0.2, ceiling=10.0)
+    resnet["config"] = {**resnet["config"], "model": "resnet50", "data": "synthetic", "batch_size": 4}
+    [only] = model_check.planned(known + [resnet], "np=2,nodes=2,link=100mbit,model=mnist")
+    assert only["config"]["model"] == "mnist" and only["config"]["data"] == "digits"
+    assert model_check.planned(known + [resnet], "np=2,nodes=2,link=100mbit,model=lstm") == []
     assert model_check.main(["--leave-out", "np=2,nodes=2,link=100mbit", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "1 doctor sweep(s) alone" in out

@@ -149,7 +149,9 @@ def leave_out_test(spec: str):
 def planned(recs: list[dict], spec: str) -> list[dict]:
     """Where no record matches `spec`: the configuration not run yet, one per configuration
     of the records' multi-worker runs that matches the rest of it, as a record marked
-    planned (its figures are its template's and nothing of them is used: it is left out)."""
+    planned (its figures are its template's and nothing of them is used: it is left out).
+    Only the workers, servers and link are moved to the spec's; its other fields (model,
+    framework, ...) pick the runs to start from, as a model's data and batch go with it."""
     test = leave_out_test(spec)
     if any(test(r) for r in recs):
         return []
@@ -160,7 +162,7 @@ def planned(recs: list[dict], spec: str) -> list[dict]:
                 "nodes" in want and (r["world"]["nodes"] > 1) != (int(want["nodes"]) > 1)):
             continue            # across servers from runs across servers, within from within
         world = {**r["world"], **{k: int(want[k]) for k in ("np", "nodes") if k in want}}
-        config = {**r["config"], **{k: v for k, v in want.items() if k not in ("np", "nodes")}}
+        config = {**r["config"], **({"link": want["link"]} if "link" in want else {})}
         new = {**r, "world": world, "config": config, "planned": True}
         key = (tuple(sorted(map(str, config.items()))), world["np"], world["nodes"])
         if test(new) and key not in seen:
