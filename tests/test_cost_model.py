@@ -50,6 +50,31 @@ def test_another_link_replaces_the_fitted_links_cost_and_delay():
     assert f.on_link(None).beta_s_per_byte == pytest.approx(host)
 
 
+def test_a_shaped_links_bucket_lets_the_first_bytes_of_a_step_through_at_the_hosts_speed():
+    from lab.common.link import tbf_burst_bytes
+    from lab.host.places.compose import cluster
+    # the simulated cluster's tbf: about 4 ms of traffic, at least 16 frames; netem has none
+    assert tbf_burst_bytes("100mbit") == 50_000 and tbf_burst_bytes("1gbit") == 500_000
+    assert tbf_burst_bytes("1mbit") == 24_000 and tbf_burst_bytes("100mbit/1ms") is None
+    [tbf] = cluster.tc_commands("100mbit")
+    assert tbf[tbf.index("burst") + 1] == "50000"
+    host = 1 / 2e9
+    f = cm.fit(points(1e-4, host + 1 / 12.5e6, [1 << 16, 1 << 24]), link_gbs=0.0125, burst_bytes=50_000)
+    assert f.burst_bytes == 50_000
+    full = f.time("allreduce", 87_360, 2)
+    t, left = f.cost("allreduce", 87_360, 2, 50_000)
+    assert t == pytest.approx(full - 50_000 / 12.5e6) and left == 0
+    # MNIST's one bucket: exposed less the bucket's 4 ms; a link without a bucket pays it all
+    one = cm.ddp_schedule(87_360, 1.0, 0.010, f, "allreduce", 2)
+    assert one["exposed_s"] == pytest.approx(full - 50_000 / 12.5e6)
+    plain = cm.ddp_schedule(87_360, 1.0, 0.010, f.on_link(0.0125, 0.001), "allreduce", 2)
+    assert plain["exposed_s"] > one["exposed_s"] + 0.003
+    # the bucket is spent once a step: Horovod's two cycles share it
+    two = cm.horovod_schedule(100_000, 1.0, 0.010, f, "allreduce", 2, tensors=2, cycle_s=0.001, phases=1)
+    assert two["collective_s"] == pytest.approx(2 * f.time("allreduce", 50_000, 2) - 50_000 / 12.5e6)
+    assert "burst" in cm.predict(cm.Inputs("ddp", 2, 0.01, None, 87_360, 87_360, "allreduce"), f)["assumptions"]
+
+
 def test_ddp_buckets_are_a_first_small_one_then_the_cap():
     assert cm.ddp_buckets(87_360) == [87_360]
     b = cm.ddp_buckets(102e6)
@@ -492,7 +517,8 @@ def test_a_left_out_configuration_is_predicted_from_the_others_and_doctors_sweep
     assert p["model"]["slowdown"] == pytest.approx(2 * 2000 / 3600 * 0.9)
     assert p["model"]["contention"] == pytest.approx(0.9)
     assert p["model"]["waiting_s"] == pytest.approx(0.002, rel=1e-3)
-    coll = 0.001 * 2 + 87_360 / 12.5e6
+    # the link's bucket (tbf: 50 kB at 100 Mbit/s) sends the step's first 50 kB unshaped
+    coll = 0.001 * 2 + (87_360 - 50_000) / 12.5e6
     assert p["predicted_ms"] == pytest.approx(16.5 + 2.0 + coll * 1000, rel=1e-3)
     other = across(2, 0.090, {**PARTS_GROWN, "waiting": 0.05}, "100mbit", coll_s=0.05, ceiling=1.0)
     [q] = prediction.predictions(known + [other], sweep, test)

@@ -18,6 +18,17 @@ def rate_bits(rate: str) -> float:
     return float(m.group(1)) * UNITS[m.group(2).lower()]
 
 
+def tbf_burst_bytes(spec: str) -> int | None:
+    """The token bucket the simulated cluster shapes a rate-only link with (tc's tbf): at
+    least sixteen 1500-byte frames and about 4 ms of traffic at the rate; None for a spec
+    with a delay (netem, no bucket) or none. What fills the bucket leaves at the host's
+    speed: a message after a pause longer than 4 ms sends that much unshaped."""
+    rate, _, delay = (spec or "").partition("/")
+    if not rate or delay:
+        return None
+    return max(16 * 1500, int(rate_bits(rate) / 8 / 250))
+
+
 def rate_gbs(spec: str) -> float | None:
     """A spec's rate in GB/s (10^9 bytes per second), None when it names none."""
     try:

@@ -91,6 +91,9 @@ ASSUMPTIONS = {
             "step; in the what-if table every worker has a server of its own.",
     "codec": "Compression's encode and decode cost nothing beyond the 1-worker step's "
              "(not measured apart).",
+    "burst": "A link the simulated cluster shaped (tc's token bucket) sends the first bytes of "
+             "each step's exchange, up to its bucket (about 4 ms of traffic), at the host's "
+             "speed: the bucket fills in the forward and backward between two steps' exchanges.",
     "fit": "With one size timed the latency is taken as 0 and the whole time as bandwidth.",
 }
 
@@ -99,7 +102,8 @@ ASSUMPTIONS = {
 class Fit:
     """t = alpha_s x steps + beta_s_per_byte x wire bytes (lab.report.algorithms, of
     `backend`'s algorithm); `link_gbs` and `delay_s`: the shaped link the points were
-    timed on (None and 0 when unshaped)."""
+    timed on (None and 0 when unshaped); `burst_bytes`: its token bucket (what a message
+    after a pause sends at the host's speed; lab.common.link.tbf_burst_bytes)."""
     alpha_s: float
     beta_s_per_byte: float
     points: int
@@ -108,6 +112,7 @@ class Fit:
     link_gbs: float | None = None
     delay_s: float = 0.0
     backend: str | None = None
+    burst_bytes: float = 0.0
 
     def time(self, op: str, size: float, n: int) -> float:
         if n < 2 or size <= 0:
@@ -115,19 +120,29 @@ class Fit:
         return (self.alpha_s * algorithms.steps(op, n, self.backend, size)
                 + self.beta_s_per_byte * algorithms.wire_bytes(op, size, n, self.backend))
 
-    def on_link(self, gbs: float | None, delay_s: float = 0.0) -> Fit:
+    def cost(self, op: str, size: float, n: int, tokens: float = 0.0) -> tuple[float, float]:
+        """(seconds, tokens left): `time` less the link's cost of the bytes that `tokens`
+        (what is left of the link's bucket in this step) let through unshaped."""
+        t = self.time(op, size, n)
+        if t <= 0 or tokens <= 0 or not self.link_gbs:
+            return t, tokens
+        free = min(tokens, algorithms.wire_bytes(op, size, n, self.backend))
+        return t - free * min(1 / (self.link_gbs * 1e9), self.beta_s_per_byte), tokens - free
+
+    def on_link(self, gbs: float | None, delay_s: float = 0.0, burst_bytes: float = 0.0) -> Fit:
         """The same host on another link: its per-byte cost and delay replace the
         fitted place's (gbs None: no link between the ranks)."""
         host_beta = max(0.0, self.beta_s_per_byte - (1 / (self.link_gbs * 1e9) if self.link_gbs else 0.0))
         host_alpha = max(0.0, self.alpha_s - self.delay_s)
         return Fit(host_alpha + delay_s, host_beta + (1 / (gbs * 1e9) if gbs else 0.0), self.points,
-                   self.sizes, self.how + ", moved to another link", gbs, delay_s, self.backend)
+                   self.sizes, self.how + ", moved to another link", gbs, delay_s, self.backend,
+                   burst_bytes if gbs else 0.0)
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def fit(points: list[dict], link_gbs: float | None = None, delay_s: float = 0.0,
+def fit(points: list[dict], link_gbs: float | None = None, delay_s: float = 0.0, burst_bytes: float = 0.0,
         backend: str | None = None) -> Fit | None:
     """Least squares of alpha and beta over `points` (op, size_bytes, ranks, time_s), each
     residual relative to its time (sizes spanning decades weigh alike); both kept at 0 or
@@ -149,17 +164,17 @@ def fit(points: list[dict], link_gbs: float | None = None, delay_s: float = 0.0,
         if det > 0:
             alpha, beta = (b1 * s22 - b2 * s12) / det, (s11 * b2 - s12 * b1) / det
             if alpha >= 0 and beta >= 0:
-                return Fit(alpha, beta, len(rows), sizes, "least squares", link_gbs, delay_s, backend)
+                return Fit(alpha, beta, len(rows), sizes, "least squares", link_gbs, delay_s, backend, burst_bytes)
         # a negative term: the best fit with it at 0
         alpha_only = b1 / s11 if s11 else 0.0
         beta_only = b2 / s22 if s22 else 0.0
         err_a = sum((x * alpha_only - 1) ** 2 for x, _ in a)
         err_b = sum((y * beta_only - 1) ** 2 for _, y in a)
         if err_a < err_b:
-            return Fit(alpha_only, 0.0, len(rows), sizes, "least squares, beta 0", link_gbs, delay_s, backend)
-        return Fit(0.0, beta_only, len(rows), sizes, "least squares, alpha 0", link_gbs, delay_s, backend)
+            return Fit(alpha_only, 0.0, len(rows), sizes, "least squares, beta 0", link_gbs, delay_s, backend, burst_bytes)
+        return Fit(0.0, beta_only, len(rows), sizes, "least squares, alpha 0", link_gbs, delay_s, backend, burst_bytes)
     beta = sum(y for _, y in a) / sum(y * y for _, y in a)
-    return Fit(0.0, beta, len(rows), 1, "one size: bandwidth only", link_gbs, delay_s, backend)
+    return Fit(0.0, beta, len(rows), 1, "one size: bandwidth only", link_gbs, delay_s, backend, burst_bytes)
 
 
 def ddp_buckets(grad_bytes: float, first: float = DDP_FIRST_BUCKET, cap: float = DDP_BUCKET_CAP,
@@ -202,11 +217,11 @@ def ddp_schedule(grad_bytes: float, payload_ratio: float, backward_s: float, fit
     """DDP: each bucket is ready when its last gradient is (uniformly over the backward),
     and its collective moves the bucket's payload (fp32 bytes x `payload_ratio`; an
     all-gather's size is n payloads)."""
-    ops, done = [], 0.0
+    ops, done, tokens = [], 0.0, fit_.burst_bytes
     for b in ddp_buckets(grad_bytes, first, cap, tensor_bytes):
         done += b
-        size = b * payload_ratio * (n if op == "allgather" else 1)
-        ops.append((backward_s * done / grad_bytes, fit_.time(op, size, n)))
+        t, tokens = fit_.cost(op, b * payload_ratio * (n if op == "allgather" else 1), n, tokens)
+        ops.append((backward_s * done / grad_bytes, t))
     return {**_run(ops, backward_s), "buckets": len(ops)}
 
 
@@ -223,6 +238,7 @@ def _horovod_cycles(ready: list[float], sizes: list[float], fit_: Fit, op: str, 
     rest). Returns (end of the last collective, collectives, their seconds, cycles with work)."""
     period = max(cycle_s, cost_s)
     start, k, end, ops, spent, busy = phase_s - period if period > 0 else 0.0, 0, 0.0, 0, 0.0, 0
+    tokens = fit_.burst_bytes
     while k < len(ready):
         if ready[k] > start:               # idle cycles until one starts after the next tensor
             start += math.ceil((ready[k] - start) / period - 1e-12) * period if period > 0 else ready[k] - start
@@ -234,7 +250,7 @@ def _horovod_cycles(ready: list[float], sizes: list[float], fit_: Fit, op: str, 
         while fresh > 0:       # an all-gather's fused buffer is its gathered bytes (controller.cc 973-984)
             part = min(fresh, fusion / n if op == "allgather" else fusion)
             fresh -= part
-            t = fit_.time(op, part * (n if op == "allgather" else 1), n)
+            t, tokens = fit_.cost(op, part * (n if op == "allgather" else 1), n, tokens)
             work, ops, spent = work + t, ops + 1, spent + t
         busy += 1
         end = start + work
@@ -359,6 +375,8 @@ def predict(x: Inputs, fit_: Fit) -> dict:
         used.append("waiting")
     if fit_ is not None and fit_.sizes < 2 and x.np > 1:
         used.append("fit")
+    if fit_ is not None and fit_.burst_bytes and x.np > 1:
+        used.append("burst")
     alone = fit_.time(x.op, x.payload_bytes * (x.np if x.op == "allgather" else 1), x.np) if x.np > 1 else 0.0
     step = compute + sched["exposed_s"] + waiting
     return {"step_s": step, "compute_s": compute, "compute_one_s": x.compute_s, "slowdown": slow,

@@ -17,7 +17,7 @@ import json
 import statistics
 from pathlib import Path
 
-from lab.common.link import DELAY, rate_gbs
+from lab.common.link import DELAY, rate_gbs, tbf_burst_bytes
 from lab.report import cost_model as cm
 from lab.report import model_inputs as mi
 from lab.report import records as rec
@@ -43,15 +43,17 @@ def _collective(row: dict) -> dict | None:
     return {**figs[0], "time_s": t, "busbw_gbs": statistics.median(f["busbw_gbs"] for f in figs)}
 
 
-def _link(spec: str, nodes: int) -> tuple[float | None, float]:
-    """(rate in GB/s, delay in s) of a multi-server run's shaped link; (None, 0) else."""
+def _link(spec: str, nodes: int) -> tuple[float | None, float, float]:
+    """(rate in GB/s, delay in s, token bucket in bytes) of a multi-server run's shaped
+    link; (None, 0, 0) else."""
     spec = spec or ""
     if nodes < 2 or not spec:
-        return None, 0.0
+        return None, 0.0, 0.0
     delay = spec.partition("/")[2]
     m = DELAY.match(delay) if delay else None
     scale = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
-    return rate_gbs(spec), (float(m.group(1)) * scale[m.group(2).lower()] if m else 0.0)
+    return (rate_gbs(spec), float(m.group(1)) * scale[m.group(2).lower()] if m else 0.0,
+            float(tbf_burst_bytes(spec) or 0))
 
 
 def fit_key(record: dict) -> tuple:

@@ -17,7 +17,7 @@ from pathlib import Path
 from lab.common import docker_api, proc
 from lab.common.docker_api import CLUSTER as LABEL
 from lab.common.kit import REPO_ROOT
-from lab.common.link import DELAY, RATE, rate_bits
+from lab.common.link import DELAY, RATE, tbf_burst_bytes
 from lab.host.launch import Host, HostsError, ranks_per_node
 from lab.host.places.base import RunnerError
 
@@ -100,9 +100,8 @@ def tc_commands(spec: str, iface: str = IFACE) -> list[list[str]]:
     rate, delay = parse_link(spec)
     if delay:
         return [["tc", "qdisc", "replace", "dev", iface, "root", "netem", "delay", delay, "rate", rate]]
-    burst = max(16 * 1500, int(rate_bits(rate) / 8 / 250))
     return [["tc", "qdisc", "replace", "dev", iface, "root", "tbf", "rate", rate,
-             "burst", str(burst), "latency", "50ms"]]
+             "burst", str(tbf_burst_bytes(rate)), "latency", "50ms"]]
 
 
 def compose_program() -> list[str]:
