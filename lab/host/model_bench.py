@@ -18,7 +18,7 @@ The parts, in order (each a list of `invoke` commands, all records under --resul
   table    the predicted against the measured step of every row (median and largest
            absolute error: all of them, within one server, across servers) and the
            left-out configuration's prediction against its measurement.
-On 2 cores the whole of it takes 30 to 40 minutes (few steps, small batches, one repeat;
+On 2 cores the whole of it took 11.5 minutes with 40 and 6 steps (about 15 with these; one repeat;
 --repeat N repeats every run). `--only PART,...` runs some parts (table and predict
 read what is there); `--dry-run` prints the commands.
 
@@ -33,9 +33,11 @@ from pathlib import Path
 
 PARTS = ("within", "across", "predict", "leftout", "table")
 LEFT_OUT = "np=2,nodes=2,link=100mbit,model=mnist"
-MNIST = ["--data", "digits", "--batch-size", "32", "--epochs", "1", "--max-steps", "40", "--warmup-steps", "5"]
+# The digits give 28 steps an epoch at 2 workers: 6 epochs, so that 150 steps are timed
+# (a step of 5-10 ms; the runs' start-up, 10-20 s, is most of their time either way).
+MNIST = ["--data", "digits", "--batch-size", "32", "--epochs", "6", "--max-steps", "150", "--warmup-steps", "5"]
 RESNET = ["--model", "resnet50", "--data", "synthetic", "--batch-size", "4", "--epochs", "1",
-          "--max-steps", "6", "--warmup-steps", "2"]
+          "--max-steps", "12", "--warmup-steps", "2"]
 # The ceiling runs no framework: measured beside the DDP runs, it serves Horovod's too
 # (lab.report.model_inputs.ceilings), which saves 2 x 10 s of timed steps a run.
 DDP = ["--framework", "ddp", "--backend", "gloo", "--ceiling"]
