@@ -18,7 +18,7 @@ The parts, in order (each a list of `invoke` commands, all records under --resul
   table    the predicted against the measured step of every row (median and largest
            absolute error: all of them, within one server, across servers) and the
            left-out configuration's prediction against its measurement.
-On 2 cores the whole of it took 11.5 minutes with 40 and 6 steps (about 15 with these; one repeat;
+On 2 cores the whole of it took 13.3 minutes (11.5 with 40 and 6 steps; one repeat;
 --repeat N repeats every run). `--only PART,...` runs some parts (table and predict
 read what is there); `--dry-run` prints the commands.
 
