@@ -589,3 +589,22 @@ def test_horovods_cycle_cost_comes_from_another_link_before_the_row_itself():
     assert preds["1gbit"]["inputs"].cycle_cost_from == "others"
     assert preds["1gbit"]["inputs"].cycle_cost_s == pytest.approx(costs["100mbit"])
     assert preds["100mbit"]["inputs"].cycle_cost_s == pytest.approx(costs["1gbit"])
+
+
+def test_horovods_cycle_cost_comes_from_its_model_on_another_link_before_another_model_on_its_own():
+    """A fitted cycle cost carries what is particular to a model's exposed time: MNIST's
+    row at 1 Gbit takes MNIST's cost at 100 Mbit, not the LSTM's at 1 Gbit."""
+    def hvd(np, link, comm=0.0, model="mnist"):
+        r = across(np, 0.0165 if np == 1 else 0.030, {**PARTS_TWO, "communication": comm} if np > 1 else PARTS_ONE,
+                   link, coll_s=0.002 if np > 1 else None, framework="horovod",
+                   ceiling=2000.0 if np == 1 else 3000.0)
+        r["config"] = {**r["config"], "model": model}
+        return r
+    recs = [hvd(1, ""), hvd(2, "1gbit", 0.012), hvd(2, "100mbit", 0.020),
+            hvd(1, "", model="lstm"), hvd(2, "1gbit", 0.025, model="lstm")]
+    preds = {(p["row"]["record"]["config"]["model"], p["row"]["record"]["config"]["link"]): p
+             for p in prediction.predictions(recs)}
+    cost = {k: cm.cycle_cost(cm.Inputs(**{**preds[k]["inputs"].__dict__, "cycle_cost_s": 0.0}), preds[k]["fit"], t)
+            for k, t in ((("mnist", "100mbit"), 0.020), (("lstm", "1gbit"), 0.025))}
+    assert cost[("mnist", "100mbit")] != pytest.approx(cost[("lstm", "1gbit")])
+    assert preds[("mnist", "1gbit")]["inputs"].cycle_cost_s == pytest.approx(cost[("mnist", "100mbit")])

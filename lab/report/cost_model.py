@@ -72,8 +72,9 @@ ASSUMPTIONS = {
                        "alone.",
     "cycle": "Horovod's cycle cost (what each cycle of its background thread costs in a step "
              "beyond the collectives timed alone) is fitted to the exposed communication measured "
-             "in the other configurations of the same back end, place and link (of the same model "
-             "where any measured it; else on another link), and carried unchanged to this one and "
+             "in the other configurations of the same back end and place: of the same model on "
+             "this link, else on another; else of other models (this link first), and carried "
+             "unchanged to this one and "
              "to the configurations not run.",
     "cycle_self": "Horovod's cycle cost is fitted to this configuration's own measured exposed "
                   "communication (no other configuration of its back end, place and link measured "

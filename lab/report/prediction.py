@@ -135,8 +135,9 @@ def _pairs(records: list[dict], known: list[dict] | None = None):
 def with_cycle_costs(cases: list[tuple[dict, cm.Inputs, cm.Fit]], blind: set[int] = frozenset()) -> list[cm.Inputs]:
     """Each case's inputs with Horovod's cycle cost: the median of the costs fitted to the
     exposed communication that the other cases of its fit_key measured (step parts), those
-    of its own model where there are any, else those of other models; else the same of its
-    back end on another link; else the one fitted to its own (said in cycle_cost_from);
+    of its own model where there are any; else those of its model on another link of its
+    back end; else other models' (its link first); else the one fitted to its own (said in
+    cycle_cost_from);
     else none. The cases in `blind` (left out) lend none and take none of their own."""
     own = []
     for i, (row, x, fit) in enumerate(cases):
@@ -149,8 +150,8 @@ def with_cycle_costs(cases: list[tuple[dict, cm.Inputs, cm.Fit]], blind: set[int
                 for j, ((r, _, _), c) in enumerate(zip(cases, own)) if j != i and c is not None
                 and fit_key(r["record"])[:4] == key[:4]]
         # its key (its model first, then others), else its back end on another link
-        others = ([c for c, k, same in near if k == key and same] or [c for c, k, _ in near if k == key]
-                  or [c for c, _, same in near if same] or [c for c, _, _ in near])
+        others = ([c for c, k, same in near if k == key and same] or [c for c, _, same in near if same]
+                  or [c for c, k, _ in near if k == key] or [c for c, _, _ in near])
         if x.framework != "horovod" or (not others and own[i] is None):
             out.append(x)
             continue
