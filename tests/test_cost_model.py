@@ -113,8 +113,10 @@ def test_open_mpis_allreduce_is_the_algorithm_its_tuned_component_picks_and_gloo
     # 8 ranks: Rabenseifner 2 log2 8 = 6 steps, 2 x 7/8 of the buffer; Gloo's ring 14 steps
     assert algorithms.steps("allreduce", 8, "mpi", 100e6) == 6 and algorithms.steps("allreduce", 8, "gloo") == 14
     assert algorithms.wire_bytes("allreduce", 4096, 8, "mpi") == pytest.approx(3 * 4096)   # recursive doubling
-    # 6 ranks fold 2 into 4: two steps and the buffer twice more
-    assert algorithms.steps("allreduce", 6, "mpi", 100e6) == 2 * 2 + 2
+    # 6 ranks fold 2 into 4: Rabenseifner's halves swapped and one sent back, then the
+    # result sent on: three steps and the buffer twice more; recursive doubling two steps
+    assert algorithms.steps("allreduce", 6, "mpi", 100e6) == 2 * 2 + 3
+    assert algorithms.steps("allreduce", 6, "mpi", 4096) == 2 + 2
     # a fit made on MPI's algorithm recovers its terms and extrapolates with it
     alpha, beta = 40e-6, 1 / 1e9
     pts = [{"op": "allreduce", "size_bytes": s, "ranks": n, "backend": "mpi",

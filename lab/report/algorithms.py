@@ -13,8 +13,8 @@ and bytes on the wire, the alpha and beta terms of lab.report.cost_model.
   all-gather, or reduce then broadcast ("nonoverlapping").
 
 The costs (Thakur, Rabenseifner and Gropp 2005; Patarasuk and Yuan 2009), with p the
-largest power of two at most n and, where p < n, two more steps and the buffer twice
-more for the ranks folded in: ring 2(n-1) steps, 2(n-1)/n x size; recursive doubling
+largest power of two at most n and, where p < n, two more steps (Rabenseifner's three)
+and the buffer twice more for the ranks folded in: ring 2(n-1) steps, 2(n-1)/n x size; recursive doubling
 log2 p steps, log2 p x size; Rabenseifner 2 log2 p steps, 2(p-1)/p x size;
 nonoverlapping 2 log2 p steps, 2 log2 p x size (a binomial reduce, then broadcast).
 Other operations: all-gather and reduce-scatter n-1 steps, (n-1)/n of the output; the
@@ -67,7 +67,9 @@ def _cost(alg: str, n: int) -> tuple[int, float]:
     if alg == RECURSIVE_DOUBLING:
         return k + extra_steps, k + extra_bytes
     if alg == RABENSEIFNER:
-        return 2 * k + extra_steps, 2 * (p - 1) / p + extra_bytes
+        # its folding swaps halves, then sends one back: a step more than recursive doubling's
+        # (coll_base_allreduce.c, ompi_coll_base_allreduce_intra_redscat_allgather, v4.1.4)
+        return 2 * k + extra_steps + (1 if p < n else 0), 2 * (p - 1) / p + extra_bytes
     return 2 * k, 2.0 * k     # nonoverlapping: a binomial reduce, then a broadcast
 
 

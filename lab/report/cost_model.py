@@ -94,7 +94,9 @@ ASSUMPTIONS = {
              "(not measured apart).",
     "burst": "A link the simulated cluster shaped (tc's token bucket) sends the first bytes of "
              "each step's exchange, up to its bucket (about 4 ms of traffic), at the host's "
-             "speed: the bucket fills in the forward and backward between two steps' exchanges.",
+             "speed: the bucket (4 ms at the link's rate to fill) is taken as full when the step's "
+             "exchange starts, its refill during the exchange as nothing, and each rank as "
+             "having one of its own (true with one rank a server).",
     "fit": "With one size timed the latency is taken as 0 and the whole time as bandwidth.",
 }
 

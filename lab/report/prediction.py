@@ -149,7 +149,7 @@ def with_cycle_costs(cases: list[tuple[dict, cm.Inputs, cm.Fit]], blind: set[int
         near = [(c, fit_key(r["record"]), r["record"]["config"].get("model") == model)
                 for j, ((r, _, _), c) in enumerate(zip(cases, own)) if j != i and c is not None
                 and fit_key(r["record"])[:4] == key[:4]]
-        # its key (its model first, then others), else its back end on another link
+        # its key and model, else its model on another link, else other models (its key first)
         others = ([c for c, k, same in near if k == key and same] or [c for c, _, same in near if same]
                   or [c for c, k, _ in near if k == key] or [c for c, _, _ in near])
         if x.framework != "horovod" or (not others and own[i] is None):
