@@ -12,10 +12,11 @@ step(N) = compute x slowdown + exposed communication + waiting, where
   steps and bytes of the algorithm the back end runs (lab.report.algorithms: Gloo's
   ring, 2(n-1) steps and 2(n-1)/n of the buffer; Open MPI's choice by size and ranks);
 - exposed communication comes from the bucket schedule (DDP: whole tensors in reverse
-  order, a bucket closed once it holds 1 MiB, the first, then 25 MiB; Horovod: its background thread's cycles, each taking what is queued at its
-  start, fused up to the fusion threshold, and costing a cycle cost beyond its
-  collectives, fitted to measured exposed time by lab.report.prediction on the other
-  configurations of a back end, place and link) run against the gradients becoming ready
+  order, a bucket closed once it holds 1 MiB, the first, then 25 MiB; Horovod: its
+  background thread's cycles, each taking what is queued at its start, fused up to the
+  fusion threshold, and costing a cycle cost beyond its collectives, fitted to measured
+  exposed time by lab.report.prediction on the other configurations of a back end, place
+  and link) run against the gradients becoming ready
   during the backward pass, one collective at a time: what ends after the backward is
   exposed, so the last bucket always is, and a model whose gradients fit in one bucket
   overlaps nothing;
@@ -46,10 +47,10 @@ DEFAULT_TENSORS = 64
 ASSUMPTIONS = {
     "ready": "Gradients become ready uniformly over the backward pass (bytes in proportion "
              "to the backward's time), as the records hold no per-bucket ready times.",
-    "ring": "Gloo's all-reduce is a ring, 2(n-1) latency steps and 2(n-1)/n of the payload "
-            "per rank; Open MPI's is the algorithm its coll/tuned component picks by size and "
-            "ranks (at 2 ranks each moves the payload once in 1 or 2 steps); all-gather: n-1 "
-            "steps and (n-1)/n of its output.",
+    "algorithm": "Gloo's all-reduce is a ring, 2(n-1) latency steps and 2(n-1)/n of the payload "
+                 "per rank; Open MPI's is the algorithm its coll/tuned component picks by size "
+                 "and ranks (at 2 ranks each moves the payload once in 1 or 2 steps); "
+                 "all-gather: n-1 steps and (n-1)/n of its output.",
     "serial": "Collectives run one at a time, in order, and a bucket's collective does not "
               "slow the backward it overlaps.",
     "slowdown": "Where no compute ceiling was measured at 1 and N workers, ranks sharing cores "
@@ -354,7 +355,7 @@ def cycle_cost(x: Inputs, fit_: Fit, exposed_s: float) -> float | None:
 def predict(x: Inputs, fit_: Fit) -> dict:
     """The predicted step (seconds) and every term it is made of, with the assumptions
     this prediction relied on (keys of ASSUMPTIONS)."""
-    used = ["ring", "serial", "codec"]
+    used = ["algorithm", "serial", "codec"]
     slow, backward, ratio = _backward_and_ratio(x)
     if x.np > 1:
         used.append("slowdown_parts" if x.slowdown and x.slowdown_from == "step parts" else
