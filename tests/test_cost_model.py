@@ -573,6 +573,11 @@ def test_the_model_benchmark_measures_every_term_and_prints_the_errors(tmp_path,
     out = model_bench.table(str(tmp_path))
     assert out[0].startswith("| case |") and "within one server: median absolute error" in "\n".join(out)
     assert "across servers: no case" in out
+    assert out[-1].endswith("(--repeat 2 or more): no case")        # one run a configuration
+    # a second run of the 2-worker uncompressed configuration, 20% slower: the floor is
+    # each run against the other (-1/6 and +1/5), the 1-worker rows not counted
+    results.append_record(tmp_path / "m" / results.RESULTS_FILE, rec(2, 0.036, PARTS_GROWN, coll_s=0.002))
+    assert model_bench.table(str(tmp_path))[-1].endswith("median absolute error 18%, largest 20% (2 cases)")
     with pytest.raises(SystemExit):
         model_bench.main(["--only", "nope"])
     assert "--only takes within" in capsys.readouterr().err
@@ -610,3 +615,21 @@ def test_horovods_cycle_cost_comes_from_its_model_on_another_link_before_another
             for k, t in ((("mnist", "100mbit"), 0.020), (("lstm", "1gbit"), 0.025))}
     assert cost[("mnist", "100mbit")] != pytest.approx(cost[("lstm", "1gbit")])
     assert preds[("mnist", "1gbit")]["inputs"].cycle_cost_s == pytest.approx(cost[("mnist", "100mbit")])
+
+
+def test_contention_and_waiting_are_carried_along_the_framework_and_model_before_the_place():
+    """DDP across servers takes the contention and the wait that its own framework and
+    model measured within one server, not those of Horovod beside it on the same servers."""
+    ddp_local = [rec(1, 0.0165, PARTS_ONE, ceiling=2000.0),
+                 rec(2, 0.030, {**PARTS_GROWN, "waiting": 0.004}, coll_s=0.002, ceiling=3000.0)]
+    hvd = [across(1, 0.0165, PARTS_ONE, "", framework="horovod", ceiling=2000.0),
+           across(2, 0.040, {**PARTS_TWO, "waiting": 0.010}, "1gbit", coll_s=0.002, framework="horovod",
+                  ceiling=4000.0)]
+    target = [across(1, 0.0165, PARTS_ONE, ""), across(2, 0.030, PARTS_TWO, "1gbit", coll_s=0.002)]
+    [p] = [p for p in prediction.predictions(ddp_local + hvd + target)
+           if p["row"]["record"] is target[1]]
+    # DDP within one server: parts 1.25 against its ceiling's 4/3; Horovod's here: 1 and 1
+    assert p["model"]["contention"] == pytest.approx(1.25 / (4 / 3))
+    assert p["model"]["contention_from"] == "its framework and model"
+    # its ranks' mean wait (none and 4 ms), not Horovod's (none and 10 ms)
+    assert p["model"]["waiting_s"] == pytest.approx(0.002, rel=1e-3)

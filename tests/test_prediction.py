@@ -102,3 +102,26 @@ def test_a_link_specs_rate_in_bytes_is_read_without_the_cluster():
     from lab.common.link import rate_gbs
     assert rate_gbs("1gbit") == 0.125 and rate_gbs("100mbit/1ms") == 0.0125
     assert rate_gbs("") is None and rate_gbs("fast") is None
+
+
+def test_a_reports_model_sections_show_the_predictions_of_prediction_json(tmp_path):
+    """A report of two models predicts each row from all its records, as prediction.json
+    and model_check do: the predicted step in every model's table is prediction.json's."""
+    import shutil
+    src = Path(__file__).parent / "fixtures" / "example-report-b"
+    shutil.copytree(src, tmp_path / "r")
+    lab_report.write(str(tmp_path / "r"))
+    shown, inside = [], False
+    col = prediction.HEADERS.index("predicted") + 1
+    for line in (tmp_path / "r" / "report.md").read_text().splitlines():
+        cells = [c.strip() for c in line.split("|")]
+        if cells[1:-1] == prediction.HEADERS:
+            inside = True
+        elif not line.startswith("|"):
+            inside = False
+        elif inside and not cells[1].startswith("-"):
+            shown.append(float(cells[col]))
+    saved = json.loads((tmp_path / "r" / prediction.JSON_FILE).read_text())["configurations"]
+    assert len(saved) >= 4 and any("resnet50" in c["configuration"] for c in saved)
+    saved = [c for c in saved if c["predicted_step_ms"] is not None]
+    assert shown and sorted(shown) == sorted(float(f"{c['predicted_step_ms']:.1f}") for c in saved)

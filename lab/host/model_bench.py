@@ -16,8 +16,10 @@ The parts, in order (each a list of `invoke` commands, all records under --resul
            sweeps alone, before it runs (model_check --leave-out; saved to predicted.txt);
   leftout  that configuration run (MNIST: DDP, Horovod over Gloo and over MPI);
   table    the predicted against the measured step of every row (median and largest
-           absolute error: all of them, within one server, across servers) and the
-           left-out configuration's prediction against its measurement.
+           absolute error: all of them, within one server, across servers), the
+           measurement's own spread (each run's step against its configuration's other
+           runs: the floor no prediction of one run beats) and the left-out
+           configuration's prediction against its measurement.
 On 2 cores the whole of it took 13.3 minutes (11.5 with 40 and 6 steps; one repeat;
 --repeat N repeats every run). `--only PART,...` runs some parts (table and predict
 read what is there); `--dry-run` prints the commands.
@@ -92,6 +94,9 @@ def table(results: str) -> list[str]:
         errors = [p / m - 1 for n, p, m in rows if m and pick(n)]
         out.append(f"{label}: {_summary(errors)}")
     out += [f"- not predicted: {w}" for w in why]
+    spread = model_check.repeat_spread(model_check._records([results]))
+    out.append("the measurement's own spread, each run's step against its configuration's other runs "
+               f"(--repeat 2 or more): {_summary(spread)}")
     return out
 
 

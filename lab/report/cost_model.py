@@ -66,11 +66,11 @@ ASSUMPTIONS = {
                         "another of the same model, batch, threads, precision and place.",
     "contention": "The compute slows beyond the ceiling's slowdown (the framework's threads and "
                   "waits beside the ranks' compute) by the median ratio of the step parts' slowdown "
-                  "to the ceiling's that the other configurations measured at the same workers, "
-                  "servers and place (of the same framework and back end, and model, where any did).",
-    "contention_none": "No other configuration at these workers, servers and place measured both "
-                       "its step parts and its ceiling: the compute slows by the ceiling's slowdown "
-                       "alone.",
+                  "to the ceiling's that the other configurations of the same framework and back end "
+                  "and model measured at the same workers, on any servers and place (of the same "
+                  "framework and back end where none did, else of any).",
+    "contention_none": "No other configuration at these workers measured both its step parts and "
+                       "its ceiling: the compute slows by the ceiling's slowdown alone.",
     "cycle": "Horovod's cycle cost (what each cycle of its background thread costs in a step "
              "beyond the collectives timed alone) is fitted to the exposed communication measured "
              "in the other configurations of the same back end and place: of the same model on "
@@ -83,9 +83,10 @@ ASSUMPTIONS = {
     "cycle_none": "No configuration of this Horovod back end, place and link measured its exposed "
                   "communication: its cycles are taken to cost nothing beyond their collectives.",
     "waiting": "Waiting for the slowest rank is the median of the ranks' mean waits that the "
-               "other configurations measured at the same workers and servers (same model and "
-               "place), 0 where none did, and for a configuration not run the one at the most "
-               "workers, carried unchanged.",
+               "other configurations measured at the same workers: of the same framework and back "
+               "end, model, place and servers, else of the same framework, back end and model "
+               "anywhere, else of the same model, place and servers; 0 where none did, and for a "
+               "configuration not run the one at the most workers, carried unchanged.",
     "backward": "Without measured step parts the backward is two thirds of the 1-worker "
                 "step (twice the forward).",
     "link": "On another link the per-byte cost is the host's (the fitted cost less the "

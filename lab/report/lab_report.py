@@ -49,11 +49,13 @@ def _results(records: list[dict], across: bool, notes: d.Notes, empty: str) -> l
                     + tables.devices_note(shown, records))]
 
 
-def _why(records: list[dict], level: int = 2, sweeps: list[dict] = ()) -> list:
+def _why(records: list[dict], level: int = 2, sweeps: list[dict] = (), every: list[dict] | None = None) -> list:
     """Predicted against measured scaling (lab.report.prediction); `sweeps`: doctor's. The
     measured split of what each multi-worker row lost, and what fp16 would buy it, for every
-    row with its 1-worker row: measurements, shown whether the model predicted the row or not."""
-    preds = prediction.predictions(records, sweeps)
+    row with its 1-worker row: measurements, shown whether the model predicted the row or not.
+    `every`: all the report's records (a model's section): the model predicts from all of
+    them, as prediction.json and model_check do, and the section shows its own rows."""
+    preds = [p for p in prediction.predictions(every or records, sweeps) if _mine(p, records)]
     splits = prediction.measured(records, preds)
     said = prediction.split_sentences(records, splits) + prediction.fp16_sentences(records, splits)
     head = d.Heading(level, "Why it scales as it does")
@@ -73,7 +75,7 @@ def _why(records: list[dict], level: int = 2, sweeps: list[dict] = ()) -> list:
                        "of the same configuration, a timed collective and the compute "
                        "ceiling at 1 and N processes (data-parallel runs at 1 and 2 or "
                        "more workers with --ceiling make one)."),
-                *([d.Items(_unpredicted(records, sweeps))] if _unpredicted(records, sweeps) else [])]
+                *([d.Items(_unpredicted(records, sweeps, every))] if _unpredicted(records, sweeps, every) else [])]
     return [head, d.Table(prediction.HEADERS, prediction.table(records, preds), [
         "Milliseconds but for slowdown, error and speedups. Predicted step = compute (the 1-worker "
         "step) x slowdown (N x the compute ceiling of 1 process against that of N processes placed as "
@@ -83,15 +85,20 @@ def _why(records: list[dict], level: int = 2, sweeps: list[dict] = ()) -> list:
         "collective's cost fitted per back end and place from its timings and doctor's sweeps) + waiting "
         "(the mean wait for the slowest rank the other configurations measured); error: predicted against measured; "
         "unexplained: the measured step less the predicted one. Every term is in prediction.json.",
-        *_unpredicted(records, sweeps)]), *_what_if(records, preds), *split,
+        *_unpredicted(records, sweeps, every)]), *_what_if(records, preds), *split,
         d.Items(prediction.sentences(records, preds) + said),
         d.Para("The model's assumptions:"), d.Items(_assumed(preds))]
 
 
-def _unpredicted(records: list[dict], sweeps: list[dict] = ()) -> list[str]:
+def _mine(case: dict, records: list[dict]) -> bool:
+    """Whether a predicted (or unpredicted) row is of `records`' models."""
+    return case["row"]["record"].get("config", {}).get("model") in {r.get("config", {}).get("model") for r in records}
+
+
+def _unpredicted(records: list[dict], sweeps: list[dict] = (), every: list[dict] | None = None) -> list[str]:
     return [f"Not predicted: {config_label(u['row']['record'], records, ' / ')} at "
             f"{u['row']['np']} workers ({u['why']}){prediction_text.explained(u['explained'])}."
-            for u in prediction.unpredicted(records, sweeps)]
+            for u in prediction.unpredicted(every or records, sweeps) if _mine(u, records)]
 
 
 def _what_if(records: list[dict], preds: list[dict]) -> list:
@@ -146,7 +153,7 @@ def document(records: list[dict], images: list[str], source: str, sweeps: list[d
             mine = [r for r in records if r.get("config", {}).get("model") == m]
             blocks.append(d.Heading(2, f"Model {m}"))
             blocks += _results_sections(mine, notes, 3)
-            blocks += _why(mine, 3, sweeps)
+            blocks += _why(mine, 3, sweeps, records)
             blocks += _by_configuration(mine, images, 3)
             blocks += _analysis(mine, 3)
         blocks += _curves(images)

@@ -188,6 +188,20 @@ def lines(cases: list[tuple[str, float, float | None]]) -> list[str]:
     return out
 
 
+def repeat_spread(records: list[dict]) -> list[float]:
+    """The measurement's own floor: for every multi-worker configuration with two or more
+    ok runs, each run's step (figures.step_time_mean_s) against the median of the others'
+    (a run predicting its own configuration's other runs); empty without repeats."""
+    from lab.report import summary
+    out = []
+    for row in summary.rows(records):
+        steps = [r["figures"]["step_time_mean_s"] for r in row.get("records") or [] if row.get("runs")]
+        if row.get("np", 1) < 2 or len(steps) < 2:
+            continue
+        out += [s / statistics.median(steps[:i] + steps[i + 1:]) - 1 for i, s in enumerate(steps)]
+    return out
+
+
 def _summary(errors: list[float]) -> str:
     if not errors:
         return "no case"

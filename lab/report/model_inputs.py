@@ -9,9 +9,9 @@
   the flag that measures it. The row's own step parts give only the "explained" figure;
 - the contention beyond the ceiling (the framework's threads and waits sharing the
   ranks' cores): the median ratio of step-part slowdown to ceiling slowdown over the
-  other configurations at the same ranks, servers and place;
+  other configurations at the same ranks of the same framework and model (contention);
 - waiting for the slowest rank: the median of the mean waits that the other
-  configurations measured at the same ranks and servers (same model and place);
+  configurations measured at the same ranks, of the same framework first (others_wait);
 - the collective's points: the runs' own probes (figures.collective_alone) and the size
   sweeps `invoke doctor --save FOLDER` stores (SWEEP_FILE): torch.distributed's Gloo
   sweep (DDP's back end, on this machine or in the image, and across the cluster's nodes
@@ -78,13 +78,22 @@ def mean_wait(row: dict) -> float | None:
 
 
 def others_wait(row: dict, rows: list[dict]) -> float | None:
-    """The median of mean_wait over the other rows (other configurations) of the same
-    compute key, ranks and servers; None where none measured it."""
-    key = (compute_key(row["record"]), row["np"], row["servers"])
-    mine = summary.group_key(row["record"])
-    waits = [w for r in rows if r.get("runs") and summary.group_key(r["record"]) != mine
-             and (compute_key(r["record"]), r["np"], r["servers"]) == key and (w := mean_wait(r)) is not None]
-    return statistics.median(waits) if waits else None
+    """The median of mean_wait over the other rows (other configurations) at the row's
+    ranks: those of its framework and back end, compute key and servers where any measured
+    it, else of its framework and back end and model (any place and servers), else of its
+    compute key and servers (any framework); None where none measured it. The framework
+    first: how long the ranks wait for the slowest is its threads' doing as much as the
+    model's (Horovod over Gloo's ranks wait longest here)."""
+    mine, key = summary.group_key(row["record"]), compute_key(row["record"])
+    near = [r for r in rows if r.get("runs") and summary.group_key(r["record"]) != mine and r["np"] == row["np"]]
+    for pick in (lambda r: _framework(r) == _framework(row) and compute_key(r["record"]) == key
+                 and r["servers"] == row["servers"],
+                 lambda r: _framework(r) == _framework(row) and compute_key(r["record"])[:6] == key[:6],
+                 lambda r: compute_key(r["record"]) == key and r["servers"] == row["servers"]):
+        waits = [w for r in near if pick(r) and (w := mean_wait(r)) is not None]
+        if waits:
+            return statistics.median(waits)
+    return None
 
 
 def explained_slowdown(row: dict, one: dict) -> float | None:
@@ -101,22 +110,24 @@ def explained_slowdown(row: dict, one: dict) -> float | None:
     return sum(parts[k] for k in keys) / one_s if one_s > 0 else None
 
 
+def _framework(row: dict) -> tuple:
+    c = row["record"].get("config", {})
+    return c.get("framework"), row["record"]["world"].get("controller") or c.get("backend")
+
+
 def contention(row: dict, measured: list[tuple[dict, float]]) -> tuple[float, str | None]:
     """(the compute's slowdown beyond the ceiling's, from whom): the median of `measured`'s
     ratios (each another row's explained_slowdown over its ceiling_slowdown) over the other
-    configurations at the row's ranks, servers and place, those of its framework, back end
-    and model where any, else of its framework and back end, else all; (1, None) without."""
-    rec = row["record"]
-
-    def fw(r):
-        c = r["record"].get("config", {})
-        return c.get("framework"), r["record"]["world"].get("controller") or c.get("backend")
-    mine = summary.group_key(rec)
-    near = [(r, v) for r, v in measured if summary.group_key(r["record"]) != mine and r["np"] == row["np"]
-            and r["servers"] == row["servers"] and summary.place(r["record"]) == summary.place(rec)]
-    model = rec.get("config", {}).get("model")
-    for how, pick in (("its framework and model", lambda r: fw(r) == fw(row) and r["record"]["config"].get("model") == model),
-                      ("its framework", lambda r: fw(r) == fw(row)), ("others", lambda r: True)):
+    configurations at the row's ranks of its framework and back end and its model (input,
+    batch, threads, precision, device; any place and servers) where any, else of its
+    framework and back end, else all; (1, None) without. Carried along the framework and
+    the model, not the place: the framework's threads and waits sharing the ranks' cores
+    are what it measures, and they grow with the model's step."""
+    mine, model = summary.group_key(row["record"]), compute_key(row["record"])[:6]
+    near = [(r, v) for r, v in measured if summary.group_key(r["record"]) != mine and r["np"] == row["np"]]
+    for how, pick in (("its framework and model", lambda r: _framework(r) == _framework(row)
+                       and compute_key(r["record"])[:6] == model),
+                      ("its framework", lambda r: _framework(r) == _framework(row)), ("others", lambda r: True)):
         values = [v for r, v in near if pick(r)]
         if values:
             return statistics.median(values), how
