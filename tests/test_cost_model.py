@@ -577,6 +577,7 @@ def test_the_model_benchmark_measures_every_term_and_prints_the_errors(tmp_path,
     # a second run of the 2-worker uncompressed configuration, 20% slower: the floor is
     # each run against the other (-1/6 and +1/5), the 1-worker rows not counted
     results.append_record(tmp_path / "m" / results.RESULTS_FILE, rec(2, 0.036, PARTS_GROWN, coll_s=0.002))
+    results.append_record(tmp_path / "m" / results.RESULTS_FILE, rec(1, 0.020, PARTS_ONE, ceiling=2000.0))
     assert model_bench.table(str(tmp_path))[-1].endswith("median absolute error 18%, largest 20% (2 cases)")
     with pytest.raises(SystemExit):
         model_bench.main(["--only", "nope"])
@@ -633,3 +634,28 @@ def test_contention_and_waiting_are_carried_along_the_framework_and_model_before
     assert p["model"]["contention_from"] == "its framework and model"
     # its ranks' mean wait (none and 4 ms), not Horovod's (none and 10 ms)
     assert p["model"]["waiting_s"] == pytest.approx(0.002, rel=1e-3)
+
+
+def test_the_wait_falls_back_from_its_servers_to_its_model_to_any_framework():
+    """A row's wait: its framework's at its servers first (not its framework's within one
+    server, not Horovod's beside it), then its framework's elsewhere, then any framework's
+    at its model, place and servers; and prediction.json says whose."""
+    def ddp2(wait, link="1gbit", nodes=2):
+        return (across(2, 0.030, {**PARTS_TWO, "waiting": wait}, link, coll_s=0.002, ceiling=3600.0) if nodes == 2
+                else rec(2, 0.030, {**PARTS_TWO, "waiting": wait}, coll_s=0.002, ceiling=3000.0))
+    one = [rec(1, 0.0165, PARTS_ONE, ceiling=2000.0), across(1, 0.0165, PARTS_ONE, "", ceiling=2000.0)]
+    hvd = [across(1, 0.0165, PARTS_ONE, "", framework="horovod"),
+           across(2, 0.030, {**PARTS_TWO, "waiting": 0.020}, "1gbit", coll_s=0.002, framework="horovod",
+                  ceiling=3600.0)]
+    target = across(2, 0.030, PARTS_TWO, "100mbit", coll_s=0.002)
+
+    def wait(recs):
+        [p] = [p for p in prediction.predictions(recs) if p["row"]["record"] is target]
+        return p["model"]["waiting_s"], p["model"]["waiting_from"]
+    # DDP at 1 Gbit/s on the same 2 servers (mean of none and 6 ms), before DDP on one
+    # server (4 ms) and Horovod on the 2 servers (10 ms)
+    assert wait(one + hvd + [ddp2(0.012), ddp2(0.008, nodes=1), target]) == (
+        pytest.approx(0.006, rel=1e-3), "its framework, model, place and servers")
+    assert wait(one + hvd + [ddp2(0.008, nodes=1), target]) == (pytest.approx(0.004, rel=1e-3),
+                                                                 "its framework and model")
+    assert wait(one + hvd + [target]) == (pytest.approx(0.010, rel=1e-3), "its model, place and servers")

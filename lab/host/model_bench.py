@@ -20,8 +20,8 @@ The parts, in order (each a list of `invoke` commands, all records under --resul
            measurement's own spread (each run's step against its configuration's other
            runs: the floor no prediction of one run beats) and the left-out
            configuration's prediction against its measurement.
-On 2 cores the whole of it took 13.3 minutes (11.5 with 40 and 6 steps; one repeat;
---repeat N repeats every run). `--only PART,...` runs some parts (table and predict
+On 2 cores the whole of it took 13.3 minutes with one repeat and about 37 with
+--repeat 3 (which repeats every run). `--only PART,...` runs some parts (table and predict
 read what is there); `--dry-run` prints the commands.
 
 Run from the checkout (invoke needs tasks.py)."""

@@ -325,6 +325,7 @@ class Inputs:
     op: str                         # allreduce, or allgather for the 8-bit codecs
     slowdown: float | None = None   # measured: compute at N / compute at 1
     waiting_s: float | None = None  # measured: the ranks' mean wait for the slowest
+    waiting_from: str | None = None  # whose (lab.report.model_inputs.others_wait)
     tensors: int = DEFAULT_TENSORS
     cycle_s: float = HOROVOD_CYCLE_S
     fusion_bytes: float = HOROVOD_FUSION
@@ -389,6 +390,6 @@ def predict(x: Inputs, fit_: Fit) -> dict:
             "collective_alone_s": alone, "buckets": sched["buckets"],
             "collectives_s": sched["collective_s"], "speedup": x.np * x.compute_s / step if step else None,
             "slowdown_from": x.slowdown_from if x.slowdown else None, "contention": x.contention or 1.0,
-            "contention_from": x.contention_from,
+            "contention_from": x.contention_from, "waiting_from": x.waiting_from if x.np > 1 else None,
             "cycle_cost_s": x.cycle_cost_s if x.framework == "horovod" else 0.0,
             "cycles": sched.get("cycles", 0), "assumptions": used}

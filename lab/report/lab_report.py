@@ -49,13 +49,19 @@ def _results(records: list[dict], across: bool, notes: d.Notes, empty: str) -> l
                     + tables.devices_note(shown, records))]
 
 
-def _why(records: list[dict], level: int = 2, sweeps: list[dict] = (), every: list[dict] | None = None) -> list:
-    """Predicted against measured scaling (lab.report.prediction); `sweeps`: doctor's. The
-    measured split of what each multi-worker row lost, and what fp16 would buy it, for every
-    row with its 1-worker row: measurements, shown whether the model predicted the row or not.
-    `every`: all the report's records (a model's section): the model predicts from all of
-    them, as prediction.json and model_check do, and the section shows its own rows."""
-    preds = [p for p in prediction.predictions(every or records, sweeps) if _mine(p, records)]
+def _model(records: list[dict], sweeps: list[dict] = ()) -> tuple[list[dict], list[dict]]:
+    """The cost model over all the report's records and doctor's `sweeps`, once: (the
+    predictions, the rows not predicted), as prediction.json and model_check make them."""
+    return prediction.predictions(records, sweeps), prediction.unpredicted(records, sweeps)
+
+
+def _why(records: list[dict], level: int, model: tuple[list[dict], list[dict]]) -> list:
+    """Predicted against measured scaling (lab.report.prediction; `model`: _model of all
+    the report's records, of which a model's section shows its own rows). The measured
+    split of what each multi-worker row lost, and what fp16 would buy it, for every row with
+    its 1-worker row: measurements, shown whether the model predicted the row or not."""
+    preds = [p for p in model[0] if _mine(p, records)]
+    unpredicted = _unpredicted(records, model[1])
     splits = prediction.measured(records, preds)
     said = prediction.split_sentences(records, splits) + prediction.fp16_sentences(records, splits)
     head = d.Heading(level, "Why it scales as it does")
@@ -75,7 +81,7 @@ def _why(records: list[dict], level: int = 2, sweeps: list[dict] = (), every: li
                        "of the same configuration, a timed collective and the compute "
                        "ceiling at 1 and N processes (data-parallel runs at 1 and 2 or "
                        "more workers with --ceiling make one)."),
-                *([d.Items(_unpredicted(records, sweeps, every))] if _unpredicted(records, sweeps, every) else [])]
+                *([d.Items(unpredicted)] if unpredicted else [])]
     return [head, d.Table(prediction.HEADERS, prediction.table(records, preds), [
         "Milliseconds but for slowdown, error and speedups. Predicted step = compute (the 1-worker "
         "step) x slowdown (N x the compute ceiling of 1 process against that of N processes placed as "
@@ -85,7 +91,7 @@ def _why(records: list[dict], level: int = 2, sweeps: list[dict] = (), every: li
         "collective's cost fitted per back end and place from its timings and doctor's sweeps) + waiting "
         "(the mean wait for the slowest rank the other configurations measured); error: predicted against measured; "
         "unexplained: the measured step less the predicted one. Every term is in prediction.json.",
-        *_unpredicted(records, sweeps, every)]), *_what_if(records, preds), *split,
+        *unpredicted]), *_what_if(records, preds), *split,
         d.Items(prediction.sentences(records, preds) + said),
         d.Para("The model's assumptions:"), d.Items(_assumed(preds))]
 
@@ -95,10 +101,10 @@ def _mine(case: dict, records: list[dict]) -> bool:
     return case["row"]["record"].get("config", {}).get("model") in {r.get("config", {}).get("model") for r in records}
 
 
-def _unpredicted(records: list[dict], sweeps: list[dict] = (), every: list[dict] | None = None) -> list[str]:
+def _unpredicted(records: list[dict], unpredicted: list[dict]) -> list[str]:
     return [f"Not predicted: {config_label(u['row']['record'], records, ' / ')} at "
             f"{u['row']['np']} workers ({u['why']}){prediction_text.explained(u['explained'])}."
-            for u in prediction.unpredicted(every or records, sweeps) if _mine(u, records)]
+            for u in unpredicted if _mine(u, records)]
 
 
 def _what_if(records: list[dict], preds: list[dict]) -> list:
@@ -139,7 +145,7 @@ def document(records: list[dict], images: list[str], source: str, sweeps: list[d
     models = list(dict.fromkeys(r.get("config", {}).get("model") for r in records))
     if len(models) == 1:
         blocks += _results_sections(records, notes, 2)
-        blocks += _why(records, 2, sweeps)
+        blocks += _why(records, 2, _model(records, sweeps))
         blocks += _curves(images)
         blocks += _by_configuration(records, images, 2)
         blocks += _not_run(records)
@@ -149,11 +155,12 @@ def document(records: list[dict], images: list[str], source: str, sweeps: list[d
         blocks.append(d.Para(f"The records hold {len(models)} models ({', '.join(map(str, models))}): "
                              f"each has its own tables and ranking below, and no figure of one is "
                              f"compared with another's."))
+        model = _model(records, sweeps)
         for m in models:
             mine = [r for r in records if r.get("config", {}).get("model") == m]
             blocks.append(d.Heading(2, f"Model {m}"))
             blocks += _results_sections(mine, notes, 3)
-            blocks += _why(mine, 3, sweeps, records)
+            blocks += _why(mine, 3, model)
             blocks += _by_configuration(mine, images, 3)
             blocks += _analysis(mine, 3)
         blocks += _curves(images)

@@ -195,10 +195,11 @@ def repeat_spread(records: list[dict]) -> list[float]:
     from lab.report import summary
     out = []
     for row in summary.rows(records):
-        steps = [r["figures"]["step_time_mean_s"] for r in row.get("records") or [] if row.get("runs")]
-        if row.get("np", 1) < 2 or len(steps) < 2:
+        if not row.get("runs") or row.get("np", 1) < 2:
             continue
-        out += [s / statistics.median(steps[:i] + steps[i + 1:]) - 1 for i, s in enumerate(steps)]
+        steps = [r["figures"]["step_time_mean_s"] for r in row["records"]]
+        out += [s / m - 1 for i, s in enumerate(steps)
+                if len(steps) > 1 and (m := statistics.median(steps[:i] + steps[i + 1:])) > 0]
     return out
 
 

@@ -77,23 +77,30 @@ def mean_wait(row: dict) -> float | None:
     return statistics.median(waits) if waits else None
 
 
-def others_wait(row: dict, rows: list[dict]) -> float | None:
-    """The median of mean_wait over the other rows (other configurations) at the row's
-    ranks: those of its framework and back end, compute key and servers where any measured
-    it, else of its framework and back end and model (any place and servers), else of its
-    compute key and servers (any framework); None where none measured it. The framework
-    first: how long the ranks wait for the slowest is its threads' doing as much as the
-    model's (Horovod over Gloo's ranks wait longest here)."""
+def _framework(row: dict) -> tuple:
+    c = row["record"].get("config", {})
+    return c.get("framework"), row["record"]["world"].get("controller") or c.get("backend")
+
+
+def others_wait(row: dict, rows: list[dict]) -> tuple[float | None, str | None]:
+    """(the median of mean_wait over the other rows (other configurations) at the row's
+    ranks, from whom): those of its framework and back end, compute key and servers where
+    any measured it, else of its framework and back end and model (any place and servers),
+    else of its compute key and servers (any framework); (None, None) where none measured
+    it. The framework first: how long the ranks wait for the slowest is its threads' doing
+    as much as the model's (Horovod over Gloo's ranks wait longest here)."""
     mine, key = summary.group_key(row["record"]), compute_key(row["record"])
     near = [r for r in rows if r.get("runs") and summary.group_key(r["record"]) != mine and r["np"] == row["np"]]
-    for pick in (lambda r: _framework(r) == _framework(row) and compute_key(r["record"]) == key
-                 and r["servers"] == row["servers"],
-                 lambda r: _framework(r) == _framework(row) and compute_key(r["record"])[:6] == key[:6],
-                 lambda r: compute_key(r["record"]) == key and r["servers"] == row["servers"]):
+    for how, pick in (("its framework, model, place and servers", lambda r: _framework(r) == _framework(row)
+                       and compute_key(r["record"]) == key and r["servers"] == row["servers"]),
+                      ("its framework and model", lambda r: _framework(r) == _framework(row)
+                       and compute_key(r["record"])[:6] == key[:6]),
+                      ("its model, place and servers", lambda r: compute_key(r["record"]) == key
+                       and r["servers"] == row["servers"])):
         waits = [w for r in near if pick(r) and (w := mean_wait(r)) is not None]
         if waits:
-            return statistics.median(waits)
-    return None
+            return statistics.median(waits), how
+    return None, None
 
 
 def explained_slowdown(row: dict, one: dict) -> float | None:
@@ -108,11 +115,6 @@ def explained_slowdown(row: dict, one: dict) -> float | None:
     keys = [k for k in step_parts.COMPUTE if not (noted and k == "backward")]
     one_s = sum(parts_one[k] for k in keys)
     return sum(parts[k] for k in keys) / one_s if one_s > 0 else None
-
-
-def _framework(row: dict) -> tuple:
-    c = row["record"].get("config", {})
-    return c.get("framework"), row["record"]["world"].get("controller") or c.get("backend")
 
 
 def contention(row: dict, measured: list[tuple[dict, float]]) -> tuple[float, str | None]:

@@ -100,7 +100,8 @@ def _median(values: list) -> float | None:
 def inputs(row: dict, one: dict, ceilings: dict, rows: list[dict]) -> cm.Inputs:
     """The model's inputs for `row`: the compute of its 1-worker row, the slowdown from the
     compute ceilings (model_inputs.ceiling_slowdown), waiting from the other configurations
-    at its ranks and servers (model_inputs.others_wait), the settings from its record."""
+    at its ranks, its framework's first (model_inputs.others_wait), the settings from its
+    record."""
     r, n = row["record"], row["np"]
     f = r["figures"]
     compute = one["time per step (ms)"] / 1000
@@ -108,13 +109,14 @@ def inputs(row: dict, one: dict, ceilings: dict, rows: list[dict]) -> cm.Inputs:
     backward = compute * parts["backward"] / parts["step"] if parts and parts["step"] else None
     slow = mi.ceiling_slowdown(r, n, row["servers"], ceilings)
     hv = r["world"].get("horovod") or {}
+    waiting, waiting_from = mi.others_wait(row, rows)
     values = f.get("gradient_values")
     grad = 4.0 * values if values else float(f.get("payload_bytes_per_step") or 0)
     return cm.Inputs(
         framework=r["config"].get("framework", "ddp"), np=n, compute_s=compute, backward_s=backward,
         grad_bytes=grad, payload_bytes=float(f.get("payload_bytes_per_step") or grad),
         op=f.get("collective") or "allreduce",
-        slowdown=slow, slowdown_from="ceiling" if slow else None, waiting_s=mi.others_wait(row, rows),
+        slowdown=slow, slowdown_from="ceiling" if slow else None, waiting_s=waiting, waiting_from=waiting_from,
         tensors=cm.MODEL_TENSORS.get(r["config"].get("model"), cm.DEFAULT_TENSORS),
         tensor_bytes=[4.0 * v for v in f["gradient_tensors"]] if f.get("gradient_tensors") else None,
         cycle_s=hv.get("cycle_time_ms", cm.HOROVOD_CYCLE_S * 1000) / 1000,
@@ -199,7 +201,7 @@ def _explain(cases: list[dict]) -> None:
         if slow is not None:
             mine.append((c, cm.Inputs(**{**c["inputs"].__dict__, "slowdown": slow, "slowdown_from": "step parts",
                                          "contention": 1.0, "contention_from": None,
-                                         "waiting_s": mi.mean_wait(c["row"]), "cycle_cost_s": 0.0,
+                                         "waiting_s": mi.mean_wait(c["row"]), "waiting_from": "itself", "cycle_cost_s": 0.0,
                                          "cycle_cost_from": None})))
     for (c, _), x in zip(mine, with_cycle_costs([(c["row"], x, c["fit"]) for c, x in mine])):
         p, step = cm.predict(x, c["fit"]), c["row"]["time per step (ms)"]
@@ -320,7 +322,8 @@ def _terms(m: dict, fit: cm.Fit) -> dict:
             "collective_alone_ms": m["collective_alone_s"] * 1000, "collectives_per_step": m["buckets"],
             "collectives_ms": m["collectives_s"] * 1000, "fit": fit.as_dict(),
             "slowdown_from": m["slowdown_from"], "contention": m["contention"],
-            "contention_from": m["contention_from"], "horovod_cycle_cost_ms": m["cycle_cost_s"] * 1000,
+            "contention_from": m["contention_from"], "waiting_from": m["waiting_from"],
+            "horovod_cycle_cost_ms": m["cycle_cost_s"] * 1000,
             "assumptions": m["assumptions"]}
 
 
