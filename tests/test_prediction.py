@@ -111,7 +111,7 @@ def test_a_reports_model_sections_show_the_predictions_of_prediction_json(tmp_pa
     src = Path(__file__).parent / "fixtures" / "example-report-b"
     shutil.copytree(src, tmp_path / "r")
     lab_report.write(str(tmp_path / "r"))
-    shown, inside = [], False
+    shown, labels, inside = [], [], False
     col = prediction.HEADERS.index("predicted") + 1
     for line in (tmp_path / "r" / "report.md").read_text().splitlines():
         cells = [c.strip() for c in line.split("|")]
@@ -121,7 +121,15 @@ def test_a_reports_model_sections_show_the_predictions_of_prediction_json(tmp_pa
             inside = False
         elif inside and not cells[1].startswith("-"):
             shown.append(float(cells[col]))
+            labels.append(cells[1])
     saved = json.loads((tmp_path / "r" / prediction.JSON_FILE).read_text())["configurations"]
     assert len(saved) >= 4 and any("resnet50" in c["configuration"] for c in saved)
     saved = [c for c in saved if c["predicted_step_ms"] is not None]
     assert shown and sorted(shown) == sorted(float(f"{c['predicted_step_ms']:.1f}") for c in saved)
+    # rows that differ by their link alone are told apart by it, and the row whose cycle
+    # cost was fitted on itself is marked (prediction.json: cycle_self)
+    links = [c["link"] for c in saved if c["servers"] > 1]
+    assert sorted(lab for lab in labels if " at " in lab) == sorted(lab for lab in labels if lab.endswith(
+        tuple(f" at {x}" for x in links))) and len([lab for lab in labels if " at " in lab]) == len(links) > 1
+    marked = [c for c in saved if "cycle_self" in c["terms"]["assumptions"]]
+    assert len([lab for lab in labels if lab.endswith(prediction.SELF_FITTED)]) == len(marked)

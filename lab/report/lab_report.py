@@ -89,8 +89,12 @@ def _why(records: list[dict], level: int, model: tuple[list[dict], list[dict]]) 
         "measured) + exposed (communication: the bucket schedule, or Horovod's "
         "cycles with their cost fitted to measured exposed time, against the backward pass, the "
         "collective's cost fitted per back end and place from its timings and doctor's sweeps) + waiting "
-        "(the mean wait for the slowest rank the other configurations measured); error: predicted against measured; "
+        "(the mean wait for the slowest rank the other configurations measured); measured: the mean of all timed "
+        "steps (the step parts below are of the typical steps); error: predicted against measured; "
         "unexplained: the measured step less the predicted one. Every term is in prediction.json.",
+        *([f"{prediction.SELF_FITTED}: Horovod's cycle cost fitted on this row's own exposed communication (no "
+            "other configuration of its back end and place measured one): that term is an input, not a prediction."]
+          if any(p["inputs"].cycle_cost_from == "itself" for p in preds) else []),
         *unpredicted]), *_what_if(records, preds), *split,
         d.Items(prediction.sentences(records, preds) + said),
         d.Para("The model's assumptions:"), d.Items(_assumed(preds))]
@@ -115,7 +119,9 @@ def _what_if(records: list[dict], preds: list[dict]) -> list:
                    "brackets, at more workers and on other links, each worker on a server of its own:"),
             d.Table(prediction.WHAT_IF_HEADERS, prediction.what_if_table(cases), [
                 "Extrapolated: no row of this table ran. The link's rate replaces the fitted place's "
-                "in the collective's per-byte cost; compute is the 1-worker step."])]
+                "in the collective's per-byte cost, its fitted latency per step is kept (0 where the fit "
+                "found none: the figures at many workers depend on it) and the links add no delay; "
+                "compute is the 1-worker step."])]
 
 
 def _assumed(preds: list[dict]) -> list[str]:

@@ -26,7 +26,8 @@ def sentences(records: list[dict], preds: list[dict]) -> list[str]:
     out = []
     for p in preds:
         name = rec.config_label(p["row"]["record"], records)
-        where = f"at {p['np']} workers" + (f" on {p['servers']} servers" if p["servers"] > 1 else "")
+        where = f"at {p['np']} workers" + (f" on {p['servers']} servers" if p["servers"] > 1 else "") + rec.link_label(
+            p["row"]["record"])
         m = p["model"]
         head = (f"{name} {where}: predicted {p['predicted_ms']:.1f} ms ({p['compute_ms']:.1f} compute x "
                 f"{m['slowdown']:.2f}, {m['exposed_s'] * 1000:.1f} exposed of {m['buckets']} "
@@ -87,7 +88,8 @@ def fp16_sentences(records: list[dict], splits: list[dict]) -> list[str]:
         if f is None or p["collective"] is None:
             continue
         name = rec.config_label(p["row"]["record"], records)
-        where = f"at {p['np']} workers" + (f" on {p['servers']} servers" if p["servers"] > 1 else "")
+        where = f"at {p['np']} workers" + (f" on {p['servers']} servers" if p["servers"] > 1 else "") + rec.link_label(
+            p["row"]["record"])
         head = (f"{name} {where} with fp16 (half the payload, "
                 f"{_mb(p['collective']['size_bytes'] / 2)}): predicted step "
                 f"{f['predicted_s'] * 1000:.1f} ms (the exposed communication "

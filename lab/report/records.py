@@ -83,6 +83,13 @@ def config_label(r: dict, records: list[dict], sep: str = " over ") -> str:
     return f"{setup_label(r, records)}{c.get('framework')}{sep}{c.get('backend')}{tail}"
 
 
+def link_label(r: dict) -> str:
+    """' at 100mbit' for a run across servers on a shaped link (rows that differ by their
+    link alone are told apart by it); '' else."""
+    link = r.get("config", {}).get("link") or ""
+    return f" at {link}" if link and r.get("world", {}).get("nodes", 1) > 1 else ""
+
+
 PRETTY = {"ddp": "DDP", "horovod": "Horovod", "none": "no framework", "mpi": "MPI", "gloo": "Gloo",
           "nccl": "NCCL"}
 

@@ -69,7 +69,8 @@ def table(records: list[dict]) -> list[list]:
         parts = of_row(row) if row.get("runs") else None
         if parts is None:
             continue
-        out.append([rec.config_label(row["record"], records, " / "), row["np"], row["servers"],
+        out.append([rec.config_label(row["record"], records, " / ") + rec.link_label(row["record"]),
+                    row["np"], row["servers"],
                     *(f"{parts[p] * 1000:.2f}" for p, _ in SHOWN),
                     f"{parts['sum'] * 1000:.2f}", f"{parts['step'] * 1000:.2f}",
                     "yes" if parts["adds_up"] else

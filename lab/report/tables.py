@@ -11,6 +11,7 @@ from lab.common.config import COMPRESSIONS
 from lab.report import summary
 from lab.report.document import Notes
 from lab.report.records import (
+    link_label,
     median_record,
     ok,
     oversubscribed,
@@ -72,7 +73,7 @@ def result_rows(records: list[dict], across: bool, notes: Notes | None = None) -
         if (nodes > 1) != across or row.get("status") == "skipped":
             continue
         label = setup_label(rec, records) + f"{row['framework']} / {row['back end']}" + (
-            f" / {row['compression']}" if row.get("compression") not in (None, "none") else "")
+            f" / {row['compression']}" if row.get("compression") not in (None, "none") else "") + link_label(rec)
         if "failed" in row:
             rows.append([label, nodes, "", row["np"], f"failed {notes.add(failure_note(rec))}",
                          "", "", "", "", 1])
