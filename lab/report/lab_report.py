@@ -28,7 +28,7 @@ from lab.report import document as d
 from lab.report.analysis import RANKING_HEADERS, analysis
 from lab.report.bench_output import restart_line
 from lab.report.environment import differing, environment
-from lab.report.records import ReportError, config_label, load, ok
+from lab.report.records import ReportError, config_label, link_label, load, ok
 
 __all__ = ["FORMATS", "ReportError", "document", "formats", "render", "write", "write_files"]
 
@@ -60,8 +60,9 @@ def _why(records: list[dict], level: int, model: tuple[list[dict], list[dict]]) 
     the report's records, of which a model's section shows its own rows). The measured
     split of what each multi-worker row lost, and what fp16 would buy it, for every row with
     its 1-worker row: measurements, shown whether the model predicted the row or not."""
-    preds = [p for p in model[0] if _mine(p, records)]
-    unpredicted = _unpredicted(records, model[1])
+    models = {r.get("config", {}).get("model") for r in records}
+    preds = [p for p in model[0] if _model_of(p) in models]
+    unpredicted = [_unpredicted(records, u) for u in model[1] if _model_of(u) in models]
     splits = prediction.measured(records, preds)
     said = prediction.split_sentences(records, splits) + prediction.fp16_sentences(records, splits)
     head = d.Heading(level, "Why it scales as it does")
@@ -100,15 +101,15 @@ def _why(records: list[dict], level: int, model: tuple[list[dict], list[dict]]) 
         d.Para("The model's assumptions:"), d.Items(_assumed(preds))]
 
 
-def _mine(case: dict, records: list[dict]) -> bool:
-    """Whether a predicted (or unpredicted) row is of `records`' models."""
-    return case["row"]["record"].get("config", {}).get("model") in {r.get("config", {}).get("model") for r in records}
+def _model_of(case: dict) -> str | None:
+    """The model of a predicted (or unpredicted) row."""
+    return case["row"]["record"].get("config", {}).get("model")
 
 
-def _unpredicted(records: list[dict], unpredicted: list[dict]) -> list[str]:
-    return [f"Not predicted: {config_label(u['row']['record'], records, ' / ')} at "
-            f"{u['row']['np']} workers ({u['why']}){prediction_text.explained(u['explained'])}."
-            for u in unpredicted if _mine(u, records)]
+def _unpredicted(records: list[dict], u: dict) -> str:
+    r = u["row"]["record"]
+    return (f"Not predicted: {config_label(r, records, ' / ')}{link_label(r)} at {u['row']['np']} workers "
+            f"({u['why']}){prediction_text.explained(u['explained'])}.")
 
 
 def _what_if(records: list[dict], preds: list[dict]) -> list:

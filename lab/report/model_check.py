@@ -102,11 +102,10 @@ def _records(paths: list[str]) -> list[dict]:
 
 
 def _name(p: dict, recs: list[dict]) -> str:
-    from lab.report.records import config_label
+    from lab.report.records import config_label, link_label
     row = p["row"]
-    link = row["record"].get("config", {}).get("link", "") if row["servers"] > 1 else ""
     return (f"{config_label(row['record'], recs, ' / ')}, {row['servers']} server(s)"
-            f"{' at ' + link if link else ''}, {row['np']} workers")
+            f"{link_label(row['record'])}, {row['np']} workers")
 
 
 def of_results(*paths: str, leave_out=None) -> tuple[list[tuple[str, float, float]], list[str], list[tuple]]:

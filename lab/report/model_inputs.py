@@ -77,9 +77,14 @@ def mean_wait(row: dict) -> float | None:
     return statistics.median(waits) if waits else None
 
 
+def framework_key(record: dict) -> tuple:
+    """(framework, the back end it ran: Horovod's controller where it records one)."""
+    c = record.get("config", {})
+    return c.get("framework"), record["world"].get("controller") or c.get("backend")
+
+
 def _framework(row: dict) -> tuple:
-    c = row["record"].get("config", {})
-    return c.get("framework"), row["record"]["world"].get("controller") or c.get("backend")
+    return framework_key(row["record"])
 
 
 def others_wait(row: dict, rows: list[dict]) -> tuple[float | None, str | None]:

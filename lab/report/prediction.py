@@ -60,7 +60,7 @@ def _link(spec: str, nodes: int) -> tuple[float | None, float, float]:
 def fit_key(record: dict) -> tuple:
     """Collectives that share a cost: framework, back end, place, across servers, link."""
     c, w = record.get("config", {}), record["world"]
-    return (c.get("framework"), w.get("controller") or c.get("backend"), summary.place(record),
+    return (*mi.framework_key(record), summary.place(record),
             w["nodes"] > 1, (c.get("link", "") or "") if w["nodes"] > 1 else "")
 
 

@@ -26,8 +26,7 @@ def sentences(records: list[dict], preds: list[dict]) -> list[str]:
     out = []
     for p in preds:
         name = rec.config_label(p["row"]["record"], records)
-        where = f"at {p['np']} workers" + (f" on {p['servers']} servers" if p["servers"] > 1 else "") + rec.link_label(
-            p["row"]["record"])
+        where = _where(p)
         m = p["model"]
         head = (f"{name} {where}: predicted {p['predicted_ms']:.1f} ms ({p['compute_ms']:.1f} compute x "
                 f"{m['slowdown']:.2f}, {m['exposed_s'] * 1000:.1f} exposed of {m['buckets']} "
@@ -37,6 +36,12 @@ def sentences(records: list[dict], preds: list[dict]) -> list[str]:
     return out
 
 
+def _where(p: dict) -> str:
+    """'at 2 workers on 2 servers at 100mbit': where a row (a prediction or a split) ran."""
+    return (f"at {p['np']} workers" + (f" on {p['servers']} servers" if p["servers"] > 1 else "")
+            + rec.link_label(p["row"]["record"]))
+
+
 def split_sentences(records: list[dict], splits: list[dict]) -> list[str]:
     """Each row of prediction.measured that lost time against one worker: where it went,
     measured (with or without a prediction of its step)."""
@@ -44,7 +49,7 @@ def split_sentences(records: list[dict], splits: list[dict]) -> list[str]:
     for s in splits:
         if s["gap"]["lost"] > 0:
             name = rec.config_label(s["row"]["record"], records)
-            where = f"at {s['np']} workers" + (f" on {s['servers']} servers" if s["servers"] > 1 else "")
+            where = _where(s)
             out.append(f"{name} {where}: {_measured_split(s)}")
     return out
 
@@ -88,8 +93,7 @@ def fp16_sentences(records: list[dict], splits: list[dict]) -> list[str]:
         if f is None or p["collective"] is None:
             continue
         name = rec.config_label(p["row"]["record"], records)
-        where = f"at {p['np']} workers" + (f" on {p['servers']} servers" if p["servers"] > 1 else "") + rec.link_label(
-            p["row"]["record"])
+        where = _where(p)
         head = (f"{name} {where} with fp16 (half the payload, "
                 f"{_mb(p['collective']['size_bytes'] / 2)}): predicted step "
                 f"{f['predicted_s'] * 1000:.1f} ms (the exposed communication "
