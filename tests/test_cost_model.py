@@ -618,6 +618,34 @@ def test_horovods_cycle_cost_comes_from_its_model_on_another_link_before_another
     assert preds[("mnist", "1gbit")]["inputs"].cycle_cost_s == pytest.approx(cost[("mnist", "100mbit")])
 
 
+def test_horovods_cycle_cost_comes_from_its_model_on_other_servers_before_another_model_on_its_own():
+    """MNIST on one node of the cluster, whose own exposed time fits no cost, takes MNIST's
+    cost across the two nodes, not the LSTM's on its own node (a ResNet-50 row's 3 ms a
+    cycle made such a row 35% slow)."""
+    def hvd(np, nodes, comm=0.0, model="mnist"):
+        r = across(np, 0.0165 if np == 1 else 0.030, {**PARTS_TWO, "communication": comm} if np > 1 else PARTS_ONE,
+                   "1gbit", coll_s=0.002 if np > 1 else None, framework="horovod",
+                   ceiling=2000.0 if np == 1 else 3000.0)
+        r["config"] = {**r["config"], "model": model}
+        if nodes == 1:
+            r["world"] = {**r["world"], "nodes": 1}
+            r["config"] = {**r["config"], "link": ""}
+        return r
+    recs = [hvd(1, 1), hvd(2, 1, 0.0), hvd(2, 2, 0.012), hvd(1, 1, model="lstm"), hvd(2, 1, 0.025, model="lstm")]
+    preds = {(p["row"]["record"]["config"]["model"], p["row"]["record"]["world"]["nodes"]): p
+             for p in prediction.predictions(recs)}
+    assert prediction.fit_key(recs[1])[:4] != prediction.fit_key(recs[2])[:4]      # one node and two
+    cost = {k: cm.cycle_cost(cm.Inputs(**{**preds[k]["inputs"].__dict__, "cycle_cost_s": 0.0}), preds[k]["fit"], t)
+            for k, t in ((("mnist", 2), 0.012), (("lstm", 1), 0.025))}
+    assert cost[("mnist", 2)] != pytest.approx(cost[("lstm", 1)])
+    assert preds[("mnist", 1)]["inputs"].cycle_cost_from == "others"
+    assert preds[("mnist", 1)]["inputs"].cycle_cost_s == pytest.approx(cost[("mnist", 2)])
+    # the LSTM has no other row of its model: another model's on its node, before across
+    on_its_node = cm.cycle_cost(preds[("mnist", 1)]["inputs"], preds[("mnist", 1)]["fit"], 0.0)
+    assert on_its_node != pytest.approx(cost[("mnist", 2)])
+    assert preds[("lstm", 1)]["inputs"].cycle_cost_s == pytest.approx(on_its_node)
+
+
 def test_contention_and_waiting_are_carried_along_the_framework_and_model_before_the_place():
     """DDP across servers takes the contention and the wait that its own framework and
     model measured within one server, not those of Horovod beside it on the same servers."""

@@ -68,19 +68,20 @@ ASSUMPTIONS = {
                   "waits beside the ranks' compute) by the median ratio of the step parts' slowdown "
                   "to the ceiling's that the other configurations of the same framework and back end "
                   "and model measured at the same workers, on any servers and place (of the same "
-                  "framework and back end where none did, else of any).",
+                  "framework and back end where none did, else of any), on any link: on shared "
+                  "cores it can grow on a slower one, which is not modelled.",
     "contention_none": "No other configuration at these workers measured both its step parts and "
                        "its ceiling: the compute slows by the ceiling's slowdown alone.",
     "cycle": "Horovod's cycle cost (what each cycle of its background thread costs in a step "
              "beyond the collectives timed alone) is fitted to the exposed communication measured "
              "in the other configurations of the same back end and place: of the same model on "
-             "this link, else on another; else of other models (this link first), and carried "
-             "unchanged to this one and "
-             "to the configurations not run.",
+             "these servers and link, else on another link, else on other servers; else of "
+             "other models (these servers and link first), and carried unchanged to this one "
+             "and to the configurations not run.",
     "cycle_self": "Horovod's cycle cost is fitted to this configuration's own measured exposed "
-                  "communication (no other configuration of its back end, place and link measured "
+                  "communication (no other configuration of its back end and place measured "
                   "one): its exposed communication is then measured, not predicted.",
-    "cycle_none": "No configuration of this Horovod back end, place and link measured its exposed "
+    "cycle_none": "No configuration of this Horovod back end and place measured its exposed "
                   "communication: its cycles are taken to cost nothing beyond their collectives.",
     "waiting": "Waiting for the slowest rank is the median of the ranks' mean waits that the "
                "other configurations measured at the same workers: of the same framework and back "

@@ -92,6 +92,7 @@ def _why(records: list[dict], level: int, model: tuple[list[dict], list[dict]]) 
         "collective's cost fitted per back end and place from its timings and doctor's sweeps) + waiting "
         "(the mean wait for the slowest rank the other configurations measured); measured: the mean of all timed "
         "steps (the step parts below are of the typical steps); error: predicted against measured; "
+        "pred. speedup, speedup: the throughput over one worker's, from the predicted and the measured step; "
         "unexplained: the measured step less the predicted one. Every term is in prediction.json.",
         *([f"{prediction.SELF_FITTED}: Horovod's cycle cost fitted on this row's own exposed communication (no "
             "other configuration of its back end and place measured one): that term is an input, not a prediction."]
@@ -152,8 +153,8 @@ def document(records: list[dict], images: list[str], source: str, sweeps: list[d
     models = list(dict.fromkeys(r.get("config", {}).get("model") for r in records))
     if len(models) == 1:
         blocks += _results_sections(records, notes, 2)
+        blocks += _curves(images)          # the template's order: results, then the curve
         blocks += _why(records, 2, _model(records, sweeps))
-        blocks += _curves(images)
         blocks += _by_configuration(records, images, 2)
         blocks += _not_run(records)
         blocks += _restarted(records)

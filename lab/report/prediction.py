@@ -26,7 +26,7 @@ from lab.report.prediction_text import fp16_sentences, sentences, split_sentence
 from lab.report.tables import row_oversubscribed
 
 HEADERS = ["configuration", "np", "servers", "compute", "slowdown", "exposed", "waiting",
-           "predicted", "measured", "error", "speedup (pred.)", "speedup (meas.)", "unexplained"]
+           "predicted", "measured", "error", "pred. speedup", "speedup", "unexplained"]
 WHAT_IF_WORKERS = (1, 2, 4, 8, 16, 64)
 WHAT_IF_LINKS_GBIT = (1, 10, 100)
 WHAT_IF_HEADERS = ["configuration", "workers", *(f"{g} Gbit/s" for g in WHAT_IF_LINKS_GBIT)]
@@ -139,8 +139,8 @@ def with_cycle_costs(cases: list[tuple[dict, cm.Inputs, cm.Fit]], blind: set[int
     """Each case's inputs with Horovod's cycle cost: the median of the costs fitted to the
     exposed communication that the other cases of its fit_key measured (step parts), those
     of its own model where there are any; else those of its model on another link of its
-    back end; else other models' (its link first); else the one fitted to its own (said in
-    cycle_cost_from);
+    back end, else on other servers (fit_key[:3]: one node and two); else other models' (its
+    servers and link first); else the one fitted to its own (said in cycle_cost_from);
     else none. The cases in `blind` (left out) lend none and take none of their own."""
     own = []
     for i, (row, x, fit) in enumerate(cases):
@@ -151,10 +151,14 @@ def with_cycle_costs(cases: list[tuple[dict, cm.Inputs, cm.Fit]], blind: set[int
         key, model = fit_key(row["record"]), row["record"]["config"].get("model")
         near = [(c, fit_key(r["record"]), r["record"]["config"].get("model") == model)
                 for j, ((r, _, _), c) in enumerate(zip(cases, own)) if j != i and c is not None
-                and fit_key(r["record"])[:4] == key[:4]]
-        # its key and model, else its model on another link, else other models (its key first)
-        others = ([c for c, k, same in near if k == key and same] or [c for c, _, same in near if same]
-                  or [c for c, k, _ in near if k == key] or [c for c, _, _ in near])
+                and fit_key(r["record"])[:3] == key[:3]]
+        # its key and model, else its model on another link, else its model on other servers,
+        # else other models (its key first, then its servers)
+        others = ([c for c, k, same in near if k == key and same]
+                  or [c for c, k, same in near if same and k[:4] == key[:4]]
+                  or [c for c, _, same in near if same]
+                  or [c for c, k, _ in near if k == key] or [c for c, k, _ in near if k[:4] == key[:4]]
+                  or [c for c, _, _ in near])
         if x.framework != "horovod" or (not others and own[i] is None):
             out.append(x)
             continue
