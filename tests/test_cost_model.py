@@ -559,15 +559,19 @@ def test_the_model_benchmark_measures_every_term_and_prints_the_errors(tmp_path,
     benches = [c for part in cmds.values() for c in part if c[0] == "bench"]
     # the DDP runs measure the ceiling, Horovod's share it (the same model, batch and
     # place); doctor's sweeps are saved where the report looks
-    assert all(("--ceiling" in c) == (c[c.index("--framework") + 1] == "ddp") for c in benches if "--nodes" not in c
-               or c[c.index("--nodes") + 1] == "1,2")
+    assert all(("--ceiling" in c) == (c[c.index("--framework") + 1] == "ddp") for c in benches)
     assert all(c[c.index("--results-dir") + 1] == "R" for c in benches)
     assert all("--save" in c for part in cmds.values() for c in part if c[0] == "doctor")
     assert {c[c.index("--link") + 1] for c in benches if "--link" in c} == {"1gbit", "100mbit"}
-    [left] = cmds["leftout"]
     test = model_check.leave_out_test(model_bench.LEFT_OUT)
     assert test({"world": {"np": 2, "nodes": 2}, "config": {"link": "100mbit", "model": "mnist"}})
-    assert left[left.index("--link") + 1] == "100mbit" and "predict" in model_bench.PARTS
+    assert all(c[c.index("--link") + 1] == "100mbit" and c[c.index("--np") + 1] == "2" for c in cmds["leftout"])
+    assert {(c[c.index("--framework") + 1], c[c.index("--backend") + 1]) for c in cmds["leftout"]} == {
+        ("ddp", "gloo"), ("horovod", "gloo,mpi")}
+    # predicted after the MNIST runs across the nodes, and run right after its prediction
+    order = list(model_bench.PARTS)
+    assert order.index("across") + 1 == order.index("predict") == order.index("leftout") - 1
+    assert all("mnist" not in " ".join(c) and "resnet50" in c for c in cmds["across-resnet50"])
     for r in records():
         results.append_record(tmp_path / "m" / results.RESULTS_FILE, r)
     out = model_bench.table(str(tmp_path))
@@ -582,6 +586,20 @@ def test_the_model_benchmark_measures_every_term_and_prints_the_errors(tmp_path,
     with pytest.raises(SystemExit):
         model_bench.main(["--only", "nope"])
     assert "--only takes within" in capsys.readouterr().err
+
+
+def test_the_model_benchmark_prints_the_machines_speed_on_each_link():
+    """The ceilings of the runs across servers, per link: a slower machine during the
+    left-out runs shows as a ceiling below the one at 1 Gbit/s."""
+    from lab.host import model_bench
+    recs = [across(2, 0.030, PARTS_TWO, "1gbit", coll_s=0.002, ceiling=3000.0),
+            across(2, 0.030, PARTS_TWO, "1gbit", coll_s=0.002, ceiling=3200.0),
+            across(2, 0.040, PARTS_TWO, "100mbit", coll_s=0.007, ceiling=2325.0),
+            across(1, 0.0165, PARTS_ONE, "", ceiling=2000.0)]
+    [line] = model_bench.speed_by_link(recs)
+    assert line.endswith("3,100 images/s at 1gbit (1.00), 2,325 images/s at 100mbit (0.75)")
+    assert "mnist at 2 processes on 2 servers" in line
+    assert model_bench.speed_by_link(recs[:2]) == []          # one link: nothing to compare
 
 
 def test_horovods_cycle_cost_comes_from_another_link_before_the_row_itself():

@@ -11,14 +11,17 @@ The parts, in order (each a list of `invoke` commands, all records under --resul
   across   `invoke up --nodes 2` (its nodes mounting --results-dir; left up), doctor
            across the nodes at 100 Mbit/s (at 1 Gbit/s the runs' own probes, MNIST's and
            ResNet-50's payloads, give the fit two sizes), MNIST on 1 and 2 nodes at
-           1 Gbit/s, ResNet-50 there over Gloo;
+           1 Gbit/s;
   predict  np 2 on 2 nodes at 100 Mbit/s predicted from the records so far and doctor's
            sweeps alone, before it runs (model_check --leave-out; saved to predicted.txt);
-  leftout  that configuration run (MNIST: DDP, Horovod over Gloo and over MPI);
+  leftout  that configuration run (MNIST: DDP with its ceiling, Horovod over Gloo and over
+           MPI), right after the MNIST runs it was predicted from;
+  across-resnet50  ResNet-50 on 1 and 2 nodes at 1 Gbit/s (DDP, Horovod over Gloo);
   table    the predicted against the measured step of every row (median and largest
            absolute error: all of them, within one server, across servers), the
            measurement's own spread (each run's step against its configuration's other
-           runs: the floor no prediction of one run beats) and the left-out
+           runs: the floor no prediction of one run beats), the machine's speed during
+           the left-out runs (their ceiling against the one at 1 Gbit/s) and the left-out
            configuration's prediction against its measurement.
 On 2 cores the whole of it took 13.3 minutes with one repeat and about 37 with
 --repeat 3 (which repeats every run). `--only PART,...` runs some parts (table and predict
@@ -28,12 +31,13 @@ Run from the checkout (invoke needs tasks.py)."""
 from __future__ import annotations
 
 import argparse
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-PARTS = ("within", "across", "predict", "leftout", "table")
+PARTS = ("within", "across", "predict", "leftout", "across-resnet50", "table")
 LEFT_OUT = "np=2,nodes=2,link=100mbit,model=mnist"
 # The digits give 28 steps an epoch at 2 workers: 6 epochs, so that 150 steps are timed
 # (a step of 5-10 ms; the runs' start-up, 10-20 s, is most of their time either way).
@@ -60,10 +64,10 @@ def commands(results: str, repeat: int) -> dict[str, list[list[str]]]:
                    *both(local, MNIST, "within-mnist"), *both(local, RESNET, "within-resnet50")],
         "across": [["up", "--nodes", "2", "--results-dir", results],     # the nodes mount it at /results
                    ["doctor", "--nodes", "2", "--link", "100mbit", "--save", results],
-                   *both(across, MNIST, "across-mnist-1gbit"),
-                   *both(across, RESNET, "across-resnet50-1gbit", ["--framework", "horovod", "--backend", "gloo"])],
-        "leftout": [["bench", "--nodes", "2", "--np", "2", "--link", "100mbit", "--framework", "ddp,horovod",
-                     "--backend", "gloo,mpi", *MNIST, *common, "--run-id", "across-mnist-100mbit"]],
+                   *both(across, MNIST, "across-mnist-1gbit")],
+        # right after the runs it is predicted from: the machine's speed drifts within minutes
+        "leftout": both(["--nodes", "2", "--np", "2", "--link", "100mbit"], MNIST, "across-mnist-100mbit"),
+        "across-resnet50": both(across, RESNET, "across-resnet50-1gbit", ["--framework", "horovod", "--backend", "gloo"]),
     }
 
 
@@ -94,9 +98,32 @@ def table(results: str) -> list[str]:
         errors = [p / m - 1 for n, p, m in rows if m and pick(n)]
         out.append(f"{label}: {_summary(errors)}")
     out += [f"- not predicted: {w}" for w in why]
-    spread = model_check.repeat_spread(model_check._records([results]))
+    records = model_check._records([results])
+    spread = model_check.repeat_spread(records)
     out.append("the measurement's own spread, each run's step against its configuration's other runs "
                f"(--repeat 2 or more): {_summary(spread)}")
+    return out + speed_by_link(records)
+
+
+def speed_by_link(records: list[dict]) -> list[str]:
+    """The compute ceiling (no framework, no exchange: the machine's speed) of the runs
+    across servers, per model and link, where a model has it on more than one link: a
+    prediction made before a run cannot know that the machine slowed in between."""
+    from lab.report.model_inputs import compute_key
+    found: dict[tuple, list[float]] = {}
+    for r in records:
+        c = (r.get("figures") or {}).get("ceiling") if r.get("status") == "ok" else None
+        if c and c.get("images_per_s") and r["world"]["nodes"] > 1:
+            key = (compute_key(r), r["world"]["np"], r["world"]["nodes"])
+            found.setdefault(key + (r["config"].get("link") or "",), []).append(c["images_per_s"])
+    out = []
+    for key in dict.fromkeys(k[:-1] for k in found):
+        links = {k[-1]: statistics.median(v) for k, v in found.items() if k[:-1] == key}
+        if len(links) > 1:
+            first = next(iter(links.values()))
+            out.append(f"the machine's speed, {key[0][0]} at {key[1]} processes on {key[2]} servers: compute "
+                       "ceiling " + ", ".join(f"{v:,.0f} images/s at {link} ({v / first:.2f})"
+                                              for link, v in links.items()))
     return out
 
 
