@@ -23,7 +23,7 @@ The parts, in order (each a list of `invoke` commands, all records under --resul
            runs: the floor no prediction of one run beats), the machine's speed during
            the left-out runs (their ceiling against the one at 1 Gbit/s) and the left-out
            configuration's prediction against its measurement.
-On 2 cores the whole of it took 13.3 minutes with one repeat and about 37 with
+On 2 cores the whole of it took 13.3 minutes with one repeat and 37 to 44 with
 --repeat 3 (which repeats every run). `--only PART,...` runs some parts (table and predict
 read what is there); `--dry-run` prints the commands.
 
@@ -107,8 +107,10 @@ def table(results: str) -> list[str]:
 
 def speed_by_link(records: list[dict]) -> list[str]:
     """The compute ceiling (no framework, no exchange: the machine's speed) of the runs
-    across servers, per model and link, where a model has it on more than one link: a
-    prediction made before a run cannot know that the machine slowed in between."""
+    across servers, per model and link (the fastest first, the others against it), where
+    a model has it on more than one link: a prediction made before a run cannot know that
+    the machine slowed in between."""
+    from lab.common.link import rate_gbs
     from lab.report.model_inputs import compute_key
     found: dict[tuple, list[float]] = {}
     for r in records:
@@ -118,7 +120,8 @@ def speed_by_link(records: list[dict]) -> list[str]:
             found.setdefault(key + (r["config"].get("link") or "",), []).append(c["images_per_s"])
     out = []
     for key in dict.fromkeys(k[:-1] for k in found):
-        links = {k[-1]: statistics.median(v) for k, v in found.items() if k[:-1] == key}
+        links = {k[-1]: statistics.median(v) for k, v in sorted(
+            found.items(), key=lambda kv: -(rate_gbs(kv[0][-1]) or 0)) if k[:-1] == key}
         if len(links) > 1:
             first = next(iter(links.values()))
             out.append(f"the machine's speed, {key[0][0]} at {key[1]} processes on {key[2]} servers: compute "

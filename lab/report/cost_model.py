@@ -68,8 +68,7 @@ ASSUMPTIONS = {
                   "waits beside the ranks' compute) by the median ratio of the step parts' slowdown "
                   "to the ceiling's that the other configurations of the same framework and back end "
                   "and model measured at the same workers, on any servers and place (of the same "
-                  "framework and back end where none did, else of any), on any link: on shared "
-                  "cores it can grow on a slower one, which is not modelled.",
+                  "framework and back end where none did, else of any), on any link.",
     "contention_none": "No other configuration at these workers measured both its step parts and "
                        "its ceiling: the compute slows by the ceiling's slowdown alone.",
     "cycle": "Horovod's cycle cost (what each cycle of its background thread costs in a step "
