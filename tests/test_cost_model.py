@@ -641,9 +641,9 @@ def test_horovods_cycle_cost_comes_from_its_model_on_other_servers_before_anothe
     """MNIST on one node of the cluster, whose own exposed time fits no cost, takes MNIST's
     cost across the two nodes, not the LSTM's on its own node (a ResNet-50 row's 3 ms a
     cycle made such a row 35% slow)."""
-    def hvd(np, nodes, comm=0.0, model="mnist"):
+    def hvd(np, nodes, comm=0.0, model="mnist", link="1gbit"):
         r = across(np, 0.0165 if np == 1 else 0.030, {**PARTS_TWO, "communication": comm} if np > 1 else PARTS_ONE,
-                   "1gbit", coll_s=0.002 if np > 1 else None, framework="horovod",
+                   link, coll_s=0.002 if np > 1 else None, framework="horovod",
                    ceiling=2000.0 if np == 1 else 3000.0)
         r["config"] = {**r["config"], "model": model}
         if nodes == 1:
@@ -663,6 +663,13 @@ def test_horovods_cycle_cost_comes_from_its_model_on_other_servers_before_anothe
     on_its_node = cm.cycle_cost(preds[("mnist", 1)]["inputs"], preds[("mnist", 1)]["fit"], 0.0)
     assert on_its_node != pytest.approx(cost[("mnist", 2)])
     assert preds[("lstm", 1)]["inputs"].cycle_cost_s == pytest.approx(on_its_node)
+    # its model on another link of its servers comes before its model on other servers
+    more = recs + [hvd(2, 2, 0.020, link="100mbit")]
+    by = {(p["row"]["record"]["world"]["nodes"], p["row"]["record"]["config"]["link"]): p
+          for p in prediction.predictions(more) if p["row"]["record"]["config"]["model"] == "mnist"}
+    slow = cm.cycle_cost(by[(2, "100mbit")]["inputs"], by[(2, "100mbit")]["fit"], 0.020)
+    assert slow != pytest.approx(cm.cycle_cost(by[(1, "")]["inputs"], by[(1, "")]["fit"], 0.0))
+    assert by[(2, "1gbit")]["inputs"].cycle_cost_s == pytest.approx(slow)
 
 
 def test_contention_and_waiting_are_carried_along_the_framework_and_model_before_the_place():

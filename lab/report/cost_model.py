@@ -75,7 +75,7 @@ ASSUMPTIONS = {
              "beyond the collectives timed alone) is fitted to the exposed communication measured "
              "in the other configurations of the same back end and place: of the same model on "
              "these servers and link, else on another link, else on other servers; else of "
-             "other models (these servers and link first), and carried unchanged to this one "
+             "other models (these servers and link, then these servers, then any), and carried unchanged to this one "
              "and to the configurations not run.",
     "cycle_self": "Horovod's cycle cost is fitted to this configuration's own measured exposed "
                   "communication (no other configuration of its back end and place measured "

@@ -93,7 +93,8 @@ def others_wait(row: dict, rows: list[dict]) -> tuple[float | None, str | None]:
     any measured it, else of its framework and back end and model (any place and servers),
     else of its compute key and servers (any framework); (None, None) where none measured
     it. The framework first: how long the ranks wait for the slowest is its threads' doing
-    as much as the model's (Horovod over Gloo's ranks wait longest here)."""
+    as much as the model's (Horovod over Gloo's ResNet-50 ranks waited 1.4 to 4 times DDP's
+    on one server in the model benchmark's two runs: docs/pages/report.md)."""
     mine, key = summary.group_key(row["record"]), compute_key(row["record"])
     near = [r for r in rows if r.get("runs") and summary.group_key(r["record"]) != mine and r["np"] == row["np"]]
     for how, pick in (("its framework, model, place and servers", lambda r: _framework(r) == _framework(row)

@@ -140,7 +140,8 @@ def with_cycle_costs(cases: list[tuple[dict, cm.Inputs, cm.Fit]], blind: set[int
     exposed communication that the other cases of its fit_key measured (step parts), those
     of its own model where there are any; else those of its model on another link of its
     back end, else on other servers (fit_key[:3]: one node and two); else other models' (its
-    servers and link first); else the one fitted to its own (said in cycle_cost_from);
+    servers and link, then its servers, then any); else the one fitted to its own (said in
+    cycle_cost_from);
     else none. The cases in `blind` (left out) lend none and take none of their own."""
     own = []
     for i, (row, x, fit) in enumerate(cases):
