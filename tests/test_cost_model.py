@@ -597,7 +597,7 @@ def test_the_model_benchmark_prints_the_machines_speed_on_each_link():
             across(2, 0.040, PARTS_TWO, "100mbit", coll_s=0.007, ceiling=2325.0),
             across(1, 0.0165, PARTS_ONE, "", ceiling=2000.0)]
     [line] = model_bench.speed_by_link(recs)
-    assert line.endswith("3,100 images/s at 1gbit (1.00), 2,325 images/s at 100mbit (0.75)")
+    assert line.endswith("3,100 images/s around the 1gbit runs (1.00), 2,325 images/s around the 100mbit runs (0.75)")
     assert model_bench.speed_by_link(recs[2:3] + recs[:2]) == [line]     # the fastest link first
     assert "mnist at 2 processes on 2 servers" in line
     assert model_bench.speed_by_link(recs[:2]) == []          # one link: nothing to compare

@@ -124,9 +124,9 @@ def speed_by_link(records: list[dict]) -> list[str]:
             found.items(), key=lambda kv: -(rate_gbs(kv[0][-1]) or 0)) if k[:-1] == key}
         if len(links) > 1:
             first = next(iter(links.values()))
-            out.append(f"the machine's speed, {key[0][0]} at {key[1]} processes on {key[2]} servers: compute "
-                       "ceiling " + ", ".join(f"{v:,.0f} images/s at {link} ({v / first:.2f})"
-                                              for link, v in links.items()))
+            out.append(f"the machine's speed around each link's runs, {key[0][0]} at {key[1]} processes on "
+                       f"{key[2]} servers: compute ceiling (no exchange) " + ", ".join(
+                           f"{v:,.0f} images/s around the {link} runs ({v / first:.2f})" for link, v in links.items()))
     return out
 
 
