@@ -31,7 +31,6 @@ Run from the checkout (invoke needs tasks.py)."""
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import sys
 import time
@@ -111,22 +110,22 @@ def speed_by_link(records: list[dict]) -> list[str]:
     a model has it on more than one link: a prediction made before a run cannot know that
     the machine slowed in between."""
     from lab.common.link import rate_gbs
-    from lab.report.model_inputs import compute_key
-    found: dict[tuple, list[float]] = {}
-    for r in records:
-        c = (r.get("figures") or {}).get("ceiling") if r.get("status") == "ok" else None
-        if c and c.get("images_per_s") and r["world"]["nodes"] > 1:
-            key = (compute_key(r), r["world"]["np"], r["world"]["nodes"])
-            found.setdefault(key + (r["config"].get("link") or "",), []).append(c["images_per_s"])
+    from lab.report.model_inputs import ceilings
+
+    def link(r):
+        return r.get("config", {}).get("link") or ""
+    links = sorted({link(r) for r in records if r["world"]["nodes"] > 1}, key=lambda x: -(rate_gbs(x) or 0))
+    # (compute_key, processes, servers) -> median images/s, per link, across servers only
+    by_link = {x: {k: v for k, v in ceilings([r for r in records if link(r) == x]).items() if k[2] > 1}
+               for x in links}
     out = []
-    for key in dict.fromkeys(k[:-1] for k in found):
-        links = {k[-1]: statistics.median(v) for k, v in sorted(
-            found.items(), key=lambda kv: -(rate_gbs(kv[0][-1]) or 0)) if k[:-1] == key}
-        if len(links) > 1:
-            first = next(iter(links.values()))
+    for key in dict.fromkeys(k for table in by_link.values() for k in table):
+        speeds = {x: table[key] for x, table in by_link.items() if key in table}
+        if len(speeds) > 1:
+            first = next(iter(speeds.values()))
             out.append(f"the machine's speed around each link's runs, {key[0][0]} at {key[1]} processes on "
                        f"{key[2]} servers: compute ceiling (no exchange) " + ", ".join(
-                           f"{v:,.0f} images/s around the {link} runs ({v / first:.2f})" for link, v in links.items()))
+                           f"{v:,.0f} images/s around the {x} runs ({v / first:.2f})" for x, v in speeds.items()))
     return out
 
 
