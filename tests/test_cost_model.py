@@ -4,6 +4,7 @@ prediction and prediction.json built from records made by the code's own writers
 (RunConfig.as_record, results.make_record, lab.worker.step_parts.record,
 lab.common.collectives.bandwidths). No timing is measured here."""
 import json
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -601,6 +602,14 @@ def test_the_model_benchmark_prints_the_machines_speed_on_each_link():
     assert model_bench.speed_by_link(recs[2:3] + recs[:2]) == [line]     # the fastest link first
     assert "mnist at 2 processes on 2 servers" in line
     assert model_bench.speed_by_link(recs[:2]) == []          # one link: nothing to compare
+    # one server's runs on each link (`--nodes 1,2 --link X` makes them): no link of theirs
+    # to measure, so no line of their own, and the lines across servers stand as they were
+    one_server = []
+    for link, ceiling in (("1gbit", 9000.0), ("100mbit", 1000.0)):
+        r = rec(2, 0.030, PARTS_TWO, nodes=1, link=link, coll_s=0.002, ceiling=ceiling)
+        r["world"]["place"] = "cluster"
+        one_server.append(r)
+    assert model_bench.speed_by_link(recs + one_server) == [line]
 
 
 def test_horovods_cycle_cost_comes_from_another_link_before_the_row_itself():
@@ -713,3 +722,20 @@ def test_the_wait_falls_back_from_its_servers_to_its_model_to_any_framework():
     assert wait(one + hvd + [ddp2(0.008, nodes=1), target]) == (pytest.approx(0.004, rel=1e-3),
                                                                  "its framework and model")
     assert wait(one + hvd + [target]) == (pytest.approx(0.010, rel=1e-3), "its model, place and servers")
+
+
+def test_the_split_of_what_the_step_lost_gives_a_part_that_shrank_a_share_below_zero():
+    """The four shares of the lost step add up to 100%: compute that shrank at 2 workers
+    (4 ms of forward against 5) shows as -40% of the 2.5 ms lost, not as 0% beside a
+    negative time."""
+    from lab.report import prediction_text
+    shrank = {**PARTS_TWO, "forward": 0.004}
+    recs = [rec(1, 0.0165, PARTS_ONE, ceiling=2000.0), rec(2, 0.020, shrank, coll_s=0.002, ceiling=3000.0)]
+    [s] = prediction.measured(recs)
+    # the ranks' mean: one waited 3 ms, the other none
+    assert s["gap"]["compute"] == pytest.approx(-0.001) and s["gap"]["lost"] == pytest.approx(0.0025)
+    [sentence] = prediction_text.split_sentences(recs, [s])
+    assert "of the 2.5 ms the step lost against one worker, 80% (2.0 ms) is exposed communication" in sentence
+    assert "60% (1.5 ms) waiting for the slowest rank, -40% (-1.0 ms) compute that shrank, and" in sentence
+    shares = [int(x) for x in re.findall(r"(-?\d+)% \(-?\d", sentence)]
+    assert sum(shares) == 100

@@ -93,7 +93,9 @@ def _why(records: list[dict], level: int, model: tuple[list[dict], list[dict]]) 
         "(the mean wait for the slowest rank the other configurations measured); measured: the mean of all timed "
         "steps (the step parts below are of the typical steps); error: predicted against measured; "
         "pred. speedup, speedup: the throughput over one worker's, from the predicted and the measured step; "
-        "unexplained: the measured step less the predicted one. Every term is in prediction.json.",
+        "unexplained: the measured step less the predicted one"
+        + ("; (oversubscribed): the run had more ranks than cores, so its step measures ranks taking turns on them"
+           if any(p["oversubscribed"] for p in preds) else "") + ". Every term is in prediction.json.",
         *([f"{prediction.SELF_FITTED}: Horovod's cycle cost fitted on this row's own exposed communication (no "
             "other configuration of its back end and place measured one): that term is an input, not a prediction."]
           if any(p["inputs"].cycle_cost_from == "itself" for p in preds) else []),
@@ -123,7 +125,7 @@ def _what_if(records: list[dict], preds: list[dict]) -> list:
                 "Extrapolated: no row of this table ran. The link's rate replaces the fitted place's "
                 "in the collective's per-byte cost, its fitted latency per step is kept (0 where the fit "
                 "found none: the figures at many workers depend on it) and the links add no delay; "
-                "compute is the 1-worker step."])]
+                "compute is the 1-worker step, with no slowdown (no worker shares a server's cores)."])]
 
 
 def _assumed(preds: list[dict]) -> list[str]:

@@ -122,10 +122,11 @@ def _measured_split(p: dict) -> str:
     c, g = p["collective"], p["gap"]
     lost = g["lost"]
 
-    def share(x):
-        return f"{max(0.0, x) / lost:.0%} ({x * 1000:.1f} ms)"
+    def share(x):       # signed: a part that shrank shows below 0%, and the four add up to 100%
+        return f"{x / lost:.0%} ({x * 1000:.1f} ms)"
     grew = ("compute slowed by ranks contending for the cores (more ranks than cores)"
-            if p["oversubscribed"] else "compute that grew (cores and memory shared by more ranks)")
+            if p["oversubscribed"] else "compute that grew (cores and memory shared by more ranks)"
+            if g["compute"] >= 0 else "compute that shrank")
     predicted = (f", predicted {p['predicted_speedup']:.2f}" if p.get("predicted_speedup") is not None
                  else " (not predicted)")
     alone = (f" (the {c['op']} of {_mb(c['size_bytes'])}: {c['time_s'] * 1000:.1f} ms alone at "
