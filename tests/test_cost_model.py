@@ -205,11 +205,13 @@ def test_the_cycle_cost_is_recovered_from_the_exposed_time_it_makes():
     assert cm.fit_cycle_cost(made, *args) == pytest.approx(0.0185, rel=1e-3)
     # no more exposed than the collectives alone make: no cycle cost
     assert cm.fit_cycle_cost(cm.horovod_schedule(*args)["exposed_s"] / 2, *args) == 0.0
-    # the same through the model's inputs; none for DDP
+    # the same through the model's inputs; for DDP, its bucket's cost beyond the collective
+    # alone (one bucket of 87,360 B: 0.70 ms at 1 Gbit/s)
     x = cm.Inputs(framework="horovod", np=2, compute_s=0.0165, backward_s=0.011, grad_bytes=87_360,
                   payload_bytes=87_360, op="allreduce", tensors=8)
     assert cm.cycle_cost(x, f, made) == pytest.approx(0.0185, rel=1e-3)
-    assert cm.cycle_cost(cm.Inputs(**{**x.__dict__, "framework": "ddp"}), f, made) is None
+    assert cm.cycle_cost(cm.Inputs(**{**x.__dict__, "framework": "ddp"}), f, made) == pytest.approx(
+        made - 87_360 * 8e-9, rel=1e-6)
     p = cm.predict(cm.Inputs(**{**x.__dict__, "cycle_cost_s": 0.0185, "cycle_cost_from": "others"}), f)
     assert p["exposed_s"] == pytest.approx(made) and p["cycle_cost_s"] == 0.0185
     assert "cycle" in p["assumptions"] and p["step_s"] == pytest.approx(0.0165 + made)
@@ -282,15 +284,19 @@ def test_the_prediction_is_its_terms_and_the_error_is_against_the_measured_step(
     # (1.25), which only explain it, shown apart
     assert m["slowdown"] == pytest.approx(1.0) and m["slowdown_from"] == "ceiling"
     assert m["contention"] == pytest.approx(0.75) and m["contention_from"] == "its framework and model"
-    assert m["buckets"] == 1 and m["exposed_s"] == pytest.approx(p["fit"].time("allreduce", 87_360, 2))
-    assert m["exposed_s"] == pytest.approx(0.002, rel=1e-6)     # the fit goes through its own points
+    # the collective alone (the fit goes through its own points: 2 ms) and DDP's bucket cost
+    # from the fp16 row (its 2 ms exposed against its collective's 1.2 ms alone)
+    assert p["inputs"].cycle_cost_s == pytest.approx(0.0008, rel=1e-6) and p["inputs"].cycle_cost_from == "others"
+    assert p["fit"].time("allreduce", 87_360, 2) == pytest.approx(0.002, rel=1e-6)
+    assert m["buckets"] == 1 and m["exposed_s"] == pytest.approx(0.002 + 0.0008, rel=1e-6)
+    assert m["bucket_cost_s"] == pytest.approx(0.0008, rel=1e-6) and "bucket" in m["assumptions"]
     # waiting: the other configuration's ranks' mean wait (fp16: one waited 5 ms, the other
     # none), not the row's own (3 ms and none)
     assert m["waiting_s"] == pytest.approx(0.0025, rel=1e-3)
-    assert p["predicted_ms"] == pytest.approx(16.5 * 1.0 + 2.0 + 2.5, rel=1e-3)
+    assert p["predicted_ms"] == pytest.approx(16.5 * 1.0 + 2.8 + 2.5, rel=1e-3)
     e = p["explained"]
     assert e["slowdown"] == pytest.approx(1.25) and e["waiting_ms"] == pytest.approx(1.5, rel=1e-3)
-    assert e["step_ms"] == pytest.approx(16.5 * 1.25 + 2.0 + 1.5, rel=1e-3)
+    assert e["step_ms"] == pytest.approx(16.5 * 1.25 + 2.8 + 1.5, rel=1e-3)   # the bucket cost as predicted
     assert p["unexplained_ms"] == pytest.approx(30.0 - p["predicted_ms"])
     assert p["error"] == pytest.approx(p["predicted_ms"] / 30.0 - 1)
     assert p["predicted_speedup"] == pytest.approx(2 * 16.5 / p["predicted_ms"])
@@ -311,6 +317,7 @@ def test_the_prediction_is_its_terms_and_the_error_is_against_the_measured_step(
     assert c["predicted_step_ms"] == pytest.approx(t["compute_ms"] + t["exposed_communication_ms"] + t["waiting_ms"])
     assert t["compute_ms"] == pytest.approx(t["compute_one_worker_ms"] * t["slowdown"])
     assert t["slowdown_from"] == "ceiling" and t["horovod_cycle_cost_ms"] == 0
+    assert t["ddp_bucket_cost_ms"] == pytest.approx(0.8, rel=1e-6)     # fitted on the fp16 row
     assert c["explained"]["step_ms"] == pytest.approx(e["step_ms"])
     assert c["error"] == pytest.approx(c["predicted_step_ms"] / c["measured_step_ms"] - 1)
     assert {w["workers"] for w in doc["what_if"]} == {1, 2, 4, 8, 16, 64}
@@ -521,8 +528,11 @@ def test_a_left_out_configuration_is_predicted_from_the_others_and_doctors_sweep
     assert p["model"]["contention"] == pytest.approx(0.9)
     assert p["model"]["waiting_s"] == pytest.approx(0.002, rel=1e-3)
     # the link's bucket (tbf: 50 kB at 100 Mbit/s) sends the step's first 50 kB unshaped
+    # (and DDP's bucket cost that the 1 Gbit run's exposed communication fits)
     coll = 0.001 * 2 + (87_360 - 50_000) / 12.5e6
-    assert p["predicted_ms"] == pytest.approx(16.5 + 2.0 + coll * 1000, rel=1e-3)
+    bucket = p["inputs"].cycle_cost_s
+    assert bucket > 0 and p["inputs"].cycle_cost_from == "others"
+    assert p["predicted_ms"] == pytest.approx(16.5 + 2.0 + (coll + bucket) * 1000, rel=1e-3)
     other = across(2, 0.090, {**PARTS_GROWN, "waiting": 0.05}, "100mbit", coll_s=0.05, ceiling=1.0)
     [q] = prediction.predictions(known + [other], sweep, test)
     assert q["predicted_ms"] == pytest.approx(p["predicted_ms"]) and q["step_ms"] == pytest.approx(90.0)
@@ -739,3 +749,49 @@ def test_the_split_of_what_the_step_lost_gives_a_part_that_shrank_a_share_below_
     assert "60% (1.5 ms) waiting for the slowest rank, -40% (-1.0 ms) compute that shrank, and" in sentence
     shares = [int(x) for x in re.findall(r"(-?\d+)% \(-?\d", sentence)]
     assert sum(shares) == 100
+
+
+def test_ddps_bucket_cost_is_recovered_from_its_exposed_time_and_adds_to_each_bucket():
+    """A bucket's collective costs more in the step than timed alone (the hand-off to the
+    process group's thread): the cost per bucket that makes a measured exposed time, and the
+    prediction carrying it, bucket by bucket."""
+    f = cm.Fit(0.0, 1 / 0.125e9, 1, 1, "given")               # 1 Gbit/s, no latency
+    grads = 3 * cm.MIB                                         # buckets of 1, then 2 MiB
+    args = (grads, 1.0, 0.030, f, "allreduce", 2)
+    plain = cm.ddp_schedule(*args)
+    made = cm.ddp_schedule(*args, bucket_cost_s=0.004)
+    assert plain["buckets"] == made["buckets"] == 2
+    assert made["collective_s"] == pytest.approx(plain["collective_s"] + 2 * 0.004)
+    assert cm.fit_bucket_cost(made["exposed_s"], *args) == pytest.approx(0.004, rel=1e-6)
+    assert cm.fit_bucket_cost(plain["exposed_s"] / 2, *args) == 0.0
+    x = cm.Inputs(framework="ddp", np=2, compute_s=0.045, backward_s=0.030, grad_bytes=grads,
+                  payload_bytes=grads, op="allreduce")
+    p = cm.predict(cm.Inputs(**{**x.__dict__, "cycle_cost_s": 0.004, "cycle_cost_from": "others"}), f)
+    assert p["exposed_s"] == pytest.approx(made["exposed_s"]) and p["bucket_cost_s"] == 0.004
+    assert p["cycle_cost_s"] == 0.0 and "bucket" in p["assumptions"]
+    assert "bucket_none" in cm.predict(x, f)["assumptions"]
+
+
+def test_ddps_bucket_cost_comes_from_its_own_model_only():
+    """MNIST's DDP rows lend each other their bucket cost (its row at 100 Mbit/s takes the one
+    fitted at 1 Gbit/s); a row of another model lends none: ResNet-50's 25 MiB buckets cost
+    more than MNIST's one of 87 KB."""
+    def ddp(np, link, comm=0.0, model="mnist"):
+        r = across(np, 0.0165 if np == 1 else 0.030, {**PARTS_TWO, "communication": comm} if np > 1 else PARTS_ONE,
+                   link, coll_s=0.002 if np > 1 else None, ceiling=2000.0 if np == 1 else 3000.0)
+        r["config"] = {**r["config"], "model": model}
+        return r
+    recs = [ddp(1, ""), ddp(2, "1gbit", 0.006), ddp(2, "100mbit", 0.012),
+            ddp(1, "", model="lstm"), ddp(2, "10gbit", 0.050, model="lstm")]
+    preds = {(p["row"]["record"]["config"]["model"], p["row"]["record"]["config"]["link"]): p
+             for p in prediction.predictions(recs)}
+    own = {k: cm.cycle_cost(cm.Inputs(**{**preds[k]["inputs"].__dict__, "cycle_cost_s": 0.0}), preds[k]["fit"], t)
+           for k, t in ((("mnist", "1gbit"), 0.006), (("mnist", "100mbit"), 0.012))}
+    assert own[("mnist", "1gbit")] > 0 and own[("mnist", "100mbit")] > 0
+    assert preds[("mnist", "100mbit")]["inputs"].cycle_cost_s == pytest.approx(own[("mnist", "1gbit")])
+    assert preds[("mnist", "1gbit")]["inputs"].cycle_cost_s == pytest.approx(own[("mnist", "100mbit")])
+    assert preds[("mnist", "1gbit")]["inputs"].cycle_cost_from == "others"
+    # the LSTM's row: no other LSTM row, and MNIST's cost is not its own
+    lstm = preds[("lstm", "10gbit")]
+    assert lstm["inputs"].cycle_cost_s == 0.0 and lstm["inputs"].cycle_cost_from is None
+    assert "bucket_none" in lstm["model"]["assumptions"]

@@ -2,6 +2,7 @@
 ranks, Horovod and DDP, each payload kind) and the report's prediction built from those
 records beside the measurement."""
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -145,3 +146,40 @@ def test_a_reports_model_sections_show_the_predictions_of_prediction_json(tmp_pa
         tuple(f" at {x}" for x in links))) and len([lab for lab in labels if " at " in lab]) == len(links) > 1
     marked = [c for c in saved if "cycle_self" in c["terms"]["assumptions"]]
     assert len([lab for lab in labels if lab.endswith(prediction.SELF_FITTED)]) == len(marked) == (1 if drop else 0)
+
+
+@pytest.mark.parametrize("run,folder", [(2, "example-report-b"), (3, "model-bench-3")])
+def test_the_benchmark_runs_the_docs_publish_give_their_figures(run, folder):
+    """docs/pages/report.md's table of the cost model's benchmark: each kept run's column is
+    what `model_bench --only table` and `model_check --leave-out` print on its records today,
+    so a change of the model that moves them fails here until the docs say so."""
+    from lab.host import model_bench
+    from lab.report import model_check
+    src = str(REPO / "tests" / "fixtures" / folder)
+    lines = model_bench.table(src)
+    docs = (REPO / "docs" / "pages" / "report.md").read_text()
+    column = {row.split("|")[1].strip(): row.split("|")[1 + run].strip()
+              for row in docs.split("| rows | run 1", 1)[1].split("\n\n", 1)[0].splitlines()[2:]}
+
+    def summary(prefix):
+        [line] = [x for x in lines if x.strip().startswith(prefix)]
+        median, largest, n = (int(v) for v in re.findall(r"(\d+)%?", line.split(":")[-1])[:3])
+        return median, largest, n
+    m, big, n = summary("median absolute error")
+    assert column["all, median / largest absolute error"] == f"{m}% / {big}% ({n})"
+    for label in ("within one server", "across servers"):
+        m, big, n = summary(label)
+        assert column[label] == f"{m}% / {big}% ({n})"
+    m, big, n = summary("the measurement's own spread")
+    assert column["the measurement's own spread"] == f"{m}% / {big}% ({n} runs)"
+    records = model_check._records([src])
+    test = model_check.leave_out_test(model_bench.LEFT_OUT)
+    errors = {p["row"]["record"]["config"]["framework"] + "/" + p["row"]["record"]["world"]["controller"]: p["error"]
+              for p in prediction.predictions(records, prediction_sweeps(src), test)}
+    assert column["left out: DDP, Horovod over Gloo, over MPI"] == ", ".join(
+        f"{100 * errors[k]:+.0f}%" for k in ("ddp/gloo", "horovod/gloo", "horovod/mpi"))
+
+
+def prediction_sweeps(folder):
+    from lab.report import model_inputs
+    return model_inputs.load_sweeps(folder)

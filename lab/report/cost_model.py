@@ -82,6 +82,16 @@ ASSUMPTIONS = {
                   "one): its exposed communication is then measured, not predicted.",
     "cycle_none": "No configuration of this Horovod back end and place measured its exposed "
                   "communication: its cycles are taken to cost nothing beyond their collectives.",
+    "bucket": "DDP's bucket cost (what each bucket's collective costs in the step beyond the "
+              "same collective timed alone: the hand-off to the process group's thread and the "
+              "wait for it) is fitted to the exposed communication measured in the other "
+              "configurations of the same back end and place, in the order of Horovod's cycle "
+              "cost, and carried unchanged to this one and to the configurations not run.",
+    "bucket_self": "DDP's bucket cost is fitted to this configuration's own measured exposed "
+                   "communication (no other configuration of its back end and place measured "
+                   "one): its exposed communication is then measured, not predicted.",
+    "bucket_none": "No configuration of this DDP back end and place measured its exposed "
+                   "communication: a bucket's collective is taken to cost what it costs alone.",
     "waiting": "Waiting for the slowest rank is the median of the ranks' mean waits that the "
                "other configurations measured at the same workers: of the same framework and back "
                "end, model, place and servers, else of the same framework, back end and model "
@@ -218,15 +228,18 @@ def _run(ops: list[tuple[float, float]], backward_s: float) -> dict:
 
 def ddp_schedule(grad_bytes: float, payload_ratio: float, backward_s: float, fit_: Fit, op: str,
                  n: int, first: float = DDP_FIRST_BUCKET, cap: float = DDP_BUCKET_CAP,
-                 tensor_bytes: list[float] | None = None) -> dict:
+                 tensor_bytes: list[float] | None = None, bucket_cost_s: float = 0.0) -> dict:
     """DDP: each bucket is ready when its last gradient is (uniformly over the backward),
     and its collective moves the bucket's payload (fp32 bytes x `payload_ratio`; an
-    all-gather's size is n payloads)."""
+    all-gather's size is n payloads). `bucket_cost_s`: what a bucket's collective costs in
+    the step beyond the same collective timed alone (the reducer hands it to the process
+    group's thread and the step waits for it: torch/csrc/distributed/c10d/reducer.cpp,
+    Reducer::finalize_backward)."""
     ops, done, tokens = [], 0.0, fit_.burst_bytes
     for b in ddp_buckets(grad_bytes, first, cap, tensor_bytes):
         done += b
         t, tokens = fit_.cost(op, b * payload_ratio * (n if op == "allgather" else 1), n, tokens)
-        ops.append((backward_s * done / grad_bytes, t))
+        ops.append((backward_s * done / grad_bytes, t + bucket_cost_s))
     return {**_run(ops, backward_s), "buckets": len(ops)}
 
 
@@ -293,14 +306,17 @@ def horovod_schedule(grad_bytes: float, payload_ratio: float, backward_s: float,
             "buckets": ops, "cycles": statistics.fmean(r[3] for r in runs)}
 
 
-def fit_cycle_cost(exposed_s: float, grad_bytes: float, payload_ratio: float, backward_s: float, fit_: Fit,
-                   op: str, n: int, tensors: int, cycle_s: float = HOROVOD_CYCLE_S,
-                   fusion: float = HOROVOD_FUSION, tensor_bytes: list[float] | None = None) -> float:
-    """The cycle cost (seconds) with which horovod_schedule's exposed time is a measured
-    one, `exposed_s` (bisection; 0 where the collectives alone already expose as much)."""
-    def exposed(c):
-        return horovod_schedule(grad_bytes, payload_ratio, backward_s, fit_, op, n, tensors, cycle_s,
-                                fusion, c, tensor_bytes=tensor_bytes)["exposed_s"]
+def fit_bucket_cost(exposed_s: float, grad_bytes: float, payload_ratio: float, backward_s: float, fit_: Fit,
+                    op: str, n: int, tensor_bytes: list[float] | None = None) -> float:
+    """DDP's bucket cost (seconds) with which ddp_schedule's exposed time is a measured one,
+    `exposed_s` (0 where the collectives alone already expose as much)."""
+    return _solve(exposed_s, lambda c: ddp_schedule(grad_bytes, payload_ratio, backward_s, fit_, op, n,
+                                                     tensor_bytes=tensor_bytes, bucket_cost_s=c)["exposed_s"])
+
+
+def _solve(exposed_s: float, exposed) -> float:
+    """The cost c >= 0 with exposed(c) == exposed_s, exposed growing with c (bisection; 0
+    where exposed(0) is already as much)."""
     if exposed_s <= exposed(0.0):
         return 0.0
     lo, hi = 0.0, max(exposed_s, 1e-6)
@@ -310,6 +326,16 @@ def fit_cycle_cost(exposed_s: float, grad_bytes: float, payload_ratio: float, ba
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if exposed(mid) < exposed_s else (lo, mid)
     return (lo + hi) / 2
+
+
+def fit_cycle_cost(exposed_s: float, grad_bytes: float, payload_ratio: float, backward_s: float, fit_: Fit,
+                   op: str, n: int, tensors: int, cycle_s: float = HOROVOD_CYCLE_S,
+                   fusion: float = HOROVOD_FUSION, tensor_bytes: list[float] | None = None) -> float:
+    """The cycle cost (seconds) with which horovod_schedule's exposed time is a measured
+    one, `exposed_s` (bisection; 0 where the collectives alone already expose as much)."""
+    return _solve(exposed_s, lambda c: horovod_schedule(grad_bytes, payload_ratio, backward_s, fit_, op, n,
+                                                         tensors, cycle_s, fusion, c,
+                                                         tensor_bytes=tensor_bytes)["exposed_s"])
 
 
 @dataclass
@@ -330,7 +356,8 @@ class Inputs:
     cycle_s: float = HOROVOD_CYCLE_S
     fusion_bytes: float = HOROVOD_FUSION
     slowdown_from: str | None = None  # "step parts" or "ceiling" where slowdown was measured
-    cycle_cost_s: float = 0.0       # Horovod: a cycle's cost beyond its collectives, fitted
+    cycle_cost_s: float = 0.0       # Horovod: a cycle's cost beyond its collectives, fitted;
+    # DDP: a bucket's collective's cost in the step beyond the collective alone, fitted
     cycle_cost_from: str | None = None  # "others", "itself" where cycle_cost_s was fitted
     contention: float = 1.0         # the compute's slowdown beyond the ceiling's, fitted on others
     contention_from: str | None = None  # which others (lab.report.model_inputs.contention)
@@ -345,11 +372,14 @@ def _backward_and_ratio(x: Inputs) -> tuple[float, float, float]:
 
 
 def cycle_cost(x: Inputs, fit_: Fit, exposed_s: float) -> float | None:
-    """The Horovod cycle cost with which `x`'s predicted exposed communication is a measured
-    one, `exposed_s` (fit_cycle_cost); None for DDP or one worker."""
-    if x.framework != "horovod" or x.np < 2 or x.grad_bytes <= 0 or fit_ is None:
+    """The cost with which `x`'s predicted exposed communication is a measured one,
+    `exposed_s`: Horovod's per cycle (fit_cycle_cost), DDP's per bucket (fit_bucket_cost);
+    None for one worker."""
+    if x.np < 2 or x.grad_bytes <= 0 or fit_ is None:
         return None
     _, backward, ratio = _backward_and_ratio(x)
+    if x.framework != "horovod":
+        return fit_bucket_cost(exposed_s, x.grad_bytes, ratio, backward, fit_, x.op, x.np, x.tensor_bytes)
     return fit_cycle_cost(exposed_s, x.grad_bytes, ratio, backward, fit_, x.op, x.np, x.tensors,
                           x.cycle_s, x.fusion_bytes, x.tensor_bytes)
 
@@ -374,8 +404,9 @@ def predict(x: Inputs, fit_: Fit) -> dict:
                                  x.cycle_s, x.fusion_bytes, x.cycle_cost_s, tensor_bytes=x.tensor_bytes)
         used += ["ready", {"others": "cycle", "itself": "cycle_self"}.get(x.cycle_cost_from, "cycle_none")]
     else:
-        sched = ddp_schedule(x.grad_bytes, ratio, backward, fit_, x.op, x.np, tensor_bytes=x.tensor_bytes)
-        used.append("ready")
+        sched = ddp_schedule(x.grad_bytes, ratio, backward, fit_, x.op, x.np, tensor_bytes=x.tensor_bytes,
+                             bucket_cost_s=x.cycle_cost_s)
+        used += ["ready", {"others": "bucket", "itself": "bucket_self"}.get(x.cycle_cost_from, "bucket_none")]
     waiting = (x.waiting_s or 0.0) if x.np > 1 else 0.0
     if x.np > 1:
         used.append("waiting")
@@ -392,4 +423,5 @@ def predict(x: Inputs, fit_: Fit) -> dict:
             "slowdown_from": x.slowdown_from if x.slowdown else None, "contention": x.contention or 1.0,
             "contention_from": x.contention_from, "waiting_from": x.waiting_from if x.np > 1 else None,
             "cycle_cost_s": x.cycle_cost_s if x.framework == "horovod" else 0.0,
+            "bucket_cost_s": x.cycle_cost_s if x.framework != "horovod" else 0.0,
             "cycles": sched.get("cycles", 0), "assumptions": used}

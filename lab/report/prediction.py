@@ -157,10 +157,20 @@ def with_cycle_costs(cases: list[tuple[dict, cm.Inputs, cm.Fit]], blind: set[int
         # else other models (its key first, then its servers)
         others = ([c for c, k, same in near if k == key and same]
                   or [c for c, k, same in near if same and k[:4] == key[:4]]
-                  or [c for c, _, same in near if same]
-                  or [c for c, k, _ in near if k == key] or [c for c, k, _ in near if k[:4] == key[:4]]
-                  or [c for c, _, _ in near])
-        if x.framework != "horovod" or (not others and own[i] is None):
+                  or [c for c, _, same in near if same])
+        if x.framework != "horovod":
+            # DDP's bucket cost from its own model only: a bucket's cost grows with its bytes
+            # (ResNet-50's 25 MiB buckets cost more than MNIST's one of 87 KB), and a row
+            # with none to take from keeps its collectives as they cost alone
+            if others:
+                out.append(cm.Inputs(**{**x.__dict__, "cycle_cost_s": statistics.median(others),
+                                        "cycle_cost_from": "others"}))
+            else:
+                out.append(x)
+            continue
+        others = others or ([c for c, k, _ in near if k == key] or [c for c, k, _ in near if k[:4] == key[:4]]
+                            or [c for c, _, _ in near])
+        if not others and own[i] is None:
             out.append(x)
             continue
         cost, how = (statistics.median(others), "others") if others else (own[i], "itself")
@@ -331,6 +341,7 @@ def _terms(m: dict, fit: cm.Fit) -> dict:
             "slowdown_from": m["slowdown_from"], "contention": m["contention"],
             "contention_from": m["contention_from"], "waiting_from": m["waiting_from"],
             "horovod_cycle_cost_ms": m["cycle_cost_s"] * 1000,
+            "ddp_bucket_cost_ms": m["bucket_cost_s"] * 1000,
             "assumptions": m["assumptions"]}
 
 
