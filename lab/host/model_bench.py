@@ -23,8 +23,8 @@ The parts, in order (each a list of `invoke` commands, all records under --resul
            runs: the floor no prediction of one run beats), the machine's speed during
            the left-out runs (their ceiling against the one at 1 Gbit/s) and the left-out
            configuration's prediction against its measurement.
-On 2 cores the whole of it took 13.3 minutes with one repeat and 33 to 44 with
---repeat 3 (which repeats every run). `--only PART,...` runs some parts (table and predict
+On 2 cores the whole of it took 13.3 minutes with one repeat and 37 to 44 with
+--repeat 3 (which repeats every run; 33 on a VM 1.7 times as fast). `--only PART,...` runs some parts (table and predict
 read what is there); `--dry-run` prints the commands.
 
 Run from the checkout (invoke needs tasks.py)."""

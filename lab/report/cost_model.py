@@ -82,16 +82,13 @@ ASSUMPTIONS = {
                   "one): its exposed communication is then measured, not predicted.",
     "cycle_none": "No configuration of this Horovod back end and place measured its exposed "
                   "communication: its cycles are taken to cost nothing beyond their collectives.",
-    "bucket": "DDP's bucket cost (what each bucket's collective costs in the step beyond the "
-              "same collective timed alone: the hand-off to the process group's thread and the "
-              "wait for it) is fitted to the exposed communication measured in the other "
-              "configurations of the same back end and place, in the order of Horovod's cycle "
-              "cost, and carried unchanged to this one and to the configurations not run.",
-    "bucket_self": "DDP's bucket cost is fitted to this configuration's own measured exposed "
-                   "communication (no other configuration of its back end and place measured "
-                   "one): its exposed communication is then measured, not predicted.",
-    "bucket_none": "No configuration of this DDP back end and place measured its exposed "
-                   "communication: a bucket's collective is taken to cost what it costs alone.",
+    "bucket": "DDP's bucket cost (what each bucket's collective exposes in the step beyond its "
+              "fitted cost) is fitted to the exposed communication measured in the other "
+              "configurations of the same back end, place and model (these servers and link, "
+              "else another link, else other servers; never another model's, never its own), and "
+              "carried unchanged to this one and to the configurations not run.",
+    "bucket_none": "No other DDP configuration of this back end, place and model measured its "
+                   "exposed communication: a bucket's collective is taken to cost its fitted cost.",
     "waiting": "Waiting for the slowest rank is the median of the ranks' mean waits that the "
                "other configurations measured at the same workers: of the same framework and back "
                "end, model, place and servers, else of the same framework, back end and model "
@@ -231,10 +228,9 @@ def ddp_schedule(grad_bytes: float, payload_ratio: float, backward_s: float, fit
                  tensor_bytes: list[float] | None = None, bucket_cost_s: float = 0.0) -> dict:
     """DDP: each bucket is ready when its last gradient is (uniformly over the backward),
     and its collective moves the bucket's payload (fp32 bytes x `payload_ratio`; an
-    all-gather's size is n payloads). `bucket_cost_s`: what a bucket's collective costs in
-    the step beyond the same collective timed alone (the reducer hands it to the process
-    group's thread and the step waits for it: torch/csrc/distributed/c10d/reducer.cpp,
-    Reducer::finalize_backward)."""
+    all-gather's size is n payloads). `bucket_cost_s`: what a bucket's collective exposes in
+    the step beyond its fitted cost (the step waits for each bucket's work at the end of the
+    backward: torch/csrc/distributed/c10d/reducer.cpp, Reducer::finalize_backward)."""
     ops, done, tokens = [], 0.0, fit_.burst_bytes
     for b in ddp_buckets(grad_bytes, first, cap, tensor_bytes):
         done += b
@@ -357,7 +353,7 @@ class Inputs:
     fusion_bytes: float = HOROVOD_FUSION
     slowdown_from: str | None = None  # "step parts" or "ceiling" where slowdown was measured
     cycle_cost_s: float = 0.0       # Horovod: a cycle's cost beyond its collectives, fitted;
-    # DDP: a bucket's collective's cost in the step beyond the collective alone, fitted
+    # DDP: what a bucket's collective exposes in the step beyond its fitted cost, fitted
     cycle_cost_from: str | None = None  # "others", "itself" where cycle_cost_s was fitted
     contention: float = 1.0         # the compute's slowdown beyond the ceiling's, fitted on others
     contention_from: str | None = None  # which others (lab.report.model_inputs.contention)
@@ -406,7 +402,7 @@ def predict(x: Inputs, fit_: Fit) -> dict:
     else:
         sched = ddp_schedule(x.grad_bytes, ratio, backward, fit_, x.op, x.np, tensor_bytes=x.tensor_bytes,
                              bucket_cost_s=x.cycle_cost_s)
-        used += ["ready", {"others": "bucket", "itself": "bucket_self"}.get(x.cycle_cost_from, "bucket_none")]
+        used += ["ready", "bucket" if x.cycle_cost_from == "others" else "bucket_none"]
     waiting = (x.waiting_s or 0.0) if x.np > 1 else 0.0
     if x.np > 1:
         used.append("waiting")

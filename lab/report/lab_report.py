@@ -126,7 +126,8 @@ def _what_if(records: list[dict], preds: list[dict]) -> list:
                 "Extrapolated: no row of this table ran. The link's rate replaces the fitted place's "
                 "in the collective's per-byte cost, its fitted latency per step is kept (0 where the fit "
                 "found none: the figures at many workers depend on it) and the links add no delay; "
-                "compute is the 1-worker step, with no slowdown (no worker shares a server's cores)."])]
+                "compute is the 1-worker step, with no slowdown (no worker shares a server's cores); "
+                "Horovod's cycle cost and DDP's bucket cost are carried as fitted."])]
 
 
 def _assumed(preds: list[dict]) -> list[str]:

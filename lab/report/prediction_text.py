@@ -56,11 +56,11 @@ def split_sentences(records: list[dict], splits: list[dict]) -> list[str]:
 
 def _cycles(m: dict) -> str:
     """' in 2.4 Horovod cycles of 18.5 ms each' where Horovod's cycle cost was fitted,
-    ' (0.6 ms each beyond its time alone)' where DDP's bucket cost was."""
+    ', of which 0.6 ms a collective DDP's bucket cost' where DDP's bucket cost was."""
     if m["cycle_cost_s"]:
         return f" in {m['cycles']:.1f} Horovod cycles of {m['cycle_cost_s'] * 1000:.1f} ms each"
     if m.get("bucket_cost_s"):
-        return f" ({m['bucket_cost_s'] * 1000:.1f} ms each beyond its time alone)"
+        return f", of which {m['bucket_cost_s'] * 1000:.1f} ms a collective DDP's bucket cost"
     return ""
 
 
@@ -126,11 +126,11 @@ def _measured_split(p: dict) -> str:
     c, g = p["collective"], p["gap"]
     lost = g["lost"]
 
-    def share(x):       # signed: a part that shrank shows below 0%, and the four add up to 100%
+    def share(x):       # signed: a part that shrank shows below 0%, and the four add up to 100% (rounded)
         return f"{x / lost:.0%} ({x * 1000:.1f} ms)"
-    grew = ("compute slowed by ranks contending for the cores (more ranks than cores)"
-            if p["oversubscribed"] else "compute that grew (cores and memory shared by more ranks)"
-            if g["compute"] >= 0 else "compute that shrank")
+    grew = ("compute that shrank" if g["compute"] < 0 else
+            "compute slowed by ranks contending for the cores (more ranks than cores)" if p["oversubscribed"]
+            else "compute that grew (cores and memory shared by more ranks)")
     predicted = (f", predicted {p['predicted_speedup']:.2f}" if p.get("predicted_speedup") is not None
                  else " (not predicted)")
     alone = (f" (the {c['op']} of {_mb(c['size_bytes'])}: {c['time_s'] * 1000:.1f} ms alone at "
