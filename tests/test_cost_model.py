@@ -290,7 +290,7 @@ def test_the_prediction_is_its_terms_and_the_error_is_against_the_measured_step(
     assert p["fit"].time("allreduce", 87_360, 2) == pytest.approx(0.002, rel=1e-6)
     assert m["buckets"] == 1 and m["exposed_s"] == pytest.approx(0.002 + 0.0008, rel=1e-6)
     assert m["bucket_cost_s"] == pytest.approx(0.0008, rel=1e-6) and "bucket" in m["assumptions"]
-    assert any("2.8 exposed of 1 collective(s) costing 2.8 ms, of which 0.8 ms a collective DDP's bucket cost" in x
+    assert any("2.8 exposed of 1 collective(s) costing 2.8 ms, of which 0.8 ms a collective DDP's bucket cost, fitted on the other configurations" in x
                for x in prediction.sentences(recs, [p]))
     # waiting: the other configuration's ranks' mean wait (fp16: one waited 5 ms, the other
     # none), not the row's own (3 ms and none)

@@ -56,11 +56,13 @@ def split_sentences(records: list[dict], splits: list[dict]) -> list[str]:
 
 def _cycles(m: dict) -> str:
     """' in 2.4 Horovod cycles of 18.5 ms each' where Horovod's cycle cost was fitted,
-    ', of which 0.6 ms a collective DDP's bucket cost' where DDP's bucket cost was."""
+    ', of which 0.6 ms a collective DDP's bucket cost, fitted on the other configurations'
+    where DDP's bucket cost was."""
     if m["cycle_cost_s"]:
         return f" in {m['cycles']:.1f} Horovod cycles of {m['cycle_cost_s'] * 1000:.1f} ms each"
     if m.get("bucket_cost_s"):
-        return f", of which {m['bucket_cost_s'] * 1000:.1f} ms a collective DDP's bucket cost"
+        return (f", of which {m['bucket_cost_s'] * 1000:.1f} ms a collective DDP's bucket cost, fitted on the "
+                f"other configurations")
     return ""
 
 
@@ -117,7 +119,10 @@ def _of_link(p: dict) -> str:
     gbs = rate_gbs(spec)
     if not gbs or p["servers"] < 2:
         return ""
-    return f", {p['collective']['busbw_gbs'] / gbs:.0%} of its {spec.partition('/')[0]} link"
+    share = p["collective"]["busbw_gbs"] / gbs
+    return (f", {share:.0%} of its {spec.partition('/')[0]} link"
+            + (": above its rate, as the link's token bucket lets a pause's first bytes through unshaped"
+               if share > 1 else ""))
 
 
 def _measured_split(p: dict) -> str:
