@@ -14,6 +14,7 @@ from lab.common.config import RunConfig
 from lab.report import algorithms, lab_report, model_check, prediction
 from lab.report import cost_model as cm
 from lab.report import model_inputs as mi
+from lab.report.cost_assumptions import ASSUMPTIONS
 from lab.worker import step_parts
 
 MIB = 2**20
@@ -329,7 +330,7 @@ def test_the_prediction_is_its_terms_and_the_error_is_against_the_measured_step(
     header = next(ln for ln in section.splitlines() if ln.startswith("| configuration"))
     assert [h.strip() for h in header.strip("|").split("|")] == prediction.HEADERS
     assert "What if (extrapolated, not measured)" in section and "1 Gbit/s" in section
-    assert cm.ASSUMPTIONS["ready"] in section and cm.ASSUMPTIONS["link"] in section
+    assert ASSUMPTIONS["ready"] in section and ASSUMPTIONS["link"] in section
     assert max(len(ln) for ln in section.splitlines() if ln.startswith("|")) <= 160
 
 
@@ -483,6 +484,15 @@ def across(np, step_s, parts, link, coll_s=None, framework="ddp", ceiling=None, 
     r = rec(np, step_s, parts, nodes=2 if np > 1 else 1, link=link if np > 1 else "", coll_s=coll_s,
             framework=framework, ceiling=ceiling, payload=payload)
     r["world"]["place"] = "cluster"
+    return r
+
+
+def lender(np, link, comm=0.0, model="mnist", framework="ddp"):
+    """A row across the cluster's servers (one server at np 1) whose measured exposed time,
+    `comm`, fits a cost it can lend to its neighbours: Horovod's per cycle, DDP's per bucket."""
+    r = across(np, 0.0165 if np == 1 else 0.030, {**PARTS_TWO, "communication": comm} if np > 1 else PARTS_ONE,
+               link, coll_s=0.002 if np > 1 else None, framework=framework, ceiling=2000.0 if np == 1 else 3000.0)
+    r["config"] = {**r["config"], "model": model}
     return r
 
 
@@ -643,11 +653,7 @@ def test_horovods_cycle_cost_comes_from_its_model_on_another_link_before_another
     """A fitted cycle cost carries what is particular to a model's exposed time: MNIST's
     row at 1 Gbit takes MNIST's cost at 100 Mbit, not the LSTM's at 1 Gbit."""
     def hvd(np, link, comm=0.0, model="mnist"):
-        r = across(np, 0.0165 if np == 1 else 0.030, {**PARTS_TWO, "communication": comm} if np > 1 else PARTS_ONE,
-                   link, coll_s=0.002 if np > 1 else None, framework="horovod",
-                   ceiling=2000.0 if np == 1 else 3000.0)
-        r["config"] = {**r["config"], "model": model}
-        return r
+        return lender(np, link, comm, model, "horovod")
     recs = [hvd(1, ""), hvd(2, "1gbit", 0.012), hvd(2, "100mbit", 0.020),
             hvd(1, "", model="lstm"), hvd(2, "1gbit", 0.025, model="lstm")]
     preds = {(p["row"]["record"]["config"]["model"], p["row"]["record"]["config"]["link"]): p
@@ -778,13 +784,8 @@ def test_ddps_bucket_cost_comes_from_its_own_model_only():
     """MNIST's DDP rows lend each other their bucket cost (its row at 100 Mbit/s takes the one
     fitted at 1 Gbit/s); a row of another model lends none: ResNet-50's 25 MiB buckets cost
     more than MNIST's one of 87 KB."""
-    def ddp(np, link, comm=0.0, model="mnist"):
-        r = across(np, 0.0165 if np == 1 else 0.030, {**PARTS_TWO, "communication": comm} if np > 1 else PARTS_ONE,
-                   link, coll_s=0.002 if np > 1 else None, ceiling=2000.0 if np == 1 else 3000.0)
-        r["config"] = {**r["config"], "model": model}
-        return r
-    recs = [ddp(1, ""), ddp(2, "1gbit", 0.006), ddp(2, "100mbit", 0.012),
-            ddp(1, "", model="lstm"), ddp(2, "10gbit", 0.050, model="lstm")]
+    recs = [lender(1, ""), lender(2, "1gbit", 0.006), lender(2, "100mbit", 0.012),
+            lender(1, "", model="lstm"), lender(2, "10gbit", 0.050, model="lstm")]
     preds = {(p["row"]["record"]["config"]["model"], p["row"]["record"]["config"]["link"]): p
              for p in prediction.predictions(recs)}
     own = {k: cm.cycle_cost(cm.Inputs(**{**preds[k]["inputs"].__dict__, "cycle_cost_s": 0.0}), preds[k]["fit"], t)

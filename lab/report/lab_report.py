@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lab.report import (
-    cost_model,
+    cost_assumptions,
     curves,
     html,
     markdown,
@@ -132,7 +132,7 @@ def _what_if(records: list[dict], preds: list[dict]) -> list:
 
 def _assumed(preds: list[dict]) -> list[str]:
     used = {a for p in preds for a in p["model"]["assumptions"]} | {"link"}
-    return [text for key, text in cost_model.ASSUMPTIONS.items() if key in used]
+    return [text for key, text in cost_assumptions.ASSUMPTIONS.items() if key in used]
 
 
 def document(records: list[dict], images: list[str], source: str, sweeps: list[dict] = ()) -> list:

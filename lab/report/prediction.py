@@ -22,6 +22,7 @@ from lab.report import cost_model as cm
 from lab.report import model_inputs as mi
 from lab.report import records as rec
 from lab.report import step_parts, summary
+from lab.report.cost_assumptions import ASSUMPTIONS
 from lab.report.prediction_text import fp16_sentences, sentences, split_sentences  # noqa: F401 (the report's)
 from lab.report.tables import row_oversubscribed
 
@@ -353,7 +354,7 @@ def document(records: list[dict], sweeps: list[dict] = ()) -> dict | None:
         return None
     preds = predictions(records, sweeps)
     return {"model": "step = compute x slowdown + exposed communication + waiting (lab.report.cost_model)",
-            "assumptions": cm.ASSUMPTIONS,
+            "assumptions": ASSUMPTIONS,
             "configurations": [
                 {"configuration": rec.config_label(p["row"]["record"], records, " / "), "np": p["np"],
                  "servers": p["servers"], "link": p["row"]["record"].get("config", {}).get("link", ""),
