@@ -137,7 +137,8 @@ def _pairs(records: list[dict], known: list[dict] | None = None):
 
 
 def with_cycle_costs(cases: list[tuple[dict, cm.Inputs, cm.Fit]], blind: set[int] = frozenset()) -> list[cm.Inputs]:
-    """Each case's inputs with Horovod's cycle cost: the median of the costs fitted to the
+    """Each case's inputs with Horovod's cycle cost (DDP's bucket cost: the same field, from
+    its own model only, never its own): the median of the costs fitted to the
     exposed communication that the other cases of its fit_key measured (step parts), those
     of its own model where there are any; else those of its model on another link of its
     back end, else on other servers (fit_key[:3]: one node and two); else other models' (its
@@ -162,7 +163,7 @@ def with_cycle_costs(cases: list[tuple[dict, cm.Inputs, cm.Fit]], blind: set[int
         if x.framework != "horovod":
             # DDP's bucket cost from its own model only: a bucket's cost grows with its bytes
             # (ResNet-50's 25 MiB buckets cost more than MNIST's one of 87 KB), and a row
-            # with none to take from keeps its collectives as they cost alone
+            # with none to take from keeps its collectives at their fitted cost
             if others:
                 out.append(cm.Inputs(**{**x.__dict__, "cycle_cost_s": statistics.median(others),
                                         "cycle_cost_from": "others"}))
