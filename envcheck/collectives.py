@@ -264,6 +264,10 @@ def main(argv=None) -> int:
     what = plan(comm.device.type, comm.size)
     sizes = a.sizes or what["sizes"]
     value = {"backend": comm.name, "ranks": comm.size}
+    if a.backend == "horovod":
+        # each timed operation waits for Horovod's next cycle: the fit takes it out
+        from lab.common.horovod_tuning import effective
+        value["cycle_time_ms"] = effective()["cycle_time_ms"]
     if what["measure"] == "copy":
         # One rank: no collective, busbw would be 0 by definition; its copy instead.
         value.update(ops={}, copy=copy_sweep(comm, sizes, a.warmup, a.iters), reference=None)

@@ -798,3 +798,46 @@ def test_ddps_bucket_cost_comes_from_its_own_model_only():
     lstm = preds[("lstm", "10gbit")]
     assert lstm["inputs"].cycle_cost_s == 0.0 and lstm["inputs"].cycle_cost_from is None
     assert "bucket_none" in lstm["model"]["assumptions"]
+
+
+def test_horovods_timings_lose_the_wait_for_its_cycle_before_the_fit():
+    """A synchronous Horovod operation timed back to back takes one cycle while its work fits
+    in one (operations.cc, RunLoopOnce), and its own time once it outlasts one: doctor's
+    Horovod sweep and DDP's sweep with the same timings fit different collectives."""
+    cycle = 0.001
+    assert cm.horovod_collective_s(0.00107, cycle) == pytest.approx(0.00007)
+    assert cm.horovod_collective_s(0.0073, cycle) == 0.0073              # outlasted two cycles: all of it
+    assert cm.horovod_collective_s(0.0009, cycle) == pytest.approx(0.05 * 0.0009)
+    assert cm.horovod_collective_s(0.0015, 0.0) == 0.0015                  # no cycle (XLA ops)
+    sizes = (4096, 65536, 1048576, 16777216)
+    # the collective costs 20 us a step and 1 ns a byte: below a cycle up to 1 MiB, 33 ms at 16 MiB
+    work = {s: 20e-6 * algorithms.steps("allreduce", 2, "mpi", s) + 1e-9 * algorithms.wire_bytes("allreduce", s, 2, "mpi")
+            for s in sizes}
+    timed = {s: max(cycle + 70e-6, w) for s, w in work.items()}         # + the sleep's overshoot
+
+    def check(name, cycle_ms=None):
+        c = sweep_check(name, "gloo", 2, 0.0, 0.0, sizes)
+        for row in c["value"]["ops"]["allreduce"]:
+            row["time_us"] = 1e6 * timed[row["size_bytes"]] * (cycle_ms or 1)
+        if cycle_ms:
+            c["value"]["cycle_time_ms"] = cycle_ms
+        c["where"] = "local processes"
+        return c
+    [hvd, ddp] = mi.sweep_entries([check("collectives_mpi"), check("collectives")])
+    fitted = prediction.fits([], [hvd, ddp])
+    f_hvd, f_ddp = fitted[("horovod", "mpi", "local", False, "")], fitted[("ddp", "gloo", "local", False, "")]
+    assert f_ddp.time("allreduce", 87_360, 2) > 0.5 * cycle                # the cycle taken for the collective
+    assert f_hvd.time("allreduce", 87_360, 2) < 0.2 * cycle
+    # 16 MiB outlasted two cycles: its time is the collective's, not collapsed to a cycle's
+    # overshoot, though the three below a cycle (each weighed against its 1.07 ms) pull it down
+    assert 5 * cycle < f_hvd.time("allreduce", 16777216, 2) < work[16777216]
+    # a sweep that ran at a 5 ms cycle: its 5.35 ms below 4 MiB are that cycle, not a collective
+    [slow] = mi.sweep_entries([check("collectives_mpi", cycle_ms=5.0)])
+    assert slow["cycle_time_ms"] == 5.0
+    f_slow = prediction.fits([], [slow])[("horovod", "mpi", "local", False, "")]
+    assert f_slow.time("allreduce", 87_360, 2) < 0.2 * 0.005
+    # and the model says it relies on it for Horovod's rows
+    x = cm.Inputs(framework="horovod", np=2, compute_s=0.01, backward_s=0.006, grad_bytes=87_360,
+                  payload_bytes=87_360, op="allreduce", slowdown=1.0)
+    assert "cycle_wait" in cm.predict(x, f_hvd)["assumptions"] and "cycle_wait" in ASSUMPTIONS
+    assert "cycle_wait" not in cm.predict(cm.Inputs(**{**x.__dict__, "framework": "ddp"}), f_ddp)["assumptions"]

@@ -5,8 +5,9 @@ BackgroundThreadLoop) rather than with a number made to pass."""
 import pytest
 import torch
 
+from lab.common import horovod_tuning
 from lab.common.config import RunConfig
-from lab.worker import dist, horovod_tuning, train
+from lab.worker import dist, train
 from lab.worker.strategies import memory
 
 MIB = 1024 * 1024

@@ -64,5 +64,9 @@ ASSUMPTIONS = {
              "speed: the bucket (4 ms at the link's rate to fill) is taken as full when the step's "
              "exchange starts, its refill during the exchange as nothing, and each rank as "
              "having one of its own (true with one rank a server).",
+    "cycle_wait": "Each Horovod collective timed alone (the run's own, doctor's Horovod sweep) "
+                  "waited for the next cycle of Horovod's background thread, one cycle whatever its "
+                  "size while its work fits in a cycle: below two cycles the time beyond one cycle "
+                  "is taken as the collective's, from two cycles on all of it.",
     "fit": "With one size timed the latency is taken as 0 and the whole time as bandwidth.",
 }

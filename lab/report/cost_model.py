@@ -92,21 +92,24 @@ class Fit:
 def fit(points: list[dict], link_gbs: float | None = None, delay_s: float = 0.0, burst_bytes: float = 0.0,
         backend: str | None = None) -> Fit | None:
     """Least squares of alpha and beta over `points` (op, size_bytes, ranks, time_s), each
-    residual relative to its time (sizes spanning decades weigh alike); both kept at 0 or
-    above. One distinct size: beta alone through the points. None without points."""
+    residual relative to what was timed (sizes spanning decades weigh alike): its time, or
+    `timed_s` where the point's time is less than the timing (Horovod's, less the wait for
+    its cycle: horovod_collective_s); both kept at 0 or above. One distinct size: beta alone
+    through the points. None without points."""
     rows = [(algorithms.steps(p["op"], p["ranks"], backend, p["size_bytes"]),
-             algorithms.wire_bytes(p["op"], p["size_bytes"], p["ranks"], backend), p["time_s"])
+             algorithms.wire_bytes(p["op"], p["size_bytes"], p["ranks"], backend), p["time_s"],
+             max(p.get("timed_s") or 0.0, p["time_s"]))
             for p in points if p.get("time_s") and p.get("ranks", 0) > 1 and p.get("size_bytes")]
     if not rows:
         return None
-    sizes = len({round(w) for _, w, _ in rows})
-    # relative residuals: divide each equation by its time
-    a = [(s / t, w / t) for s, w, t in rows]
+    sizes = len({round(w) for _, w, _, _ in rows})
+    # relative residuals: each equation divided by what was timed
+    a = [(s / T, w / T, t / T) for s, w, t, T in rows]
     if sizes >= 2:
-        s11 = sum(x * x for x, _ in a)
-        s12 = sum(x * y for x, y in a)
-        s22 = sum(y * y for _, y in a)
-        b1, b2 = sum(x for x, _ in a), sum(y for _, y in a)
+        s11 = sum(x * x for x, _, _ in a)
+        s12 = sum(x * y for x, y, _ in a)
+        s22 = sum(y * y for _, y, _ in a)
+        b1, b2 = sum(x * r for x, _, r in a), sum(y * r for _, y, r in a)
         det = s11 * s22 - s12 * s12
         if det > 0:
             alpha, beta = (b1 * s22 - b2 * s12) / det, (s11 * b2 - s12 * b1) / det
@@ -115,13 +118,27 @@ def fit(points: list[dict], link_gbs: float | None = None, delay_s: float = 0.0,
         # a negative term: the best fit with it at 0
         alpha_only = b1 / s11 if s11 else 0.0
         beta_only = b2 / s22 if s22 else 0.0
-        err_a = sum((x * alpha_only - 1) ** 2 for x, _ in a)
-        err_b = sum((y * beta_only - 1) ** 2 for _, y in a)
+        err_a = sum((x * alpha_only - r) ** 2 for x, _, r in a)
+        err_b = sum((y * beta_only - r) ** 2 for _, y, r in a)
         if err_a < err_b:
             return Fit(alpha_only, 0.0, len(rows), sizes, "least squares, beta 0", link_gbs, delay_s, backend, burst_bytes)
         return Fit(0.0, beta_only, len(rows), sizes, "least squares, alpha 0", link_gbs, delay_s, backend, burst_bytes)
-    beta = sum(y for _, y in a) / sum(y * y for _, y in a)
+    beta = sum(y * r for _, y, r in a) / sum(y * y for _, y, _ in a)
     return Fit(0.0, beta, len(rows), 1, "one size: bandwidth only", link_gbs, delay_s, backend, burst_bytes)
+
+
+def horovod_collective_s(time_s: float, cycle_s: float = HOROVOD_CYCLE_S) -> float:
+    """What a collective itself took, from a synchronous Horovod operation timed back to
+    back (the run's probe, doctor's Horovod sweeps): its background thread starts a cycle
+    `cycle_s` after the last one started, or at once when the last one's work outlasted
+    that (horovod 0.28.1 operations.cc 751-761, RunLoopOnce), and the caller's next
+    operation waits for the next cycle. So an operation whose work fits in a cycle takes
+    one cycle whatever its size, and one that outlasts it takes its own time: below two
+    cycles the time beyond one cycle is the collective's (at least 5% of the time, as a
+    timed point needs a time), from two cycles on all of it (cycle_s 0: all of it)."""
+    if cycle_s <= 0 or time_s >= 2 * cycle_s:
+        return time_s
+    return max(time_s - cycle_s, 0.05 * time_s)
 
 
 def ddp_buckets(grad_bytes: float, first: float = DDP_FIRST_BUCKET, cap: float = DDP_BUCKET_CAP,
@@ -333,7 +350,8 @@ def predict(x: Inputs, fit_: Fit) -> dict:
     elif x.framework == "horovod":
         sched = horovod_schedule(x.grad_bytes, ratio, backward, fit_, x.op, x.np, x.tensors,
                                  x.cycle_s, x.fusion_bytes, x.cycle_cost_s, tensor_bytes=x.tensor_bytes)
-        used += ["ready", {"others": "cycle", "itself": "cycle_self"}.get(x.cycle_cost_from, "cycle_none")]
+        used += ["ready", "cycle_wait",
+                 {"others": "cycle", "itself": "cycle_self"}.get(x.cycle_cost_from, "cycle_none")]
     else:
         sched = ddp_schedule(x.grad_bytes, ratio, backward, fit_, x.op, x.np, tensor_bytes=x.tensor_bytes,
                              bucket_cost_s=x.cycle_cost_s)

@@ -165,6 +165,7 @@ def sweep_entries(checks: list[dict], link: str = "") -> list[dict]:
                     "place": "cluster" if across else ("image" if c.get("where", "").startswith("image")
                                                        else "local"), "across": across,
                     "link": link if across else "", "ranks": v.get("ranks"),
+                    **({"cycle_time_ms": v["cycle_time_ms"]} if "cycle_time_ms" in v else {}),
                     "points": [{"op": SWEEP_OP, "size_bytes": p["size_bytes"], "ranks": v.get("ranks"),
                                 "time_s": p["time_us"] / 1e6} for p in rows if p.get("time_us")]})
     return out

@@ -65,19 +65,36 @@ def fit_key(record: dict) -> tuple:
             w["nodes"] > 1, (c.get("link", "") or "") if w["nodes"] > 1 else "")
 
 
+def _cycle_s(record: dict) -> float:
+    """The Horovod cycle time a record ran with (its world's settings; the default else)."""
+    hv = record["world"].get("horovod") or {}
+    return hv.get("cycle_time_ms", cm.HOROVOD_CYCLE_S * 1000) / 1000
+
+
+def _own(point: dict, framework: str | None, cycle_s: float) -> dict:
+    """A timed point as the fit takes it: Horovod's with the wait for its background
+    thread's cycle taken out (cost_model.horovod_collective_s)."""
+    if framework != "horovod":
+        return point
+    return {**point, "time_s": cm.horovod_collective_s(point["time_s"], cycle_s), "timed_s": point["time_s"]}
+
+
 def fits(records: list[dict], sweeps: list[dict] = ()) -> dict[tuple, cm.Fit]:
     """One alpha-beta fit per fit_key from every ok record's collective timed alone and
-    doctor's size sweeps of the same key (model_inputs.load_sweeps)."""
+    doctor's size sweeps of the same key (model_inputs.load_sweeps), Horovod's without
+    the wait for its cycle (_own; a sweep saved before doctor recorded its cycle time ran at
+    the default)."""
     points: dict[tuple, list[dict]] = {}
     links: dict[tuple, tuple] = {}
     for r in records:
         c = (r.get("figures") or {}).get("collective_alone") if r.get("status") == "ok" else None
         if c and c.get("time_s"):
-            points.setdefault(fit_key(r), []).append(c)
+            points.setdefault(fit_key(r), []).append(_own(c, fit_key(r)[0], _cycle_s(r)))
             links[fit_key(r)] = _link(r.get("config", {}).get("link", ""), r["world"]["nodes"])
     for e in sweeps:
         key = mi.sweep_key(e)
-        points.setdefault(key, []).extend(e["points"])
+        cycle_s = e.get("cycle_time_ms", cm.HOROVOD_CYCLE_S * 1000) / 1000
+        points.setdefault(key, []).extend(_own(p, key[0], cycle_s) for p in e["points"] if p.get("time_s"))
         links[key] = _link(key[4], 2 if key[3] else 1)
     return {k: f for k, pts in points.items() if (f := cm.fit(pts, *links[k], backend=k[1]))}
 
@@ -121,7 +138,7 @@ def inputs(row: dict, one: dict, ceilings: dict, rows: list[dict]) -> cm.Inputs:
         slowdown=slow, slowdown_from="ceiling" if slow else None, waiting_s=waiting, waiting_from=waiting_from,
         tensors=cm.MODEL_TENSORS.get(r["config"].get("model"), cm.DEFAULT_TENSORS),
         tensor_bytes=[4.0 * v for v in f["gradient_tensors"]] if f.get("gradient_tensors") else None,
-        cycle_s=hv.get("cycle_time_ms", cm.HOROVOD_CYCLE_S * 1000) / 1000,
+        cycle_s=_cycle_s(r),
         fusion_bytes=hv.get("fusion_threshold_bytes", cm.HOROVOD_FUSION))
 
 

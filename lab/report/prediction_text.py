@@ -138,7 +138,9 @@ def _measured_split(p: dict) -> str:
             else "compute that grew (cores and memory shared by more ranks)")
     predicted = (f", predicted {p['predicted_speedup']:.2f}" if p.get("predicted_speedup") is not None
                  else " (not predicted)")
-    alone = (f" (the {c['op']} of {_mb(c['size_bytes'])}: {c['time_s'] * 1000:.1f} ms alone at "
+    cycle = (", a wait for Horovod's next cycle included," if p["row"]["record"].get("config", {}).get("framework")
+             == "horovod" else "")
+    alone = (f" (the {c['op']} of {_mb(c['size_bytes'])}: {c['time_s'] * 1000:.1f} ms alone{cycle} at "
              f"{c['busbw_gbs']:.3g} GB/s bus bandwidth{_of_link(p)})") if c else ""
     return (f"measured, of the {lost * 1000:.1f} ms the step lost against one worker, "
             f"{share(g['communication'])} is exposed communication{alone}, "

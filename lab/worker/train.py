@@ -108,9 +108,9 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
     hb = hb or NoHeartbeat()
     import torch
 
-    from lab.common import metrics
+    from lab.common import horovod_tuning, metrics
     from lab.worker import checkpoint as ckpt
-    from lab.worker import data, dist, horovod_tuning, manifest, models, precision, step_parts, strategies
+    from lab.worker import data, dist, manifest, models, precision, step_parts, strategies
     from lab.worker.strategies import memory
 
     started = results.now_iso()

@@ -1,5 +1,6 @@
 """Horovod's effective tensor-fusion threshold and cycle time, as a rank's Horovod reads
-them from its environment, for the run's record. Standard library only (pure).
+them from its environment, for the run's record and doctor's Horovod sweep. Standard
+library only (pure).
 
 Horovod 0.28.1, horovod/common/operations.cc, BackgroundThreadLoop:
 - the fusion threshold is 128 MiB (SetTensorFusionThresholdBytes(128 * 1024 * 1024)),
