@@ -38,9 +38,12 @@ from pathlib import Path
 
 PARTS = ("within", "across", "predict", "leftout", "across-resnet50", "table")
 LEFT_OUT = "np=2,nodes=2,link=100mbit,model=mnist"
-# The digits give 28 steps an epoch at 2 workers: 6 epochs, so that 150 steps are timed
-# (a step of 5-10 ms; the runs' start-up, 10-20 s, is most of their time either way).
-MNIST = ["--data", "digits", "--batch-size", "32", "--epochs", "6", "--max-steps", "150", "--warmup-steps", "5"]
+# The digits give 23 steps an epoch at 2 workers (46 at 1; --max-steps caps an epoch): 22
+# epochs, so that about 500 steps are timed at 2 workers (a step of 4-12 ms). A run's steps
+# drift between slower and faster spells tens of steps long, which 133 timed steps (6
+# epochs) averaged into runs of one configuration up to 54% apart; the runs' start-up,
+# 10-20 s, is most of their time either way.
+MNIST = ["--data", "digits", "--batch-size", "32", "--epochs", "22", "--max-steps", "150", "--warmup-steps", "5"]
 RESNET = ["--model", "resnet50", "--data", "synthetic", "--batch-size", "4", "--epochs", "1",
           "--max-steps", "12", "--warmup-steps", "2"]
 # The ceiling runs no framework: measured beside the DDP runs, it serves Horovod's too
