@@ -390,7 +390,7 @@ def test_horovods_cycle_cost_comes_from_the_other_configurations_exposed_time():
     assert none["inputs"].cycle_cost_s == pytest.approx(cm.cycle_cost(bare, half["fit"], 0.010))
     assert none["inputs"].cycle_cost_from == "others" and "cycle" in none["model"]["assumptions"]
     assert none["model"]["cycle_cost_s"] > 0 and none["model"]["exposed_s"] > 0.005
-    assert "Horovod cycles of" in " ".join(prediction.sentences(horovod_records(), [none]))
+    assert "Horovod cycles, each costing" in " ".join(prediction.sentences(horovod_records(), [none]))
     # a row alone: fitted on its own exposed time, said so, and its exposed time comes back
     [solo] = prediction.predictions(horovod_records()[:2])
     assert solo["inputs"].cycle_cost_from == "itself" and "cycle_self" in solo["model"]["assumptions"]
@@ -605,7 +605,7 @@ def test_the_model_benchmark_measures_every_term_and_prints_the_errors(tmp_path,
     # each run against the other (-1/6 and +1/5), the 1-worker rows not counted
     results.append_record(tmp_path / "m" / results.RESULTS_FILE, rec(2, 0.036, PARTS_GROWN, coll_s=0.002))
     results.append_record(tmp_path / "m" / results.RESULTS_FILE, rec(1, 0.020, PARTS_ONE, ceiling=2000.0))
-    assert model_bench.table(str(tmp_path))[-1].endswith("median absolute error 18%, largest 20% (2 cases)")
+    assert model_bench.table(str(tmp_path))[-1].endswith("median absolute difference 18%, largest 20% (2 cases)")
     with pytest.raises(SystemExit):
         model_bench.main(["--only", "nope"])
     assert "--only takes within" in capsys.readouterr().err

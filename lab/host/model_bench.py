@@ -84,9 +84,9 @@ def _invoke(argv: list[str], dry: bool) -> int:
     return rc
 
 
-def _summary(errors: list[float]) -> str:
+def _summary(errors: list[float], what: str = "error") -> str:
     from lab.report.model_check import _summary
-    return _summary(errors)
+    return _summary(errors, what)
 
 
 def table(results: str) -> list[str]:
@@ -103,7 +103,7 @@ def table(results: str) -> list[str]:
     records = model_check._records([results])
     spread = model_check.repeat_spread(records)
     out.append("the measurement's own spread, each run's step against its configuration's other runs "
-               f"(--repeat 2 or more): {_summary(spread)}")
+               f"(--repeat 2 or more): {_summary(spread, 'difference')}")
     return out + speed_by_link(records)
 
 

@@ -363,11 +363,12 @@ def predict(x: Inputs, fit_: Fit) -> dict:
         used.append("fit")
     if fit_ is not None and fit_.burst_bytes and x.np > 1:
         used.append("burst")
+    # the step's whole payload in one collective, at the fit's cost (not the probe's timing)
     alone = fit_.time(x.op, x.payload_bytes * (x.np if x.op == "allgather" else 1), x.np) if x.np > 1 else 0.0
     step = compute + sched["exposed_s"] + waiting
     return {"step_s": step, "compute_s": compute, "compute_one_s": x.compute_s, "slowdown": slow,
             "backward_s": backward, "exposed_s": sched["exposed_s"], "waiting_s": waiting,
-            "collective_alone_s": alone, "buckets": sched["buckets"],
+            "collective_fitted_s": alone, "buckets": sched["buckets"],
             "collectives_s": sched["collective_s"], "speedup": x.np * x.compute_s / step if step else None,
             "slowdown_from": x.slowdown_from if x.slowdown else None, "contention": x.contention or 1.0,
             "contention_from": x.contention_from, "waiting_from": x.waiting_from if x.np > 1 else None,

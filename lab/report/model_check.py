@@ -170,8 +170,10 @@ def planned(recs: list[dict], spec: str) -> list[dict]:
     return out
 
 
-def lines(cases: list[tuple[str, float, float | None]]) -> list[str]:
-    out = ["| case | predicted step | measured step | error |", "| --- | --- | --- | --- |"]
+def lines(cases: list[tuple[str, float, float | None]], what: str = "predicted") -> list[str]:
+    """The cases' table ("predicted" or "explained" step against the measured one), then
+    the errors' median and largest."""
+    out = [f"| case | {what} step | measured step | error |", "| --- | --- | --- | --- |"]
     errors = []
     for name, pred, meas in cases:
         if meas is None:
@@ -202,10 +204,10 @@ def repeat_spread(records: list[dict]) -> list[float]:
     return out
 
 
-def _summary(errors: list[float]) -> str:
+def _summary(errors: list[float], what: str = "error") -> str:
     if not errors:
         return "no case"
-    return (f"median absolute error {100 * statistics.median(abs(e) for e in errors):.0f}%, "
+    return (f"median absolute {what} {100 * statistics.median(abs(e) for e in errors):.0f}%, "
             f"largest {100 * max(abs(e) for e in errors):.0f}% ({len(errors)} cases)")
 
 
@@ -223,7 +225,7 @@ def main(argv: list[str]) -> int:
             p.error("--leave-out needs the results folders to predict from")
         print("The published cases (docs/pages/report.md; steps in the unit each case names), explained "
               "by their own published parts (waiting, the compute that grew), not predicted:")
-        print("\n".join(lines(published())))
+        print("\n".join(lines(published(), "explained")))
         return 0
     missing = [f for f in a.folders if not Path(f).is_dir()]
     if missing:
@@ -246,7 +248,7 @@ def main(argv: list[str]) -> int:
         print("\n".join(f"- not predicted: {w}" for w in why))
         if explained:
             print("\nExplained by each row's own measurements (its compute parts and wait: not predictions):")
-            print("\n".join(lines(explained)))
+            print("\n".join(lines(explained, "explained")))
     return 0
 
 

@@ -355,7 +355,7 @@ def _terms(m: dict, fit: cm.Fit) -> dict:
     return {"compute_ms": m["compute_s"] * 1000, "compute_one_worker_ms": m["compute_one_s"] * 1000,
             "slowdown": m["slowdown"], "backward_ms": m["backward_s"] * 1000,
             "exposed_communication_ms": m["exposed_s"] * 1000, "waiting_ms": m["waiting_s"] * 1000,
-            "collective_alone_ms": m["collective_alone_s"] * 1000, "collectives_per_step": m["buckets"],
+            "collective_fitted_ms": m["collective_fitted_s"] * 1000, "collectives_per_step": m["buckets"],
             "collectives_ms": m["collectives_s"] * 1000, "fit": fit.as_dict(),
             "slowdown_from": m["slowdown_from"], "contention": m["contention"],
             "contention_from": m["contention_from"], "waiting_from": m["waiting_from"],

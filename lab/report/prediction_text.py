@@ -55,11 +55,12 @@ def split_sentences(records: list[dict], splits: list[dict]) -> list[str]:
 
 
 def _cycles(m: dict) -> str:
-    """' in 2.4 Horovod cycles of 18.5 ms each' where Horovod's cycle cost was fitted,
-    ', of which 0.6 ms a collective DDP's bucket cost, fitted on the other configurations'
-    where DDP's bucket cost was."""
+    """' in 2.4 Horovod cycles, each costing 18.5 ms beyond its collectives' where Horovod's
+    cycle cost was fitted, ', of which 0.6 ms a collective DDP's bucket cost, fitted on the
+    other configurations' where DDP's bucket cost was."""
     if m["cycle_cost_s"]:
-        return f" in {m['cycles']:.1f} Horovod cycles of {m['cycle_cost_s'] * 1000:.1f} ms each"
+        return (f" in {m['cycles']:.1f} Horovod cycles, each costing {m['cycle_cost_s'] * 1000:.1f} ms beyond "
+                f"its collectives")
     if m.get("bucket_cost_s"):
         return (f", of which {m['bucket_cost_s'] * 1000:.1f} ms a collective DDP's bucket cost, fitted on the "
                 f"other configurations")
