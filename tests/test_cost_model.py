@@ -801,26 +801,28 @@ def test_ddps_bucket_cost_comes_from_its_own_model_only():
 
 
 def test_horovods_timings_lose_the_wait_for_its_cycle_before_the_fit():
-    """A synchronous Horovod operation timed back to back takes one cycle while its work fits
-    in one (operations.cc, RunLoopOnce), and its own time once it outlasts one: doctor's
-    Horovod sweep and DDP's sweep with the same timings fit different collectives."""
+    """A synchronous Horovod operation timed back to back waits one cycle beyond its work
+    (operations.cc, RunLoopOnce): one cycle while its work fits in one, its work and a cycle
+    once it outlasts one. Doctor's Horovod sweep and DDP's sweep with the same timings fit
+    different collectives, and a run's record gives its own cycle time."""
     cycle = 0.001
     assert cm.horovod_collective_s(0.00107, cycle) == pytest.approx(0.00007)
-    assert cm.horovod_collective_s(0.0073, cycle) == 0.0073              # outlasted two cycles: all of it
+    assert cm.horovod_collective_s(0.0073, cycle) == pytest.approx(0.0063)
     assert cm.horovod_collective_s(0.0009, cycle) == pytest.approx(0.05 * 0.0009)
     assert cm.horovod_collective_s(0.0015, 0.0) == 0.0015                  # no cycle (XLA ops)
     sizes = (4096, 65536, 1048576, 16777216)
-    # the collective costs 20 us a step and 1 ns a byte: below a cycle up to 1 MiB, 33 ms at 16 MiB
+    # the collective costs 20 us a step and 1 ns a byte: below a cycle up to 1 MiB, 17 ms at 16 MiB
     work = {s: 20e-6 * algorithms.steps("allreduce", 2, "mpi", s) + 1e-9 * algorithms.wire_bytes("allreduce", s, 2, "mpi")
             for s in sizes}
-    timed = {s: max(cycle + 70e-6, w) for s, w in work.items()}         # + the sleep's overshoot
 
-    def check(name, cycle_ms=None):
+    def timed(w, cyc):
+        return cyc + 70e-6 if w < cyc else w + cyc       # + the sleep's overshoot; an empty cycle, then its own
+
+    def check(name, cycle_ms=1.0):
         c = sweep_check(name, "gloo", 2, 0.0, 0.0, sizes)
         for row in c["value"]["ops"]["allreduce"]:
-            row["time_us"] = 1e6 * timed[row["size_bytes"]] * (cycle_ms or 1)
-        if cycle_ms:
-            c["value"]["cycle_time_ms"] = cycle_ms
+            row["time_us"] = 1e6 * timed(work[row["size_bytes"]], cycle_ms / 1000)
+        c["value"]["cycle_time_ms"] = cycle_ms
         c["where"] = "local processes"
         return c
     [hvd, ddp] = mi.sweep_entries([check("collectives_mpi"), check("collectives")])
@@ -828,14 +830,20 @@ def test_horovods_timings_lose_the_wait_for_its_cycle_before_the_fit():
     f_hvd, f_ddp = fitted[("horovod", "mpi", "local", False, "")], fitted[("ddp", "gloo", "local", False, "")]
     assert f_ddp.time("allreduce", 87_360, 2) > 0.5 * cycle                # the cycle taken for the collective
     assert f_hvd.time("allreduce", 87_360, 2) < 0.2 * cycle
-    # 16 MiB outlasted two cycles: its time is the collective's, not collapsed to a cycle's
-    # overshoot, though the three below a cycle (each weighed against its 1.07 ms) pull it down
+    # 16 MiB outlasted a cycle: its work, not collapsed to a cycle's overshoot, though the
+    # three below a cycle (each weighed against its 1.07 ms) pull it down
     assert 5 * cycle < f_hvd.time("allreduce", 16777216, 2) < work[16777216]
-    # a sweep that ran at a 5 ms cycle: its 5.35 ms below 4 MiB are that cycle, not a collective
+    # a sweep that ran at a 5 ms cycle: its 5.07 ms below 4 MiB are that cycle, not a collective
     [slow] = mi.sweep_entries([check("collectives_mpi", cycle_ms=5.0)])
     assert slow["cycle_time_ms"] == 5.0
     f_slow = prediction.fits([], [slow])[("horovod", "mpi", "local", False, "")]
     assert f_slow.time("allreduce", 87_360, 2) < 0.2 * 0.005
+    # a run's own probe at the cycle time its record holds (one size: the fit goes through it)
+    runs = [rec(2, 0.030, PARTS_TWO, coll_s=0.0062, framework="horovod") for _ in range(2)]
+    runs[1]["world"]["horovod"] = {"cycle_time_ms": 5.0, "fusion_threshold_bytes": cm.HOROVOD_FUSION}
+    for r, cyc in zip(runs, (0.001, 0.005)):
+        [f] = prediction.fits([r]).values()
+        assert f.time("allreduce", 87_360, 2) == pytest.approx(0.0062 - cyc)
     # and the model says it relies on it for Horovod's rows
     x = cm.Inputs(framework="horovod", np=2, compute_s=0.01, backward_s=0.006, grad_bytes=87_360,
                   payload_bytes=87_360, op="allreduce", slowdown=1.0)

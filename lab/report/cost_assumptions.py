@@ -65,8 +65,8 @@ ASSUMPTIONS = {
              "exchange starts, its refill during the exchange as nothing, and each rank as "
              "having one of its own (true with one rank a server).",
     "cycle_wait": "Each Horovod collective timed alone (the run's own, doctor's Horovod sweep) "
-                  "waited for the next cycle of Horovod's background thread, one cycle whatever its "
-                  "size while its work fits in a cycle: below two cycles the time beyond one cycle "
-                  "is taken as the collective's, from two cycles on all of it.",
+                  "waited one cycle of Horovod's background thread beyond its work, which is taken "
+                  "as the time less one cycle: where the work fits in a cycle it cannot be seen, and "
+                  "the little left (the cycle's overshoot) stands for it.",
     "fit": "With one size timed the latency is taken as 0 and the whole time as bandwidth.",
 }

@@ -129,14 +129,17 @@ def fit(points: list[dict], link_gbs: float | None = None, delay_s: float = 0.0,
 
 def horovod_collective_s(time_s: float, cycle_s: float = HOROVOD_CYCLE_S) -> float:
     """What a collective itself took, from a synchronous Horovod operation timed back to
-    back (the run's probe, doctor's Horovod sweeps): its background thread starts a cycle
+    back (the run's probe, doctor's Horovod sweep): time_s less one cycle (at least 5% of
+    time_s, as a fitted point needs a time). Horovod's background thread starts a cycle
     `cycle_s` after the last one started, or at once when the last one's work outlasted
-    that (horovod 0.28.1 operations.cc 751-761, RunLoopOnce), and the caller's next
-    operation waits for the next cycle. So an operation whose work fits in a cycle takes
-    one cycle whatever its size, and one that outlasts it takes its own time: below two
-    cycles the time beyond one cycle is the collective's (at least 5% of the time, as a
-    timed point needs a time), from two cycles on all of it (cycle_s 0: all of it)."""
-    if cycle_s <= 0 or time_s >= 2 * cycle_s:
+    that (horovod 0.28.1 operations.cc 751-761, RunLoopOnce), and every cycle, with work or
+    without, first agrees on what is ready; the caller enqueues its next operation only once
+    the last one is done. So an operation whose work w fits in a cycle takes one cycle, and
+    w itself cannot be observed (what is left, the sleep's overshoot of some 70 us, stands
+    as its lower bound); one whose work outlasts a cycle finds the next cycle already
+    started, empty, and waits for the one after: about w plus a cycle. cycle_s 0 (XLA ops):
+    time_s."""
+    if cycle_s <= 0:
         return time_s
     return max(time_s - cycle_s, 0.05 * time_s)
 

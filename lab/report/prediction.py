@@ -71,7 +71,7 @@ def _cycle_s(record: dict) -> float:
     return hv.get("cycle_time_ms", cm.HOROVOD_CYCLE_S * 1000) / 1000
 
 
-def _own(point: dict, framework: str | None, cycle_s: float) -> dict:
+def _without_cycle_wait(point: dict, framework: str | None, cycle_s: float) -> dict:
     """A timed point as the fit takes it: Horovod's with the wait for its background
     thread's cycle taken out (cost_model.horovod_collective_s)."""
     if framework != "horovod":
@@ -82,19 +82,19 @@ def _own(point: dict, framework: str | None, cycle_s: float) -> dict:
 def fits(records: list[dict], sweeps: list[dict] = ()) -> dict[tuple, cm.Fit]:
     """One alpha-beta fit per fit_key from every ok record's collective timed alone and
     doctor's size sweeps of the same key (model_inputs.load_sweeps), Horovod's without
-    the wait for its cycle (_own; a sweep saved before doctor recorded its cycle time ran at
+    the wait for its cycle (_without_cycle_wait; a sweep saved before doctor recorded its cycle time ran at
     the default)."""
     points: dict[tuple, list[dict]] = {}
     links: dict[tuple, tuple] = {}
     for r in records:
         c = (r.get("figures") or {}).get("collective_alone") if r.get("status") == "ok" else None
         if c and c.get("time_s"):
-            points.setdefault(fit_key(r), []).append(_own(c, fit_key(r)[0], _cycle_s(r)))
+            points.setdefault(fit_key(r), []).append(_without_cycle_wait(c, fit_key(r)[0], _cycle_s(r)))
             links[fit_key(r)] = _link(r.get("config", {}).get("link", ""), r["world"]["nodes"])
     for e in sweeps:
         key = mi.sweep_key(e)
         cycle_s = e.get("cycle_time_ms", cm.HOROVOD_CYCLE_S * 1000) / 1000
-        points.setdefault(key, []).extend(_own(p, key[0], cycle_s) for p in e["points"] if p.get("time_s"))
+        points.setdefault(key, []).extend(_without_cycle_wait(p, key[0], cycle_s) for p in e["points"] if p.get("time_s"))
         links[key] = _link(key[4], 2 if key[3] else 1)
     return {k: f for k, pts in points.items() if (f := cm.fit(pts, *links[k], backend=k[1]))}
 

@@ -139,6 +139,8 @@ def _measured_split(p: dict) -> str:
             else "compute that grew (cores and memory shared by more ranks)")
     predicted = (f", predicted {p['predicted_speedup']:.2f}" if p.get("predicted_speedup") is not None
                  else " (not predicted)")
+    # a synchronous Horovod operation waits a cycle of its background thread beyond its work
+    # (lab.report.cost_model.horovod_collective_s): in its time, and so in its bandwidth
     cycle = (", a wait for Horovod's next cycle included," if p["row"]["record"].get("config", {}).get("framework")
              == "horovod" else "")
     alone = (f" (the {c['op']} of {_mb(c['size_bytes'])}: {c['time_s'] * 1000:.1f} ms alone{cycle} at "
