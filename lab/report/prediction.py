@@ -66,7 +66,8 @@ def fit_key(record: dict) -> tuple:
 
 
 def _cycle_s(record: dict) -> float:
-    """The Horovod cycle time a record ran with (its world's settings; the default else)."""
+    """The Horovod cycle time a record ran with (its world's settings; the default else;
+    under HOROVOD_AUTOTUNE the record holds where the tuning started, not where it went)."""
     hv = record["world"].get("horovod") or {}
     return hv.get("cycle_time_ms", cm.HOROVOD_CYCLE_S * 1000) / 1000
 
