@@ -390,7 +390,7 @@ def test_horovods_cycle_cost_comes_from_the_other_configurations_exposed_time():
     assert none["inputs"].cycle_cost_s == pytest.approx(cm.cycle_cost(bare, half["fit"], 0.010))
     assert none["inputs"].cycle_cost_from == "others" and "cycle" in none["model"]["assumptions"]
     assert none["model"]["cycle_cost_s"] > 0 and none["model"]["exposed_s"] > 0.005
-    assert "Horovod cycles, each costing" in " ".join(prediction.sentences(horovod_records(), [none]))
+    assert "Horovod cycles with work (a mean over their phase against the backward), each costing" in " ".join(prediction.sentences(horovod_records(), [none]))
     # a row alone: fitted on its own exposed time, said so, and its exposed time comes back
     [solo] = prediction.predictions(horovod_records()[:2])
     assert solo["inputs"].cycle_cost_from == "itself" and "cycle_self" in solo["model"]["assumptions"]

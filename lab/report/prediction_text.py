@@ -13,6 +13,11 @@ def _fmt(v: float | None, spec: str = ".1f") -> str:
     return "n/a" if v is None else format(v, spec)
 
 
+def _ms(seconds: float) -> str:
+    """Milliseconds to one decimal, to two below 1 ms (0.04, not 0.0)."""
+    return f"{seconds * 1000:.2f}" if seconds < 0.001 else f"{seconds * 1000:.1f}"
+
+
 def explained(e: dict | None) -> str:
     """'; explained by its own parts 13.0 ms (slowdown 1.25, waiting 1.5 ms)' or ''."""
     if not e:
@@ -30,7 +35,7 @@ def sentences(records: list[dict], preds: list[dict]) -> list[str]:
         m = p["model"]
         head = (f"{name} {where}: predicted {p['predicted_ms']:.1f} ms ({p['compute_ms']:.1f} compute x "
                 f"{m['slowdown']:.2f}, {m['exposed_s'] * 1000:.1f} exposed of {m['buckets']} "
-                f"collective(s) costing {m['collectives_s'] * 1000:.1f} ms{_cycles(m)}, "
+                f"collective(s) costing {_ms(m['collectives_s'])} ms{_cycles(m)}, "
                 f"{m['waiting_s'] * 1000:.1f} waiting), measured {p['step_ms']:.1f} ms{explained(p.get('explained'))}")
         out.append(head + ".")
     return out
@@ -55,12 +60,13 @@ def split_sentences(records: list[dict], splits: list[dict]) -> list[str]:
 
 
 def _cycles(m: dict) -> str:
-    """' in 2.4 Horovod cycles, each costing 18.5 ms beyond its collectives' where Horovod's
-    cycle cost was fitted, ', of which 0.6 ms a collective DDP's bucket cost, fitted on the
-    other configurations' where DDP's bucket cost was."""
+    """' in 2.4 Horovod cycles with work (a mean over their phase against the backward), each
+    costing 18.5 ms beyond its collectives' where Horovod's cycle cost was fitted, ', of
+    which 0.6 ms a collective DDP's bucket cost, fitted on the other configurations' where
+    DDP's bucket cost was."""
     if m["cycle_cost_s"]:
-        return (f" in {m['cycles']:.1f} Horovod cycles, each costing {m['cycle_cost_s'] * 1000:.1f} ms beyond "
-                f"its collectives")
+        return (f" in {m['cycles']:.1f} Horovod cycles with work (a mean over their phase against the backward), "
+                f"each costing {_ms(m['cycle_cost_s'])} ms beyond its collectives")
     if m.get("bucket_cost_s"):
         return (f", of which {m['bucket_cost_s'] * 1000:.1f} ms a collective DDP's bucket cost, fitted on the "
                 f"other configurations")
@@ -139,17 +145,26 @@ def _measured_split(p: dict) -> str:
             else "compute that grew (cores and memory shared by more ranks)")
     predicted = (f", predicted {p['predicted_speedup']:.2f}" if p.get("predicted_speedup") is not None
                  else " (not predicted)")
-    # a synchronous Horovod operation waits a cycle of its background thread beyond its work
-    # (lab.report.cost_model.horovod_collective_s): in its time, and so in its bandwidth
-    cycle = (", a wait for Horovod's next cycle included," if p["row"]["record"].get("config", {}).get("framework")
-             == "horovod" else "")
-    alone = (f" (the {c['op']} of {_mb(c['size_bytes'])}: {c['time_s'] * 1000:.1f} ms alone{cycle} at "
+    alone = (f" (the {c['op']} of {_mb(c['size_bytes'])}: {c['time_s'] * 1000:.1f} ms alone{_cycle_wait(p, c)} at "
              f"{c['busbw_gbs']:.3g} GB/s bus bandwidth{_of_link(p)})") if c else ""
     return (f"measured, of the {lost * 1000:.1f} ms the step lost against one worker, "
             f"{share(g['communication'])} is exposed communication{alone}, "
             f"{share(g['waiting'])} waiting for the slowest rank, {share(g['compute'])} {grew}, "
             f"and {share(g['unexplained'])} not in the parts (each part's median over repeats). "
             f"Speedup measured {_fmt(p['speedup'], '.2f')}{predicted}.")
+
+
+def _cycle_wait(p: dict, c: dict) -> str:
+    """', 1.0 ms of it a wait for Horovod's next cycle (the bandwidth is of the whole time),'
+    for a Horovod row: a synchronous Horovod operation waits a cycle of its background
+    thread beyond its work (lab.report.cost_model.horovod_collective_s); '' else."""
+    r = p["row"]["record"]
+    if r.get("config", {}).get("framework") != "horovod":
+        return ""
+    cycle_ms = min((r["world"].get("horovod") or {}).get("cycle_time_ms", 1.0), c["time_s"] * 1000)
+    if cycle_ms <= 0:
+        return ""
+    return f", {cycle_ms:.1f} ms of it a wait for Horovod's next cycle (the bandwidth is of the whole time),"
 
 
 def _mb(b: float) -> str:
