@@ -65,8 +65,8 @@ ASSUMPTIONS = {
              "exchange starts, its refill during the exchange as nothing, and each rank as "
              "having one of its own (true with one rank a server).",
     "cycle_wait": "Each Horovod collective timed alone (the run's own, doctor's Horovod sweep) "
-                  "waited one cycle of Horovod's background thread beyond its work, which is taken "
-                  "as the time less one cycle: where the work fits in a cycle it cannot be seen, and "
-                  "the little left (the cycle's overshoot) stands for it.",
+                  "took at least one cycle of Horovod's background thread: from two cycles on its time "
+                  "is taken as the collective's, below two cycles twice what it took beyond one (at "
+                  "least 5% of it; where the work fits in a cycle it cannot be seen).",
     "fit": "With one size timed the latency is taken as 0 and the whole time as bandwidth.",
 }

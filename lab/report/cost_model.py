@@ -129,19 +129,20 @@ def fit(points: list[dict], link_gbs: float | None = None, delay_s: float = 0.0,
 
 def horovod_collective_s(time_s: float, cycle_s: float = HOROVOD_CYCLE_S) -> float:
     """What a collective itself took, from a synchronous Horovod operation timed back to
-    back (the run's probe, doctor's Horovod sweep): time_s less one cycle (at least 5% of
-    time_s, as a fitted point needs a time). Horovod's background thread starts a cycle
-    `cycle_s` after the last one started, or at once when the last one's work outlasted
-    that (horovod 0.28.1 operations.cc 751-761, RunLoopOnce), and every cycle, with work or
-    without, first agrees on what is ready; the caller enqueues its next operation only once
-    the last one is done. So an operation whose work w fits in a cycle takes one cycle, and
-    w itself cannot be observed (what is left, the sleep's overshoot of some 70 us, stands
-    as its lower bound); one whose work outlasts a cycle finds the next cycle already
-    started, empty, and waits for the one after: about w plus a cycle. cycle_s 0 (XLA ops):
+    back (the run's probe, doctor's Horovod sweep). Horovod's background thread starts a
+    cycle `cycle_s` after the last one started, or at once when the last one's work outlasted
+    that (horovod 0.28.1 operations.cc 751-761, RunLoopOnce), and the caller, spinning on its
+    handle (mpi_ops_v2.cc 1121-1131), enqueues the next operation as soon as the last is done.
+    So an operation takes one cycle while its work w fits in one, and w once it outlasts one:
+    doctor's sweep over MPI here took 1.07 ms at 4 KB and 1 MB and 6.5-6.8 ms at 16 MiB with
+    a 1 ms cycle, 5.08 ms, 5.09 ms and 6.0-6.7 ms with a 5 ms cycle (no cycle more above
+    one). From two cycles on: time_s. Below one cycle w cannot be seen: 5% of time_s stands
+    for it. Between one and two cycles the time is either w or a cycle missed (two cycles
+    for a short w): 2 x (time_s - cycle_s), which meets both ends. cycle_s 0 (XLA ops):
     time_s."""
-    if cycle_s <= 0:
+    if cycle_s <= 0 or time_s >= 2 * cycle_s:
         return time_s
-    return max(time_s - cycle_s, 0.05 * time_s)
+    return max(2 * (time_s - cycle_s), 0.05 * time_s)
 
 
 def ddp_buckets(grad_bytes: float, first: float = DDP_FIRST_BUCKET, cap: float = DDP_BUCKET_CAP,

@@ -155,16 +155,17 @@ def _measured_split(p: dict) -> str:
 
 
 def _cycle_wait(p: dict, c: dict) -> str:
-    """', 1.0 ms of it a wait for Horovod's next cycle (the bandwidth is of the whole time),'
-    for a Horovod row: a synchronous Horovod operation waits a cycle of its background
-    thread beyond its work (lab.report.cost_model.horovod_collective_s); '' else."""
+    """', at least one cycle of Horovod's background thread (1.0 ms; the bandwidth is of the
+    whole time),' for a Horovod row timed within two cycles: a synchronous Horovod operation
+    takes at least a cycle (lab.report.cost_model.horovod_collective_s); '' else."""
     r = p["row"]["record"]
     if r.get("config", {}).get("framework") != "horovod":
         return ""
-    cycle_ms = min((r["world"].get("horovod") or {}).get("cycle_time_ms", 1.0), c["time_s"] * 1000)
-    if cycle_ms <= 0:
+    cycle_ms = (r["world"].get("horovod") or {}).get("cycle_time_ms", 1.0)
+    if cycle_ms <= 0 or c["time_s"] * 1000 >= 2 * cycle_ms:
         return ""
-    return f", {cycle_ms:.1f} ms of it a wait for Horovod's next cycle (the bandwidth is of the whole time),"
+    return (f", at least one cycle of Horovod's background thread ({cycle_ms:.1f} ms; the bandwidth is of the "
+            f"whole time),")
 
 
 def _mb(b: float) -> str:
