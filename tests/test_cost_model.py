@@ -715,6 +715,11 @@ def test_contention_and_waiting_are_carried_along_the_framework_and_model_before
     assert p["model"]["contention_from"] == "its framework and model"
     # its ranks' mean wait (none and 4 ms), not Horovod's (none and 10 ms)
     assert p["model"]["waiting_s"] == pytest.approx(0.002, rel=1e-3)
+    # and the row's sentence says whose they are
+    [line] = prediction.sentences(ddp_local + hvd + target, [p])
+    assert (f"(of which contention {1.25 / (4 / 3):.2f}, as the other configurations of its framework and model "
+            "measured it)") in line
+    assert f"2.0 waiting (as the other configurations of {p['model']['waiting_from']} measured it)" in line
 
 
 def test_the_wait_falls_back_from_its_servers_to_its_model_to_any_framework():

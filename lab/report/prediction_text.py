@@ -34,11 +34,33 @@ def sentences(records: list[dict], preds: list[dict]) -> list[str]:
         where = _where(p)
         m = p["model"]
         head = (f"{name} {where}: predicted {p['predicted_ms']:.1f} ms ({p['compute_ms']:.1f} compute x "
-                f"{m['slowdown']:.2f}, {m['exposed_s'] * 1000:.1f} exposed of {m['buckets']} "
+                f"{m['slowdown']:.2f}{_contention(m)}, {m['exposed_s'] * 1000:.1f} exposed of {m['buckets']} "
                 f"collective(s) costing {_ms(m['collectives_s'])} ms{_cycles(m)}, "
-                f"{m['waiting_s'] * 1000:.1f} waiting), measured {p['step_ms']:.1f} ms{explained(p.get('explained'))}")
+                f"{m['waiting_s'] * 1000:.1f} waiting{_whose(m.get('waiting_from'))}), measured {p['step_ms']:.1f} ms"
+                f"{explained(p.get('explained'))}")
         out.append(head + ".")
     return out
+
+
+def _contention(m: dict) -> str:
+    """' (of which contention 1.16, as the other configurations of its framework and model
+    measured it)' where the slowdown carries the others' contention; '' else."""
+    if not m.get("contention_from") or m.get("slowdown_from") != "ceiling":
+        return ""
+    return f" (of which contention {m['contention']:.2f}, as {_others(m['contention_from'])} measured it)"
+
+
+def _whose(source: str | None) -> str:
+    """' (as the other configurations of its framework and model measured it)': whose wait
+    the row carries; '' else."""
+    if not source:
+        return ""
+    return " (its own)" if source == "itself" else f" (as {_others(source)} measured it)"
+
+
+def _others(source: str) -> str:
+    """'the other configurations of its framework and model' (model_inputs' `how`)."""
+    return "the other configurations" if source == "others" else f"the other configurations of {source}"
 
 
 def _where(p: dict) -> str:
