@@ -127,6 +127,13 @@ def fit(points: list[dict], link_gbs: float | None = None, delay_s: float = 0.0,
     return Fit(0.0, beta, len(rows), 1, "one size: bandwidth only", link_gbs, delay_s, backend, burst_bytes)
 
 
+def horovod_cycle_s(settings: dict | None) -> float:
+    """The Horovod cycle time (seconds) of settings holding `cycle_time_ms` (a record's
+    world.horovod, a doctor sweep's line; under HOROVOD_AUTOTUNE where the tuning started);
+    HOROVOD_CYCLE_S without."""
+    return (settings or {}).get("cycle_time_ms", HOROVOD_CYCLE_S * 1000) / 1000
+
+
 def horovod_collective_s(time_s: float, cycle_s: float = HOROVOD_CYCLE_S) -> float:
     """What a collective itself took, from a synchronous Horovod operation timed back to
     back (the run's probe, doctor's Horovod sweep). Horovod's background thread starts a

@@ -65,13 +65,6 @@ def fit_key(record: dict) -> tuple:
             w["nodes"] > 1, (c.get("link", "") or "") if w["nodes"] > 1 else "")
 
 
-def _cycle_s(record: dict) -> float:
-    """The Horovod cycle time a record ran with (its world's settings; the default else;
-    under HOROVOD_AUTOTUNE the record holds where the tuning started, not where it went)."""
-    hv = record["world"].get("horovod") or {}
-    return hv.get("cycle_time_ms", cm.HOROVOD_CYCLE_S * 1000) / 1000
-
-
 def _without_cycle_wait(point: dict, framework: str | None, cycle_s: float) -> dict:
     """A timed point as the fit takes it: Horovod's with the wait for its background
     thread's cycle taken out (cost_model.horovod_collective_s)."""
@@ -90,12 +83,13 @@ def fits(records: list[dict], sweeps: list[dict] = ()) -> dict[tuple, cm.Fit]:
     for r in records:
         c = (r.get("figures") or {}).get("collective_alone") if r.get("status") == "ok" else None
         if c and c.get("time_s"):
-            points.setdefault(fit_key(r), []).append(_without_cycle_wait(c, fit_key(r)[0], _cycle_s(r)))
-            links[fit_key(r)] = _link(r.get("config", {}).get("link", ""), r["world"]["nodes"])
+            key = fit_key(r)
+            points.setdefault(key, []).append(_without_cycle_wait(c, key[0], cm.horovod_cycle_s(r["world"].get("horovod"))))
+            links[key] = _link(r.get("config", {}).get("link", ""), r["world"]["nodes"])
     for e in sweeps:
         key = mi.sweep_key(e)
-        cycle_s = e.get("cycle_time_ms", cm.HOROVOD_CYCLE_S * 1000) / 1000
-        points.setdefault(key, []).extend(_without_cycle_wait(p, key[0], cycle_s) for p in e["points"] if p.get("time_s"))
+        points.setdefault(key, []).extend(_without_cycle_wait(p, key[0], cm.horovod_cycle_s(e))
+                                          for p in e["points"] if p.get("time_s"))
         links[key] = _link(key[4], 2 if key[3] else 1)
     return {k: f for k, pts in points.items() if (f := cm.fit(pts, *links[k], backend=k[1]))}
 
@@ -139,7 +133,7 @@ def inputs(row: dict, one: dict, ceilings: dict, rows: list[dict]) -> cm.Inputs:
         slowdown=slow, slowdown_from="ceiling" if slow else None, waiting_s=waiting, waiting_from=waiting_from,
         tensors=cm.MODEL_TENSORS.get(r["config"].get("model"), cm.DEFAULT_TENSORS),
         tensor_bytes=[4.0 * v for v in f["gradient_tensors"]] if f.get("gradient_tensors") else None,
-        cycle_s=_cycle_s(r),
+        cycle_s=cm.horovod_cycle_s(hv),
         fusion_bytes=hv.get("fusion_threshold_bytes", cm.HOROVOD_FUSION))
 
 

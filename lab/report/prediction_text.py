@@ -5,6 +5,7 @@ the measured parts say it lost against one worker and what fp16 would buy it."""
 from __future__ import annotations
 
 from lab.common.link import rate_gbs
+from lab.report import cost_model as cm
 from lab.report import records as rec
 from lab.report import step_parts, summary
 
@@ -178,15 +179,16 @@ def _measured_split(p: dict) -> str:
 
 def _cycle_wait(p: dict, c: dict) -> str:
     """', at least one cycle of Horovod's background thread (1.0 ms; the bandwidth is of the
-    whole time),' for a Horovod row timed within two cycles: a synchronous Horovod operation
-    takes at least a cycle (lab.report.cost_model.horovod_collective_s); '' else."""
+    whole time),' for a Horovod row whose timing the model takes a cycle out of (a
+    synchronous Horovod operation takes at least a cycle: cost_model.horovod_collective_s);
+    '' else."""
     r = p["row"]["record"]
     if r.get("config", {}).get("framework") != "horovod":
         return ""
-    cycle_ms = (r["world"].get("horovod") or {}).get("cycle_time_ms", 1.0)
-    if cycle_ms <= 0 or c["time_s"] * 1000 >= 2 * cycle_ms:
+    cycle_s = cm.horovod_cycle_s(r["world"].get("horovod"))
+    if cm.horovod_collective_s(c["time_s"], cycle_s) == c["time_s"]:
         return ""
-    return (f", at least one cycle of Horovod's background thread ({cycle_ms:.1f} ms; the bandwidth is of the "
+    return (f", at least one cycle of Horovod's background thread ({cycle_s * 1000:.1f} ms; the bandwidth is of the "
             f"whole time),")
 
 
