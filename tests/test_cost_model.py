@@ -722,6 +722,40 @@ def test_contention_and_waiting_are_carried_along_the_framework_and_model_before
     assert f"2.0 waiting (as the other configurations of {p['model']['waiting_from']} measured it)" in line
 
 
+def test_a_framework_new_to_a_model_takes_the_others_there_scaled_by_its_ratio_to_them():
+    """Horovod never ran the LSTM, DDP did: Horovod's LSTM row takes DDP's contention and
+    wait on the LSTM times Horovod's over DDP's on MNIST (framework and model multiply),
+    not Horovod's MNIST figures as they are nor DDP's LSTM ones as they are."""
+    grown_by = lambda k, wait: {**PARTS_TWO, "forward": 0.005 * k, "backward": 0.010 * k,  # noqa: E731
+                                "optimizer": 0.001 * k, "waiting": wait}
+    mnist = [rec(1, 0.0165, PARTS_ONE, ceiling=2000.0), rec(2, 0.030, grown_by(1.25, 0.004), coll_s=0.002,
+                                                            ceiling=3000.0),
+             rec(1, 0.0165, PARTS_ONE, framework="horovod"),
+             rec(2, 0.030, grown_by(1.5, 0.002), coll_s=0.002, framework="horovod", ceiling=3000.0)]
+    lstm = [rec(1, 0.0165, PARTS_ONE, ceiling=2000.0, model="lstm"),
+            rec(2, 0.030, grown_by(1.0, 0.010), coll_s=0.002, ceiling=3000.0, model="lstm"),
+            rec(1, 0.0165, PARTS_ONE, framework="horovod", model="lstm")]
+    target = rec(2, 0.030, PARTS_TWO, coll_s=0.002, framework="horovod", model="lstm")
+    recs = mnist + lstm + [target]
+    [p] = [p for p in prediction.predictions(recs) if p["row"]["record"] is target]
+    m = p["model"]
+    # contention (parts over the ceiling's 4/3): DDP's LSTM 0.75 x Horovod's MNIST 1.125
+    # over DDP's MNIST 0.9375
+    assert m["contention"] == pytest.approx(0.75 * 1.125 / 0.9375) and m["contention_from"] == mi.SCALED
+    # waits (the ranks' mean: half the one that waited): DDP's LSTM 5 ms x 1 / 2
+    assert m["waiting_s"] == pytest.approx(0.0025, rel=1e-3) and m["waiting_from"] == mi.SCALED
+    [line] = prediction.sentences(recs, [p])
+    assert ("(of which contention 0.90, as other frameworks measured it on its model, scaled by its "
+            "framework's ratio to theirs on other models)") in line
+    # without DDP's MNIST row there is nothing to scale by: Horovod's own MNIST figures,
+    # then DDP's LSTM wait as it is
+    rest = mnist[:1] + mnist[2:] + lstm + [target]
+    [p] = [p for p in prediction.predictions(rest) if p["row"]["record"] is target]
+    assert p["model"]["contention"] == pytest.approx(1.125) and p["model"]["contention_from"] == "its framework"
+    assert p["model"]["waiting_s"] == pytest.approx(0.005, rel=1e-3)
+    assert p["model"]["waiting_from"] == "its model, place and servers"
+
+
 def test_the_wait_falls_back_from_its_servers_to_its_model_to_any_framework():
     """A row's wait: its framework's at its servers first (not its framework's within one
     server, not Horovod's beside it), then its framework's elsewhere, then any framework's

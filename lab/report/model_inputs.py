@@ -91,22 +91,47 @@ def others_wait(row: dict, rows: list[dict]) -> tuple[float | None, str | None]:
     """(the median of mean_wait over the other rows (other configurations) at the row's
     ranks, from whom): those of its framework and back end, compute key and servers where
     any measured it, else of its framework and back end and model (any place and servers),
-    else of its compute key and servers (any framework); (None, None) where none measured
-    it. The framework first: how long the ranks wait for the slowest is its threads' doing
+    else the other frameworks' at its compute key and servers scaled by its framework's
+    ratio to theirs on other models (_scaled), else of its compute key and servers (any
+    framework); (None, None) where none measured it. The framework first: how long the ranks wait for the slowest is its threads' doing
     as much as the model's (Horovod over Gloo's ResNet-50 ranks waited 1.4 to 4 times DDP's
     on one server in the model benchmark's two runs: docs/pages/report.md)."""
     mine, key = summary.group_key(row["record"]), compute_key(row["record"])
-    near = [r for r in rows if r.get("runs") and summary.group_key(r["record"]) != mine and r["np"] == row["np"]]
+    near = [(r, w) for r in rows if r.get("runs") and summary.group_key(r["record"]) != mine
+            and r["np"] == row["np"] and (w := mean_wait(r)) is not None]
+    here = lambda r: compute_key(r["record"]) == key and r["servers"] == row["servers"]  # noqa: E731
     for how, pick in (("its framework, model, place and servers", lambda r: _framework(r) == _framework(row)
-                       and compute_key(r["record"]) == key and r["servers"] == row["servers"]),
+                       and here(r)),
                       ("its framework and model", lambda r: _framework(r) == _framework(row)
-                       and compute_key(r["record"])[:6] == key[:6]),
-                      ("its model, place and servers", lambda r: compute_key(r["record"]) == key
-                       and r["servers"] == row["servers"])):
-        waits = [w for r in near if pick(r) and (w := mean_wait(r)) is not None]
+                       and compute_key(r["record"])[:6] == key[:6])):
+        waits = [w for r, w in near if pick(r)]
         if waits:
             return statistics.median(waits), how
-    return None, None
+    scaled = _scaled(row, near, here)
+    if scaled is not None:
+        return scaled, SCALED
+    waits = [w for r, w in near if here(r)]
+    return (statistics.median(waits), "its model, place and servers") if waits else (None, None)
+
+
+SCALED = "other frameworks on its model, scaled by its framework's ratio to theirs on other models"
+
+
+def _scaled(row: dict, values: list[tuple[dict, float]], here) -> float | None:
+    """Where the row's framework measured nothing on its model: for each other framework
+    (and back end) G that measured it (rows `here` picks), G's median there times the
+    row's framework's median over G's on the other models (framework and model taken to
+    multiply); the median over the G that have all three. None without any."""
+    fw, model = _framework(row), compute_key(row["record"])[:6]
+    other = lambda r: compute_key(r["record"])[:6] != model  # noqa: E731
+    mine = [v for r, v in values if _framework(r) == fw and other(r)]
+    found = []
+    for g in sorted({_framework(r) for r, _ in values} - {fw}, key=str):
+        there = [v for r, v in values if _framework(r) == g and here(r)]
+        theirs = [v for r, v in values if _framework(r) == g and other(r)]
+        if there and mine and theirs and statistics.median(theirs) > 0:
+            found.append(statistics.median(there) * statistics.median(mine) / statistics.median(theirs))
+    return statistics.median(found) if found else None
 
 
 def explained_slowdown(row: dict, one: dict) -> float | None:
@@ -127,15 +152,21 @@ def contention(row: dict, measured: list[tuple[dict, float]]) -> tuple[float, st
     """(the compute's slowdown beyond the ceiling's, from whom): the median of `measured`'s
     ratios (each another row's explained_slowdown over its ceiling_slowdown) over the other
     configurations at the row's ranks of its framework and back end and its model (input,
-    batch, threads, precision, device; any place and servers) where any, else of its
-    framework and back end, else all; (1, None) without. Carried along the framework and
+    batch, threads, precision, device; any place and servers) where any, else the other
+    frameworks' on its model scaled by its framework's ratio to theirs on other models
+    (_scaled), else of its framework and back end, else all; (1, None) without. Carried along the framework and
     the model, not the place: the framework's threads and waits sharing the ranks' cores
     are what it measures, and they grow with the model's step."""
     mine, model = summary.group_key(row["record"]), compute_key(row["record"])[:6]
     near = [(r, v) for r, v in measured if summary.group_key(r["record"]) != mine and r["np"] == row["np"]]
-    for how, pick in (("its framework and model", lambda r: _framework(r) == _framework(row)
-                       and compute_key(r["record"])[:6] == model),
-                      ("its framework", lambda r: _framework(r) == _framework(row)), ("others", lambda r: True)):
+    on_model = lambda r: compute_key(r["record"])[:6] == model  # noqa: E731
+    values = [v for r, v in near if _framework(r) == _framework(row) and on_model(r)]
+    if values:
+        return statistics.median(values), "its framework and model"
+    scaled = _scaled(row, near, on_model)
+    if scaled is not None:
+        return scaled, SCALED
+    for how, pick in (("its framework", lambda r: _framework(r) == _framework(row)), ("others", lambda r: True)):
         values = [v for r, v in near if pick(r)]
         if values:
             return statistics.median(values), how

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from lab.common.link import rate_gbs
 from lab.report import cost_model as cm
+from lab.report import model_inputs as mi
 from lab.report import records as rec
 from lab.report import step_parts, summary
 
@@ -48,7 +49,7 @@ def _contention(m: dict) -> str:
     measured it)' where the slowdown carries the others' contention; '' else."""
     if not m.get("contention_from") or m.get("slowdown_from") != "ceiling":
         return ""
-    return f" (of which contention {m['contention']:.2f}, as {_others(m['contention_from'])} measured it)"
+    return f" (of which contention {m['contention']:.2f}, {_as(m['contention_from'])})"
 
 
 def _whose(source: str | None) -> str:
@@ -56,12 +57,17 @@ def _whose(source: str | None) -> str:
     the row carries; '' else."""
     if not source:
         return ""
-    return " (its own)" if source == "itself" else f" (as {_others(source)} measured it)"
+    return " (its own)" if source == "itself" else f" ({_as(source)})"
 
 
-def _others(source: str) -> str:
-    """'the other configurations of its framework and model' (model_inputs' `how`)."""
-    return "the other configurations" if source == "others" else f"the other configurations of {source}"
+def _as(source: str) -> str:
+    """'as the other configurations of its framework and model measured it' (model_inputs'
+    `how`)."""
+    if source == mi.SCALED:
+        return ("as other frameworks measured it on its model, scaled by its framework's ratio to theirs "
+                "on other models")
+    return "as the other configurations measured it" if source == "others" else \
+        f"as the other configurations of {source} measured it"
 
 
 def _where(p: dict) -> str:
