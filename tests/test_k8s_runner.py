@@ -157,7 +157,7 @@ def test_what_the_k8s_runner_runs_is_its_commands(tmp_path, cluster):
     runner = k8s_runner.K8sRunner(1, "cpu", IMAGE, str(tmp_path / "results"), None, k8s_runner.Settings(
         opts=k8s.K8sOptions(), poll_s=0.05))
     cfg = RunConfig(framework="horovod", results_dir=runner.results_in, run_id="cmds", expected_np=2,
-                    attempt="000-ddp-horovod-gloo-none-n1-np2-r0")
+                    attempt="000-horovod-gloo-none-n1-np2-r0")
     commands = runner.commands(Launch("horovod", "gloo", 2, tuple(cfg.to_args()), (), 60, "cmds",
                                       cfg.attempt, config=cfg))
     res = runner.run(commands, {}, 60, lambda line: None)
@@ -180,7 +180,7 @@ def test_the_hosts_forwarded_variables_reach_the_pods(tmp_path, cluster, monkeyp
         opts=k8s.K8sOptions(), poll_s=0.05))
     assert not runner.cannot("forwarded variables")
     cfg = RunConfig(framework="horovod", results_dir=runner.results_in, run_id="fwd", expected_np=2,
-                    attempt="000-ddp-horovod-gloo-none-n1-np2-r0")
+                    attempt="000-horovod-gloo-none-n1-np2-r0")
     (name,) = runner.commands(Launch("horovod", "gloo", 2, tuple(cfg.to_args()), (), 60, "fwd",
                                      cfg.attempt, config=cfg))
     specs = runner._manifests[name].body["spec"]["mpiReplicaSpecs"]

@@ -148,7 +148,8 @@ def test_a_reports_model_sections_show_the_predictions_of_prediction_json(tmp_pa
     assert len([lab for lab in labels if lab.endswith(prediction.SELF_FITTED)]) == len(marked) == (1 if drop else 0)
 
 
-@pytest.mark.parametrize("run,folder", [(2, "example-report-b"), (3, "model-bench-3"), (4, "model-bench-4")])
+@pytest.mark.parametrize("run,folder", [(2, "example-report-b"), (3, "model-bench-3"), (4, "model-bench-4"),
+                                        (5, "model-bench-5")])
 def test_the_benchmark_runs_the_docs_publish_give_their_figures(run, folder):
     """docs/pages/report.md's table of the cost model's benchmark: each kept run's column is
     what `model_bench --only table` and `model_check --leave-out` print on its records today,

@@ -193,7 +193,7 @@ def test_ctrl_c_records_the_interruption_and_leaves_no_rank(tmp_path, how):
             if "== ddp over gloo, 1 process" in line:
                 break
         assert training(str(tmp_path / "*"), 0), "rank 0 never reached its steps"
-        assert processes_with("--attempt 000-ddp-ddp-gloo-none-n1-np1"), "the check below would see no rank at all"
+        assert processes_with("--attempt 000-ddp-gloo-none-n1-np1"), "the check below would see no rank at all"
         if how == "ctrl-c":
             os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends to the foreground group
         else:

@@ -335,9 +335,11 @@ def check_strategy_stack(strategy: str, stack: dict) -> None:
 
 
 def attempt_name(s: BenchSettings, framework: str, np: int, index: int = 0, repeat: int = 0) -> str:
-    """The name of one launch (its failures/, heartbeats/ and slurm/ folders): the one form."""
-    return (f"{index:03d}-{s.strategy}-{framework}-{s.backend}-{s.compression}"
-            f"-n{s.nodes}-np{np}-r{repeat}")
+    """The name of one launch (its failures/, heartbeats/ and slurm/ folders): the one form,
+    '000-horovod-gloo-none-n1-np2-r0'; a strategy other than data parallelism (ddp) first,
+    '000-fsdp-ddp-gloo-none-n1-np2-r0'."""
+    what = framework if s.strategy == "ddp" else f"{s.strategy}-{framework}"
+    return f"{index:03d}-{what}-{s.backend}-{s.compression}-n{s.nodes}-np{np}-r{repeat}"
 
 
 def gpus_per_node(s: BenchSettings, np: int, given: int | None) -> int:

@@ -39,6 +39,13 @@ HOROVOD_FUSION = 128 * MIB        # Horovod 0.28.1: HOROVOD_FUSION_THRESHOLD's d
 HOROVOD_CYCLE_S = 0.001           # HOROVOD_CYCLE_TIME's default, 1 ms
 PHASES = 8                        # phases of Horovod's cycles against the backward, averaged
 BACKWARD_SHARE = 2 / 3            # without measured parts: backward twice the forward
+# What a byte of a collective's payload takes of a link, in the bytes the link carries (TCP
+# over Ethernet, MTU 1500): a full segment carries 1448 bytes (1500 less IPv4's 20 and TCP's
+# 20 + 12 of the timestamps option, on by default in Linux: net.ipv4.tcp_timestamps) in a
+# 1514-byte frame (Ethernet's 14-byte header, which tc's queueing disciplines count), and
+# the receiver's ACK, one per two full segments (delayed ACKs: RFC 1122 4.2.3.2, RFC 5681
+# 4.2), a 66-byte frame, shares each direction with the data the other rank sends at once.
+FRAMING = 1514 / 1448 * (1 + 66 / (2 * 1514))
 # Parameter tensors of the kit's models (lab.models): Horovod all-reduces tensor by tensor,
 # so no more collectives per step than tensors; unknown models: DEFAULT_TENSORS.
 MODEL_TENSORS = {"mnist": 8, "resnet50": 161, "lstm": 6}
@@ -73,20 +80,25 @@ class Fit:
         t = self.time(op, size, n)
         if t <= 0 or tokens <= 0 or not self.link_gbs:
             return t, tokens
-        free = min(tokens, algorithms.wire_bytes(op, size, n, self.backend))
-        return t - free * min(1 / (self.link_gbs * 1e9), self.beta_s_per_byte), tokens - free
+        free = min(tokens / FRAMING, algorithms.wire_bytes(op, size, n, self.backend))
+        return t - free * min(link_s_per_byte(self.link_gbs), self.beta_s_per_byte), tokens - free * FRAMING
 
     def on_link(self, gbs: float | None, delay_s: float = 0.0, burst_bytes: float = 0.0) -> Fit:
         """The same host on another link: its per-byte cost and delay replace the
         fitted place's (gbs None: no link between the ranks)."""
-        host_beta = max(0.0, self.beta_s_per_byte - (1 / (self.link_gbs * 1e9) if self.link_gbs else 0.0))
+        host_beta = max(0.0, self.beta_s_per_byte - (link_s_per_byte(self.link_gbs) if self.link_gbs else 0.0))
         host_alpha = max(0.0, self.alpha_s - self.delay_s)
-        return Fit(host_alpha + delay_s, host_beta + (1 / (gbs * 1e9) if gbs else 0.0), self.points,
+        return Fit(host_alpha + delay_s, host_beta + (link_s_per_byte(gbs) if gbs else 0.0), self.points,
                    self.sizes, self.how + ", moved to another link", gbs, delay_s, self.backend,
                    burst_bytes if gbs else 0.0)
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def link_s_per_byte(gbs: float) -> float:
+    """What one payload byte costs on a link of `gbs` GB/s (FRAMING)."""
+    return FRAMING / (gbs * 1e9)
 
 
 def fit(points: list[dict], link_gbs: float | None = None, delay_s: float = 0.0, burst_bytes: float = 0.0,

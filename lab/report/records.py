@@ -69,7 +69,8 @@ def setup_label(r: dict, records: list[dict]) -> str:
     varying = [k for i, k in enumerate(SETUP_NAMES)
                if len({key[i] for key in keys if key[i] is not None or k not in ("place", "torch")}) > 1]
     parts = [f"batch {mine[k]}" if k == "batch_size" else
-             f"{k.replace('_', ' ')} {mine[k]}" if k in ("epochs", "max_steps", "threads", "torch") else
+             (f"at most {mine[k]} steps an epoch" if mine[k] else "no step cap") if k == "max_steps" else
+             f"{k.replace('_', ' ')} {mine[k]}" if k in ("epochs", "threads", "torch") else
              str(mine[k]) for k in varying if mine[k] is not None or k not in ("place", "torch")]
     return ", ".join(parts) + ": " if parts else ""
 
