@@ -25,8 +25,10 @@ ASSUMPTIONS = {
     "contention": "The compute slows beyond the ceiling's slowdown (the framework's threads and "
                   "waits beside the ranks' compute) by the median ratio of the step parts' slowdown "
                   "to the ceiling's that the other configurations of the same framework and back end "
-                  "and model measured at the same workers, on any servers and place (of the same "
-                  "framework and back end where none did, else of any), on any link.",
+                  "and model measured at the same workers, on any servers, place and link; where "
+                  "none did, the other frameworks' (or back ends') on the model times this one's "
+                  "ratio to theirs on the configurations of other models that both ran (framework "
+                  "and model taken to multiply); else of the same framework and back end, else of any.",
     "contention_none": "No other configuration at these workers measured both its step parts and "
                        "its ceiling: the compute slows by the ceiling's slowdown alone.",
     "cycle": "Horovod's cycle cost (what each cycle of its background thread costs in a step "
@@ -50,13 +52,17 @@ ASSUMPTIONS = {
     "waiting": "Waiting for the slowest rank is the median of the ranks' mean waits that the "
                "other configurations measured at the same workers: of the same framework and back "
                "end, model, place and servers, else of the same framework, back end and model "
-               "anywhere, else of the same model, place and servers; 0 where none did, and for a "
+               "anywhere, else the other frameworks' (or back ends') at the same model, place and "
+               "servers times this one's ratio to theirs on the configurations of other models that "
+               "both ran, else of the same model, place and servers; 0 where none did, and for a "
                "configuration not run the one at the most workers, carried unchanged.",
     "backward": "Without measured step parts the backward is two thirds of the 1-worker "
                 "step (twice the forward).",
     "link": "On another link the per-byte cost is the host's (the fitted cost less the "
-            "fitted place's link) plus the link's, and its delay adds to every latency "
-            "step; in the what-if table every worker has a server of its own.",
+            "fitted place's link) plus the link's, a payload byte taking 1.068 bytes of the link "
+            "(TCP over Ethernet at MTU 1500, with one ACK per two segments of the other way), and "
+            "its delay adds to every latency step; in the what-if table every worker has a "
+            "server of its own.",
     "codec": "Compression's encode and decode cost nothing beyond the 1-worker step's "
              "(not measured apart).",
     "burst": "A link the simulated cluster shaped (tc's token bucket) sends the first bytes of "

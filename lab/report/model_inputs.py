@@ -10,8 +10,12 @@
 - the contention beyond the ceiling (the framework's threads and waits sharing the
   ranks' cores): the median ratio of step-part slowdown to ceiling slowdown over the
   other configurations at the same ranks of the same framework and model (contention);
+  where the framework ran the model nowhere else, the other frameworks' on the model
+  times the framework's ratio to theirs on the configurations of other models that both
+  ran (_scaled: framework and model multiply);
 - waiting for the slowest rank: the median of the mean waits that the other
-  configurations measured at the same ranks, of the same framework first (others_wait);
+  configurations measured at the same ranks, of the same framework first, scaled so
+  where it never ran the model (others_wait);
 - the collective's points: the runs' own probes (figures.collective_alone) and the size
   sweeps `invoke doctor --save FOLDER` stores (SWEEP_FILE): torch.distributed's Gloo
   sweep (DDP's back end, on this machine or in the image, and across the cluster's nodes
@@ -114,24 +118,31 @@ def others_wait(row: dict, rows: list[dict]) -> tuple[float | None, str | None]:
     return (statistics.median(waits), "its model, place and servers") if waits else (None, None)
 
 
-SCALED = "other frameworks on its model, scaled by its framework's ratio to theirs on other models"
+SCALED = "other frameworks on its model, scaled by its framework's ratio to theirs on other models"  # a `how`
 
 
 def _scaled(row: dict, values: list[tuple[dict, float]], here) -> float | None:
     """Where the row's framework measured nothing on its model: for each other framework
-    (and back end) G that measured it (rows `here` picks), G's median there times the
-    row's framework's median over G's on the other models (framework and model taken to
-    multiply); the median over the G that have all three. None without any."""
+    or back end G that measured it (rows `here` picks), G's median there times the median,
+    over the configurations of the other models that both ran (same compute key, servers
+    and link), of the row's framework's value over G's (framework and model taken to
+    multiply); the median over the G that have both. None without any."""
     fw, model = _framework(row), compute_key(row["record"])[:6]
-    other = lambda r: compute_key(r["record"])[:6] != model  # noqa: E731
-    mine = [v for r, v in values if _framework(r) == fw and other(r)]
-    found = []
+
+    def by_config(framework: tuple) -> dict[tuple, float]:
+        found: dict[tuple, list[float]] = {}
+        for r, v in values:
+            if _framework(r) == framework and compute_key(r["record"])[:6] != model:
+                link = (r["record"].get("config", {}).get("link") or "") if r["servers"] > 1 else ""
+                found.setdefault((compute_key(r["record"]), r["servers"], link), []).append(v)
+        return {k: statistics.median(v) for k, v in found.items()}
+    mine, out = by_config(fw), []
     for g in sorted({_framework(r) for r, _ in values} - {fw}, key=str):
-        there = [v for r, v in values if _framework(r) == g and here(r)]
-        theirs = [v for r, v in values if _framework(r) == g and other(r)]
-        if there and mine and theirs and statistics.median(theirs) > 0:
-            found.append(statistics.median(there) * statistics.median(mine) / statistics.median(theirs))
-    return statistics.median(found) if found else None
+        there, theirs = [v for r, v in values if _framework(r) == g and here(r)], by_config(g)
+        ratios = [mine[k] / theirs[k] for k in sorted(mine.keys() & theirs.keys(), key=str) if theirs[k] > 0]
+        if there and ratios:
+            out.append(statistics.median(there) * statistics.median(ratios))
+    return statistics.median(out) if out else None
 
 
 def explained_slowdown(row: dict, one: dict) -> float | None:

@@ -64,8 +64,8 @@ def _as(source: str) -> str:
     """'as the other configurations of its framework and model measured it' (model_inputs'
     `how`)."""
     if source == mi.SCALED:
-        return ("as other frameworks measured it on its model, scaled by its framework's ratio to theirs "
-                "on other models")
+        return ("as other frameworks or back ends measured it on its model, scaled by its framework's "
+                "ratio to theirs on other models")
     return "as the other configurations measured it" if source == "others" else \
         f"as the other configurations of {source} measured it"
 

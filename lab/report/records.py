@@ -69,10 +69,18 @@ def setup_label(r: dict, records: list[dict]) -> str:
     varying = [k for i, k in enumerate(SETUP_NAMES)
                if len({key[i] for key in keys if key[i] is not None or k not in ("place", "torch")}) > 1]
     parts = [f"batch {mine[k]}" if k == "batch_size" else
-             (f"at most {mine[k]} steps an epoch" if mine[k] else "no step cap") if k == "max_steps" else
+             _steps_label(mine[k], r.get("config", {}).get("data")) if k == "max_steps" else
              f"{k.replace('_', ' ')} {mine[k]}" if k in ("epochs", "threads", "torch") else
              str(mine[k]) for k in varying if mine[k] is not None or k not in ("place", "torch")]
     return ", ".join(parts) + ": " if parts else ""
+
+
+def _steps_label(max_steps: int | None, data: str | None) -> str:
+    """--max-steps as the epoch takes it (lab.common.config): a cap on a real dataset's
+    epoch, the epoch's length on synthetic data; 0: the whole shard."""
+    if not max_steps:
+        return "no step cap"
+    return f"{max_steps} steps an epoch" if data == "synthetic" else f"at most {max_steps} steps an epoch"
 
 
 def config_label(r: dict, records: list[dict], sep: str = " over ") -> str:
