@@ -33,10 +33,10 @@ ASSUMPTIONS = {
                        "its ceiling: the compute slows by the ceiling's slowdown alone.",
     "cycle": "Horovod's cycle cost (what each cycle of its background thread costs in a step "
              "beyond the collectives timed alone) is fitted to the exposed communication measured "
-             "in the other configurations of the same back end and place: of the same model on "
-             "these servers and link, else on another link, else on other servers; else of "
-             "other models (these servers and link, then these servers, then any), and carried unchanged to this one "
-             "and to the configurations not run.",
+             "in the other configurations of the same back end: of the same model at this place on "
+             "these servers and link, else on another link, else on other servers, else at another "
+             "place; else of other models at this place (these servers and link, then these "
+             "servers, then any), and carried unchanged to this one and to the configurations not run.",
     "cycle_self": "Horovod's cycle cost is fitted to this configuration's own measured exposed "
                   "communication (no other configuration of its back end and place measured "
                   "one): its exposed communication is then measured, not predicted.",
