@@ -59,7 +59,8 @@ def test_another_link_replaces_the_fitted_links_cost_and_delay():
     assert cm.link_s_per_byte(0.0125) == pytest.approx(1 / 12.5e6 * 1514 / 1448 * (1 + 66 / 3028))
 
 
-@pytest.mark.parametrize("folder", ["example-report-b", "model-bench-3", "model-bench-4", "model-bench-5"])
+@pytest.mark.parametrize("folder", ["example-report-b", "model-bench-3", "model-bench-4", "model-bench-5",
+                                    "model-bench-6", "model-bench-7"])
 def test_a_payload_byte_costs_the_link_with_tcps_framing_as_doctors_sweep_on_it_measured(folder):
     """doctor's Gloo sweep across the simulated cluster's nodes on its 100 Mbit/s link, as
     the benchmark runs kept in the checkout saved it, fits a per-byte cost within 1% of the
@@ -490,6 +491,30 @@ def test_model_check_marks_a_run_whose_own_exposed_time_fitted_its_cycle_cost(tm
     assert len(pair) == 2 and not any(model_check.SELF in name for name, _, _ in pair)
 
 
+def test_model_checks_table_gives_each_cases_own_runs_and_counts_the_far_errors_inside_them(tmp_path):
+    """The span of a configuration's own runs beside its error, and of the cases off by more
+    than 25%, how many were predicted between their fastest and slowest run (records from
+    the writers; the cases' predictions are given, so the count is the table's alone)."""
+    for r in [rec(1, 0.003, PARTS_ONE), *(rec(2, s, PARTS_TWO) for s in (0.004, 0.007, 0.005))]:
+        results.append_record(tmp_path / results.RESULTS_FILE, r)
+    runs = model_check.run_steps(model_check._records([str(tmp_path)]))
+    [(name, steps)] = runs.items()
+    assert name.endswith("2 workers") and steps == [4.0, 5.0, 7.0]
+    other = name.replace("2 workers", "4 workers")         # a case with no runs of its own here
+    cases = [(name, 6.5, 5.0), (name + model_check.SELF, 3.0, 5.0), (name, 5.1, 5.0), (other, 9.0, 5.0)]
+    table = model_check.lines(cases, runs=runs)
+    assert table[0] == "| case | predicted step | measured step | its runs | error |"
+    assert table[2] == f"| {name} | 6.5 | 5 | 4-7 | +30% |"           # +30%: within 4-7
+    assert table[3].endswith("| 4-7 | -40% |")                        # -40%: below the fastest
+    assert table[5].endswith("| 5 |  | +80% |")                         # no runs: no span
+    assert ("off by more than 25%: 3 case(s), 1 of them predicted within the span of their own runs "
+            "(the fastest to the slowest)") in table
+    assert "its runs" not in model_check.lines(cases)[0]                # without runs: as before
+    recs = model_check._records([str(tmp_path)])
+    plan = model_check.planned(recs, "np=4")          # not run yet: no runs of its own
+    assert plan and model_check.run_steps(recs + plan) == runs
+
+
 def test_the_recorded_runs_without_ceilings_are_explained_not_predicted():
     """The records of tests/fixtures/model-check (docs/pages/report.md publishes their
     table) measured no compute ceiling: no row is predicted, each says why, and what their
@@ -883,6 +908,26 @@ def test_horovods_cycle_cost_comes_from_its_model_at_another_place_before_anothe
     rest = {(p["row"]["record"]["config"]["model"], p["servers"]): p for p in prediction.predictions(recs[:4])}
     assert rest[("mnist", 1)]["inputs"].cycle_cost_s == pytest.approx(cost[("lstm", 1)])
 
+
+def test_ddps_bucket_cost_comes_from_its_model_at_another_place_and_never_from_another_model():
+    """DDP's MNIST on local processes, the only local DDP row of its model, takes the bucket
+    cost MNIST's DDP row measured in the cluster (its own model at another place), never
+    the LSTM's beside it on local processes (a bucket's cost grows with its bytes); with
+    no MNIST row elsewhere it keeps its collective at its fitted cost."""
+    def local(np, comm=0.0, model="mnist"):
+        return rec(np, 0.0165 if np == 1 else 0.030, {**PARTS_TWO, "communication": comm} if np > 1 else PARTS_ONE,
+                   coll_s=0.002 if np > 1 else None, ceiling=2000.0 if np == 1 else 3000.0, model=model)
+    recs = [local(1), local(2), local(1, model="lstm"), local(2, 0.025, model="lstm"),
+            lender(1, ""), lender(2, "1gbit", 0.012)]
+    preds = {(p["row"]["record"]["config"]["model"], p["servers"]): p for p in prediction.predictions(recs)}
+    assert prediction.fit_key(recs[1])[2] != prediction.fit_key(recs[5])[2]       # local, cluster
+    fitted = cm.Inputs(**{**preds[("mnist", 2)]["inputs"].__dict__, "cycle_cost_s": 0.0})
+    cost = cm.cycle_cost(fitted, preds[("mnist", 2)]["fit"], 0.012)
+    assert cost > 0
+    assert preds[("mnist", 1)]["inputs"].cycle_cost_from == "others"
+    assert preds[("mnist", 1)]["inputs"].cycle_cost_s == pytest.approx(cost)
+    rest = {(p["row"]["record"]["config"]["model"], p["servers"]): p for p in prediction.predictions(recs[:4])}
+    assert rest[("mnist", 1)]["inputs"].cycle_cost_s == 0.0 and rest[("mnist", 1)]["inputs"].cycle_cost_from != "others"
 
 def test_horovods_timings_lose_the_wait_for_its_cycle_before_the_fit():
     """A synchronous Horovod operation timed back to back takes one cycle while its work fits

@@ -148,7 +148,7 @@ def test_a_reports_model_sections_show_the_predictions_of_prediction_json(tmp_pa
 
 
 @pytest.mark.parametrize("run,folder", [(2, "example-report-b"), (3, "model-bench-3"), (4, "model-bench-4"),
-                                        (5, "model-bench-5")])
+                                        (5, "model-bench-5"), (6, "model-bench-6"), (7, "model-bench-7")])
 def test_the_benchmark_runs_the_docs_publish_give_their_figures(run, folder):
     """docs/pages/report.md's table of the cost model's benchmark: each kept run's column is
     what `model_bench --only table` and `model_check --leave-out` print on its records today,
@@ -170,6 +170,9 @@ def test_the_benchmark_runs_the_docs_publish_give_their_figures(run, folder):
     for label in ("within one server", "across servers"):
         m, big, n = summary(label)
         assert column[label] == f"{m}% / {big}% ({n})"
+    [far] = [x for x in lines if x.startswith("off by more than 25%")]
+    far, inside = (int(v) for v in re.findall(r": (\d+) case\(s\), (\d+) of them", far)[0])
+    assert column["off by more than 25% (of them, within their own runs' span)"] == f"{far} ({inside})"
     m, big, n = summary("the measurement's own spread")
     assert column["the measurement's own spread"] == f"{m}% / {big}% ({n} runs)"
     records = model_check._records([src])

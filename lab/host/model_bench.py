@@ -94,13 +94,13 @@ def table(results: str) -> list[str]:
     largest: all rows, within one server, across servers; the rows not predicted, why."""
     from lab.report import model_check
     rows, why, _ = model_check.of_results(results)
-    out = model_check.lines(rows) if rows else ["no row predicted"]
+    records = model_check._records([results])
+    out = model_check.lines(rows, runs=model_check.run_steps(records)) if rows else ["no row predicted"]
     for label, pick in (("within one server", lambda n: " 1 server(s)" in n),
                         ("across servers", lambda n: " 1 server(s)" not in n)):
         errors = [p / m - 1 for n, p, m in rows if m and pick(n)]
         out.append(f"{label}: {_summary(errors)}")
     out += [f"- not predicted: {w}" for w in why]
-    records = model_check._records([results])
     spread = model_check.repeat_spread(records)
     out.append("the measurement's own spread, each run's step against its configuration's other runs "
                f"(--repeat 2 or more): {_summary(spread, 'difference')}")

@@ -44,10 +44,11 @@ ASSUMPTIONS = {
                   "communication: its cycles are taken to cost nothing beyond their collectives.",
     "bucket": "DDP's bucket cost (what each bucket's collective exposes in the step beyond its "
               "fitted cost) is fitted to the exposed communication measured in the other "
-              "configurations of the same back end, place and model (these servers and link, "
-              "else another link, else other servers; never another model's, never its own), and "
+              "configurations of the same back end and model (its place, servers and link, else "
+              "another link, else other servers, else another place; never another model's, never "
+              "its own), and "
               "carried unchanged to this one and to the configurations not run.",
-    "bucket_none": "No other DDP configuration of this back end, place and model measured its "
+    "bucket_none": "No other DDP configuration of this back end and model measured its "
                    "exposed communication: a bucket's collective is taken to cost its fitted cost.",
     "waiting": "Waiting for the slowest rank is the median of the ranks' mean waits that the "
                "other configurations measured at the same workers: of the same framework and back "

@@ -170,19 +170,54 @@ def planned(recs: list[dict], spec: str) -> list[dict]:
     return out
 
 
-def lines(cases: list[tuple[str, float, float | None]], what: str = "predicted") -> list[str]:
+FAR = 0.25        # an error beyond this is counted apart, with where it falls among its own runs
+
+
+def run_steps(records: list[dict]) -> dict[str, list[float]]:
+    """Each multi-worker configuration's name (as the tables name it) -> its ok runs' steps
+    in ms (figures.step_time_mean_s), fastest first: what its measured step, their median,
+    was taken from. A configuration not run yet (planned: its figures are its template's)
+    has none."""
+    from lab.report import summary
+    out = {}
+    for row in summary.rows([r for r in records if not r.get("planned")]):
+        if row.get("runs") and row.get("np", 1) >= 2:
+            out[_name({"row": row}, records)] = sorted(1e3 * r["figures"]["step_time_mean_s"]
+                                                       for r in row["records"])
+    return out
+
+
+def _span(steps: list[float] | None) -> str:
+    return f"{steps[0]:.4g}-{steps[-1]:.4g}" if steps and len(steps) > 1 else ""
+
+
+def lines(cases: list[tuple[str, float, float | None]], what: str = "predicted",
+          runs: dict[str, list[float]] | None = None) -> list[str]:
     """The cases' table ("predicted" or "explained" step against the measured one), then
-    the errors' median and largest."""
-    out = [f"| case | {what} step | measured step | error |", "| --- | --- | --- | --- |"]
-    errors = []
+    the errors' median and largest. With `runs` (run_steps): a column with the span of each
+    case's own runs, and a count of the cases off by more than FAR and of those among them
+    whose prediction lies within that span (the measurement's own spread there is wider
+    than the error)."""
+    spans = runs is not None
+    out = [f"| case | {what} step | measured step |" + (" its runs |" if spans else "") + " error |",
+           "| --- | --- | --- |" + (" --- |" if spans else "") + " --- |"]
+    errors, far, inside = [], 0, 0
     for name, pred, meas in cases:
+        steps = (runs or {}).get(name.removesuffix(SELF))
+        span = f" {_span(steps)} |" if spans else ""
         if meas is None:
-            out.append(f"| {name} | {pred:.4g} | not run yet | |")
+            out.append(f"| {name} | {pred:.4g} | not run yet |{span} |")
             continue
         errors.append(pred / meas - 1)
-        out.append(f"| {name} | {pred:.4g} | {meas:.4g} | {100 * errors[-1]:+.0f}% |")
+        out.append(f"| {name} | {pred:.4g} | {meas:.4g} |{span} {100 * errors[-1]:+.0f}% |")
+        if abs(errors[-1]) > FAR:
+            far += 1
+            inside += bool(steps and len(steps) > 1 and steps[0] <= pred <= steps[-1])
     if errors:
         out.append("\n" + _summary(errors))
+        if spans:
+            out.append(f"off by more than {100 * FAR:.0f}%: {far} case(s), {inside} of them predicted within "
+                       f"the span of their own runs (the fastest to the slowest)")
     apart = [pred / meas - 1 for name, pred, meas in cases if SELF not in name and meas is not None]
     if len(apart) < len(errors):
         out.append(f"without the cases fitted on themselves: {_summary(apart)}")
@@ -244,7 +279,7 @@ def main(argv: list[str]) -> int:
         if not rows and not why:
             print(f"no multi-worker row in the records under {path}")
             continue
-        print("\n".join(lines(rows)) if rows else "no multi-worker row predicted")
+        print("\n".join(lines(rows, runs=run_steps(_records([path])))) if rows else "no multi-worker row predicted")
         print("\n".join(f"- not predicted: {w}" for w in why))
         if explained:
             print("\nExplained by each row's own measurements (its compute parts and wait: not predictions):")
@@ -263,7 +298,7 @@ def _leave_out(folders: list[str], spec: str, test) -> int:
             for p in preds]
     print(f"Left out: {spec}; predicted from the other records of {', '.join(folders)} and "
           f"{len(sweeps)} doctor sweep(s) alone (steps in ms):")
-    print("\n".join(lines(rows)) if rows else "nothing predicted")
+    print("\n".join(lines(rows, runs=run_steps(recs))) if rows else "nothing predicted")
     for u in prediction.unpredicted(recs, sweeps, test):
         print(f"- not predicted: {_name(u, recs)}: {u['why']}")
     return 0

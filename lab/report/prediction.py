@@ -153,9 +153,9 @@ def with_cycle_costs(cases: list[tuple[dict, cm.Inputs, cm.Fit]], blind: set[int
     its own model only, never its own): the median of the costs fitted to the
     exposed communication that the other cases of its fit_key measured (step parts), those
     of its own model where there are any; else those of its model on another link of its
-    back end, else on other servers (fit_key[:3]: one node and two); Horovod's then those of
-    its model at other places (a cycle's cost grows with the tensors and bytes it fuses, so
-    its model tells it more than its place), else other models' (its servers and link, then
+    back end, else on other servers (fit_key[:3]: one node and two), else at other places
+    (a cycle's or a bucket's cost grows with the tensors and bytes it carries, so its model
+    tells it more than its place); Horovod's then other models' (its servers and link, then
     its servers, then any); else the one fitted to its own (said in cycle_cost_from);
     else none. The cases in `blind` (left out) lend none and take none of their own."""
     own = []
@@ -173,6 +173,9 @@ def with_cycle_costs(cases: list[tuple[dict, cm.Inputs, cm.Fit]], blind: set[int
         others = ([c for c, k, same in near if k == key and same]
                   or [c for c, k, same in near if same and k[:4] == key[:4]]
                   or [c for c, _, same in near if same])
+        # then its model at other places (the cluster's containers for local processes)
+        others = others or [c for j, ((r, _, _), c) in enumerate(zip(cases, own)) if j != i and c is not None
+                            and fit_key(r["record"])[:2] == key[:2] and r["record"]["config"].get("model") == model]
         if x.framework != "horovod":
             # DDP's bucket cost from its own model only: a bucket's cost grows with its bytes
             # (ResNet-50's 25 MiB buckets cost more than MNIST's one of 87 KB), and a row
@@ -183,8 +186,6 @@ def with_cycle_costs(cases: list[tuple[dict, cm.Inputs, cm.Fit]], blind: set[int
             else:
                 out.append(x)
             continue
-        others = others or [c for j, ((r, _, _), c) in enumerate(zip(cases, own)) if j != i and c is not None
-                            and fit_key(r["record"])[:2] == key[:2] and r["record"]["config"].get("model") == model]
         others = others or ([c for c, k, _ in near if k == key] or [c for c, k, _ in near if k[:4] == key[:4]]
                             or [c for c, _, _ in near])
         if not others and own[i] is None:
