@@ -110,3 +110,50 @@ def test_horovodrun_over_ssh_status_255_is_not_a_signal():
         w.line(line)
     w.close()
     assert (w.first.rank, w.first.exit_code) == (1, 255)
+
+
+def test_torchruns_failure_report_is_said_in_one_line_and_still_names_the_rank():
+    """torchrun's report ("=" border, "<module> FAILED", its Failures and Root Cause blocks)
+    is read, then shown as one line: under torchrun (captured), on the cluster's nodes
+    (captured) and as the kit's local launcher writes it (its own writer)."""
+    from lab.host import local_launcher
+    from lab.host.failures import StreamWatches
+    w, shown = watch_file("torchrun-rank1-sigkill.txt")
+    text = "\n".join(shown)
+    assert "Root Cause" not in text and "error_file" not in text and "=" * 60 not in text
+    assert ("(the launcher's failure report, condensed) lab.worker.train ended abnormally; first observed: "
+            "rank 1 on localhost was killed by signal 9 (SIGKILL); also rank 0 on localhost exited with "
+            "code 1") in shown
+    assert w.first == RankEnd(1, "localhost", None, 9)
+    said = next(i for i, x in enumerate(shown) if "failure report, condensed" in x)
+    assert shown[said + 1].startswith("!! run failed after 12.6 s")    # what follows is kept
+    shown = []
+    s = StreamWatches(shown.append)
+    for line in (FIXTURES / "cluster-ddp-rank1-sigkill-node1-seen-first.txt").read_text().splitlines():
+        s.line(line)
+    s.close()
+    said = [x for x in shown if "failure report, condensed" in x]
+    assert said == ["[node1] (the launcher's failure report, condensed) lab.worker.train ended abnormally; "
+                    "first observed: rank 0 on node1 exited with code 1",
+                    "[node2] (the launcher's failure report, condensed) lab.worker.train ended abnormally; "
+                    "first observed: rank 1 on node2 was killed by signal 9 (SIGKILL)"]
+    assert s.first.rank == 1 and s.first.signal == 9 and not any("Root Cause" in x for x in shown)
+    block = local_launcher.failure_block("lab.worker.train", (0, -15, 4242), [])
+    shown = []
+    w = LauncherWatch(shown.append)
+    for line in ["!! stalled: no rank advanced for 10 s", *block.splitlines(), "!! run stalled"]:
+        w.line(line)
+    w.close()
+    assert shown[0] == "!! stalled: no rank advanced for 10 s" and shown[-1] == "!! run stalled"
+    assert len(shown) == 3 and shown[1].endswith("first observed: rank 0 on "
+                                                 f"{w.first.host} was killed by signal 15 (SIGTERM)")
+
+
+def test_a_border_that_opens_no_failure_report_and_a_report_cut_short_are_passed_on():
+    shown = []
+    w = LauncherWatch(shown.append)
+    lines = ["=" * 60, "epoch 1/1: loss 0.3", "=" * 60, "lab.worker.train FAILED", "-" * 60, "Failures:"]
+    for line in lines:
+        w.line(line)
+    w.close()
+    assert shown == lines

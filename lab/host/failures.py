@@ -52,6 +52,11 @@ _PROCESS_NAME = re.compile(r"^\s*Process name: (?:\[\[\d+,\d+\],(\d+)\]|(\d+))\s
 _EXIT_CODE = re.compile(r"^\s*Exit code: (-?\d+)\s*$")
 _SRUN_TASK = re.compile(r"^srun: error: (\S+): tasks? (\d+)[\d,-]*: (.*)$")
 _TORCHRUN_FIELD = re.compile(r"^\s*(rank|host|exitcode)\s*: (.*)$")
+_BORDER = re.compile(r"^={20,}\s*$")                  # torchrun's report's border ("=" * 60)
+
+
+def _rank_on(end: "RankEnd") -> str:
+    return f"rank {end.rank}" + (f" on {end.host}" if end.host else "")
 
 
 def signal_name(number: int) -> str:
@@ -136,6 +141,9 @@ class LauncherWatch:
         self._torchrun_others: list[dict] | None = None   # torchrun's "Failures:" block
         self._others: list[dict] = []
         self._horovod_exits: list[RankEnd] = []
+        self._border: str | None = None         # a line of "=" that may open torchrun's report
+        self._report: list[str] | None = None   # torchrun's failure report, held back
+        self._reported: tuple[RankEnd, list[RankEnd]] | None = None   # its root cause, others
 
     def _out(self, text: str) -> None:
         self.tail.append(text)
@@ -145,6 +153,24 @@ class LauncherWatch:
         m = _NODE_PREFIX.match(raw)
         prefix, text = (m.group(0), raw[m.end():]) if m else ("", raw)
         self._parse(text)
+        # torchrun's failure report (a border of "=", "<module> FAILED", its "Failures:"
+        # and "Root Cause" blocks, a border): read above, said in one line.
+        if self._report is not None:
+            self._report.append(raw)
+            if _BORDER.match(text):
+                title, self._report = self._report[1], None
+                self._out(f"{prefix}(the launcher's failure report, condensed) {self._said(title)}")
+            return
+        if self._border is not None:
+            border, self._border = self._border, None
+            if text.rstrip().endswith(" FAILED"):
+                self._report = [border, raw]
+                self._reported = None
+                return
+            self._out(border)
+        if self._traceback is None and _BORDER.match(text):
+            self._border = raw
+            return
         # A launcher's own traceback (a rank's lines carry the launcher's rank prefix,
         # and the kit's worker prints one line, not a traceback): its last line only.
         if self._traceback is not None:
@@ -159,8 +185,23 @@ class LauncherWatch:
             return
         self._out(raw)
 
+    def _said(self, title: str) -> str:
+        """torchrun's report in one line: what failed, the first failure it observed, the
+        others it listed."""
+        m = _NODE_PREFIX.match(title)
+        what = (title[m.end():] if m else title).strip().removesuffix(" FAILED")
+        if self._reported is None:
+            return f"{what} ended abnormally"
+        root, others = self._reported
+        said = f"{what} ended abnormally; first observed: {_rank_on(root)} {root.how()}"
+        return said + "".join(f"; also {_rank_on(o)} {o.how()}" for o in others)
+
     def close(self) -> None:
-        """The output ended: a traceback still open is said in one line."""
+        """The output ended: a traceback still open is said in one line; a report cut short
+        is passed on as it was."""
+        for held in ([self._border] if self._border is not None else []) + (self._report or []):
+            self._out(held)
+        self._border = self._report = None
         if self._traceback is not None:
             self._out(f"{self._prefix}(the launcher printed a traceback that ended without "
                       f"its exception line)")
@@ -183,6 +224,7 @@ class LauncherWatch:
             root = _from_code(t["rank"], t["exitcode"], t.get("host"))
             others = [_from_code(o["rank"], o["exitcode"], o.get("host")) for o in self._others
                       if "rank" in o and "exitcode" in o]
+            self._reported = (root, others)
             self._found(cause([root, *others]))
 
     def _torchrun_field(self, into: dict, text: str) -> bool:
