@@ -495,19 +495,27 @@ def test_model_checks_table_gives_each_cases_own_runs_and_counts_the_far_errors_
     """The span of a configuration's own runs beside its error, and of the cases off by more
     than 25%, how many were predicted between their fastest and slowest run (records from
     the writers; the cases' predictions are given, so the count is the table's alone)."""
-    for r in [rec(1, 0.003, PARTS_ONE), *(rec(2, s, PARTS_TWO) for s in (0.004, 0.007, 0.005))]:
+    twos = [rec(2, s, PARTS_TWO) for s in (0.004, 0.007, 0.005)]
+    for r in twos:                  # each run's median step is not its mean: the mean is the step
+        r["figures"]["step_time_p50_s"] = 0.5 * r["figures"]["step_time_mean_s"]
+    one = rec(2, 0.006, PARTS_TWO, compression="fp16")                 # a configuration run once
+    for r in [rec(1, 0.003, PARTS_ONE), *twos, rec(1, 0.003, PARTS_ONE, compression="fp16"), one]:
         results.append_record(tmp_path / results.RESULTS_FILE, r)
     runs = model_check.run_steps(model_check._records([str(tmp_path)]))
-    [(name, steps)] = runs.items()
-    assert name.endswith("2 workers") and steps == [4.0, 5.0, 7.0]
+    [(name, steps)] = [(n, v) for n, v in runs.items() if len(v) > 1]
+    [single] = [n for n, v in runs.items() if len(v) == 1]
+    assert name.endswith("2 workers") and steps == [4.0, 5.0, 7.0] and runs[single] == [6.0]
     other = name.replace("2 workers", "4 workers")         # a case with no runs of its own here
-    cases = [(name, 6.5, 5.0), (name + model_check.SELF, 3.0, 5.0), (name, 5.1, 5.0), (other, 9.0, 5.0)]
+    cases = [(name, 6.5, 5.0), (name + model_check.SELF, 3.0, 5.0), (name, 5.1, 5.0), (other, 9.0, 5.0),
+             (name, 7.0, 5.0), (single, 8.0, 6.0)]
     table = model_check.lines(cases, runs=runs)
     assert table[0] == "| case | predicted step | measured step | its runs | error |"
     assert table[2] == f"| {name} | 6.5 | 5 | 4-7 | +30% |"           # +30%: within 4-7
     assert table[3].endswith("| 4-7 | -40% |")                        # -40%: below the fastest
     assert table[5].endswith("| 5 |  | +80% |")                         # no runs: no span
-    assert ("off by more than 25%: 3 case(s), 1 of them predicted within the span of their own runs "
+    assert table[6].endswith("| 4-7 | +40% |")                        # +40%: at the slowest, within
+    assert table[7].endswith("| 6 |  | +33% |")                         # one run: no span
+    assert ("off by more than 25%: 5 case(s), 2 of them predicted within the span of their own runs "
             "(the fastest to the slowest)") in table
     assert "its runs" not in model_check.lines(cases)[0]                # without runs: as before
     recs = model_check._records([str(tmp_path)])
@@ -918,15 +926,25 @@ def test_ddps_bucket_cost_comes_from_its_model_at_another_place_and_never_from_a
         return rec(np, 0.0165 if np == 1 else 0.030, {**PARTS_TWO, "communication": comm} if np > 1 else PARTS_ONE,
                    coll_s=0.002 if np > 1 else None, ceiling=2000.0 if np == 1 else 3000.0, model=model)
     recs = [local(1), local(2), local(1, model="lstm"), local(2, 0.025, model="lstm"),
-            lender(1, ""), lender(2, "1gbit", 0.012)]
-    preds = {(p["row"]["record"]["config"]["model"], p["servers"]): p for p in prediction.predictions(recs)}
+            lender(1, ""), lender(2, "1gbit", 0.012), lender(1, "", model="lstm"),
+            lender(2, "1gbit", 0.030, model="lstm")]
+    preds = {(p["row"]["record"]["config"]["model"], p["servers"], p["np"]): p for p in prediction.predictions(recs)}
     assert prediction.fit_key(recs[1])[2] != prediction.fit_key(recs[5])[2]       # local, cluster
-    fitted = cm.Inputs(**{**preds[("mnist", 2)]["inputs"].__dict__, "cycle_cost_s": 0.0})
-    cost = cm.cycle_cost(fitted, preds[("mnist", 2)]["fit"], 0.012)
-    assert cost > 0
-    assert preds[("mnist", 1)]["inputs"].cycle_cost_from == "others"
-    assert preds[("mnist", 1)]["inputs"].cycle_cost_s == pytest.approx(cost)
-    rest = {(p["row"]["record"]["config"]["model"], p["servers"]): p for p in prediction.predictions(recs[:4])}
+
+    def cost(key, exposed):
+        fitted = cm.Inputs(**{**preds[key]["inputs"].__dict__, "cycle_cost_s": 0.0})
+        return cm.cycle_cost(fitted, preds[key]["fit"], exposed)
+    mnist = cost(("mnist", 2, 2), 0.012)
+    assert mnist > 0 and mnist != pytest.approx(cost(("lstm", 2, 2), 0.030))
+    assert preds[("mnist", 1, 2)]["inputs"].cycle_cost_from == "others"
+    assert preds[("mnist", 1, 2)]["inputs"].cycle_cost_s == pytest.approx(mnist)
+    # another MNIST row at its own place comes first: 4 local workers that exposed 20 ms
+    more = {(p["row"]["record"]["config"]["model"], p["servers"], p["np"]): p
+            for p in prediction.predictions(recs + [local(4, 0.020)])}
+    assert more[("mnist", 1, 2)]["inputs"].cycle_cost_s == pytest.approx(
+        cm.cycle_cost(cm.Inputs(**{**more[("mnist", 1, 4)]["inputs"].__dict__, "cycle_cost_s": 0.0}),
+                      more[("mnist", 1, 4)]["fit"], 0.020))
+    rest = {(p["row"]["record"]["config"]["model"], p["servers"]): p for p in prediction.predictions(recs[:4] + recs[6:])}
     assert rest[("mnist", 1)]["inputs"].cycle_cost_s == 0.0 and rest[("mnist", 1)]["inputs"].cycle_cost_from != "others"
 
 def test_horovods_timings_lose_the_wait_for_its_cycle_before_the_fit():

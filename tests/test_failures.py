@@ -157,3 +157,41 @@ def test_a_border_that_opens_no_failure_report_and_a_report_cut_short_are_passed
         w.line(line)
     w.close()
     assert shown == lines
+
+
+def test_a_report_interrupted_by_other_output_is_passed_on_and_a_traceback_of_its_root_is_said():
+    """Two torchruns' reports in one unprefixed output (a Slurm job's file), the first cut
+    short by srun's line: nothing is lost, the second still said in one line; a root cause
+    whose error file gave a call stack keeps that stack's last line."""
+    from lab.host import local_launcher
+    a = local_launcher.failure_block("lab.worker.train", (0, 1, 11), []).splitlines()
+    b = local_launcher.failure_block("lab.worker.train", (1, -9, 12), []).splitlines()
+    shown = []
+    w = LauncherWatch(shown.append, srun_tasks_are_ranks=True)
+    cut = a[:7] + ["srun: error: node2: task 1: Killed"] + b
+    for line in cut:
+        w.line(line)
+    w.close()
+    assert shown[:8] == cut[:8] and len(shown) == 9
+    [host] = {x.split(": ", 1)[1].strip() for x in b if x.strip().startswith("host")}
+    assert shown[8].endswith(f"first observed: rank 1 on {host} was killed by signal 9 (SIGKILL)")
+    # interleaved line by line: the second's lines break the first's, and all are shown
+    shown = []
+    w = LauncherWatch(shown.append)
+    mixed = [x for pair in zip(a, b) for x in pair]
+    for line in mixed:
+        w.line(line)
+    w.close()
+    assert sorted(shown) == sorted(mixed)
+    # an error file's call stack, indented under the root cause's traceback field
+    stack = ["  traceback : Traceback (most recent call last):", '    File "train.py", line 9, in <module>',
+             "      main()", "    RuntimeError: CUDA error: out of memory"]
+    report = [x for x in a if "traceback :" not in x]
+    report[-1:-1] = stack
+    shown = []
+    w = LauncherWatch(shown.append)
+    for line in report:
+        w.line(line)
+    w.close()
+    assert len(shown) == 1 and shown[0].endswith("exited with code 1; its traceback ends: RuntimeError: CUDA "
+                                                 "error: out of memory")

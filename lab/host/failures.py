@@ -1,6 +1,6 @@
 """What a job's launcher says about the rank that ended first, read from its output as it
 streams; and that output condensed for the user (a launcher's own Python traceback cut
-to its last line). A rank killed from outside (SIGKILL, as the out-of-memory killer
+to its last line, torchrun's failure report to one line). A rank killed from outside (SIGKILL, as the out-of-memory killer
 does) writes no failure file, and its peers' files only say that a connection broke:
 the launcher is the one witness. What each launcher prints (captured here, in
 tests/fixtures/launchers/):
@@ -52,7 +52,13 @@ _PROCESS_NAME = re.compile(r"^\s*Process name: (?:\[\[\d+,\d+\],(\d+)\]|(\d+))\s
 _EXIT_CODE = re.compile(r"^\s*Exit code: (-?\d+)\s*$")
 _SRUN_TASK = re.compile(r"^srun: error: (\S+): tasks? (\d+)[\d,-]*: (.*)$")
 _TORCHRUN_FIELD = re.compile(r"^\s*(rank|host|exitcode)\s*: (.*)$")
-_BORDER = re.compile(r"^={20,}\s*$")                  # torchrun's report's border ("=" * 60)
+# torchrun's report's border: "=" times the widest of its title ("<module> FAILED") and its
+# failures' lines, at most 60 (torch/distributed/elastic/multiprocessing/errors/__init__.py,
+# ChildFailedError.format_msg and _MSG_FORMAT_TEMPLATE): 8 or more
+_BORDER = re.compile(r"^={8,}\s*$")
+# the lines between its title and its closing border: section lines, "Failures:", "Root
+# Cause ...:", "[i]:", and indented ones (fields, <NO_OTHER_FAILURES>, an error file's stack)
+_REPORT_LINE = re.compile(r"^(-{8,}|Failures:|Root Cause \(first observed failure\):|\[\d+\]:|\s.*|)\s*$")
 
 
 def _rank_on(end: "RankEnd") -> str:
@@ -123,7 +129,10 @@ def cause(ends: list[RankEnd]) -> RankEnd | None:
 
 class LauncherWatch:
     """Feed it every line of a job's output (`line`); it passes them on to `echo`,
-    with a launcher's traceback condensed to its last line, keeps the last lines it
+    with a launcher's traceback condensed to its last line and torchrun's failure report
+    to one line (a line of "=" is held back until the next says whether it opens one, and
+    a report's lines until its closing border; a line that is not the report's lets
+    what was held go on as it was), keeps the last lines it
     passed on (`tail`), and remembers the rank to blame among those the launcher reports
     as ended abnormally (`first`: the first, unless a later one was killed by a signal
     or lost over ssh: cause)."""
@@ -143,6 +152,8 @@ class LauncherWatch:
         self._horovod_exits: list[RankEnd] = []
         self._border: str | None = None         # a line of "=" that may open torchrun's report
         self._report: list[str] | None = None   # torchrun's failure report, held back
+        self._report_root = False                # its "Root Cause" block began
+        self._report_tb: str | None = None       # its root cause's traceback's last line
         self._reported: tuple[RankEnd, list[RankEnd]] | None = None   # its root cause, others
 
     def _out(self, text: str) -> None:
@@ -156,15 +167,23 @@ class LauncherWatch:
         # torchrun's failure report (a border of "=", "<module> FAILED", its "Failures:"
         # and "Root Cause" blocks, a border): read above, said in one line.
         if self._report is not None:
-            self._report.append(raw)
-            if _BORDER.match(text):
+            if _BORDER.match(text) and self._report_root:
                 title, self._report = self._report[1], None
                 self._out(f"{prefix}(the launcher's failure report, condensed) {self._said(title)}")
-            return
+                return
+            if not _BORDER.match(text) and _REPORT_LINE.match(text):
+                self._report.append(raw)
+                self._report_read(text)
+                return
+            # not the report's (another launcher's, unprefixed): what was held goes on as
+            # it was, and this line is read afresh
+            held, self._report = self._report, None
+            for h in held:
+                self._out(h)
         if self._border is not None:
             border, self._border = self._border, None
             if text.rstrip().endswith(" FAILED"):
-                self._report = [border, raw]
+                self._report, self._report_root, self._report_tb = [border, raw], False, None
                 self._reported = None
                 return
             self._out(border)
@@ -185,6 +204,18 @@ class LauncherWatch:
             return
         self._out(raw)
 
+    def _report_read(self, text: str) -> None:
+        """Within the report: whether its root cause began, and its traceback's last line
+        (the field, or the error file's call stack indented below it)."""
+        if text.startswith("Root Cause"):
+            self._report_root = True
+        elif self._report_root:
+            m = re.match(r"^\s+traceback\s*: ?(.*)$", text)
+            if m:
+                self._report_tb = m.group(1).strip()
+            elif self._report_tb is not None and text.strip():
+                self._report_tb = text.strip()
+
     def _said(self, title: str) -> str:
         """torchrun's report in one line: what failed, the first failure it observed, the
         others it listed."""
@@ -194,7 +225,11 @@ class LauncherWatch:
             return f"{what} ended abnormally"
         root, others = self._reported
         said = f"{what} ended abnormally; first observed: {_rank_on(root)} {root.how()}"
-        return said + "".join(f"; also {_rank_on(o)} {o.how()}" for o in others)
+        said += "".join(f"; also {_rank_on(o)} {o.how()}" for o in others)
+        tb = self._report_tb
+        if tb and tb not in ("-", "<N/A>") and not tb.startswith(("To enable traceback", "Signal ")):
+            said += f"; its traceback ends: {tb}"       # the rank's error file (@record)
+        return said
 
     def close(self) -> None:
         """The output ended: a traceback still open is said in one line; a report cut short

@@ -38,9 +38,11 @@ ASSUMPTIONS = {
              "place; else of other models at this place (these servers and link, then these "
              "servers, then any), and carried unchanged to this one and to the configurations not run.",
     "cycle_self": "Horovod's cycle cost is fitted to this configuration's own measured exposed "
-                  "communication (no other configuration of its back end and place measured "
+                  "communication (no other configuration of its back end at its place, nor of its "
+                  "model elsewhere, measured "
                   "one): its exposed communication is then measured, not predicted.",
-    "cycle_none": "No configuration of this Horovod back end and place measured its exposed "
+    "cycle_none": "No configuration of this Horovod back end at this place, nor of its model "
+                  "elsewhere, measured its exposed "
                   "communication: its cycles are taken to cost nothing beyond their collectives.",
     "bucket": "DDP's bucket cost (what each bucket's collective exposes in the step beyond its "
               "fitted cost) is fitted to the exposed communication measured in the other "

@@ -98,7 +98,8 @@ def _why(records: list[dict], level: int, model: tuple[list[dict], list[dict]]) 
         + ("; (oversubscribed): the run had more ranks than cores, so its step measures ranks taking turns on them"
            if any(p["oversubscribed"] for p in preds) else "") + ". Every term is in prediction.json.",
         *([f"{prediction.SELF_FITTED}: Horovod's cycle cost fitted on this row's own exposed communication (no "
-            "other configuration of its back end and place measured one): that term is an input, not a prediction."]
+            "other configuration of its back end at its place, nor of its model elsewhere, measured one): that "
+            "term is an input, not a prediction."]
           if any(p["inputs"].cycle_cost_from == "itself" for p in preds) else []),
         *unpredicted]), *_what_if(records, preds), *split,
         d.Items(prediction.sentences(records, preds) + said),
