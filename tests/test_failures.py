@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from lab.host.failures import LauncherWatch, RankEnd
+from lab.host.failures import RankEnd
+from lab.host.launcher_output import LauncherWatch
 
 FIXTURES = Path(__file__).parent / "fixtures" / "launchers"
 
@@ -117,7 +118,7 @@ def test_torchruns_failure_report_is_said_in_one_line_and_still_names_the_rank()
     is read, then shown as one line: under torchrun (captured), on the cluster's nodes
     (captured) and as the kit's local launcher writes it (its own writer)."""
     from lab.host import local_launcher
-    from lab.host.failures import StreamWatches
+    from lab.host.launcher_output import StreamWatches
     w, shown = watch_file("torchrun-rank1-sigkill.txt")
     text = "\n".join(shown)
     assert "Root Cause" not in text and "error_file" not in text and "=" * 60 not in text

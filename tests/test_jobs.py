@@ -1,5 +1,5 @@
 """The one job loop (lab.host.jobs) with real processes, and the failure watch per
-stream (lab.host.failures.StreamWatches) on real launcher output read as two nodes
+stream (lab.host.launcher_output.StreamWatches) on real launcher output read as two nodes
 printing at once."""
 import sys
 import time
@@ -7,7 +7,7 @@ from pathlib import Path
 
 from lab.common import proc
 from lab.host import jobs
-from lab.host.failures import LauncherWatch, StreamWatches
+from lab.host.launcher_output import LauncherWatch, StreamWatches
 
 FIXTURES = Path(__file__).parent / "fixtures" / "launchers"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from lab.common import results
-from lab.host.failures import LauncherWatch
+from lab.host.launcher_output import LauncherWatch
 from lab.host.places.slurm import script as slurm
 
 FIXTURES = Path(__file__).parent / "fixtures" / "launchers"

@@ -206,7 +206,7 @@ RANK_SCRIPT = textwrap.dedent("""
 
 
 def test_the_local_ddp_launcher_gives_each_rank_its_place_and_ends_a_job_on_the_first_failure():
-    from lab.host.failures import StreamWatches
+    from lab.host.launcher_output import StreamWatches
     ok = subprocess.run([sys.executable, "-m", "lab.host.local_launcher", "--nproc-per-node=2",
                          sys.executable, "-c", RANK_SCRIPT, "ok"], cwd=REPO, capture_output=True,
                         text=True, timeout=60)

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from lab.common import heartbeat, results
 from lab.common.config import RunConfig
 from lab.host import ceiling, restart
-from lab.host.failures import StreamWatches, attribute_failure
+from lab.host.failures import attribute_failure
 from lab.host.launch import HostsError, job_env
+from lab.host.launcher_output import StreamWatches
 from lab.host.places import runner_for
 from lab.host.places.base import JobResult, Launch, Runner, RunnerError
 from lab.host.places.local import LocalRunner

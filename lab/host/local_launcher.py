@@ -10,7 +10,7 @@ What it does is what the kit used of torchrun on one node:
   where torchrun's agent hosted it;
 - the first rank to end abnormally ends the job: the others get SIGTERM, then SIGKILL
   after GRACE_S, and the launcher exits 1, after printing torchrun's "Failures:" and
-  "Root Cause (first observed failure):" blocks (lab.host.failures reads them, so a rank
+  "Root Cause (first observed failure):" blocks (lab.host.launcher_output reads them, so a rank
   killed by a signal is named as under torchrun);
 - SIGTERM or SIGINT to the launcher is passed on to the ranks.
 Multi-node DDP (the cluster, your servers, Slurm, Kubernetes) keeps torch.distributed.run."""
