@@ -14,6 +14,7 @@ import os
 import platform
 import re
 import shutil
+import time
 from dataclasses import asdict, dataclass
 
 from lab.common import proc
@@ -27,6 +28,7 @@ class Result:
     status: str
     value: object = None
     fix: str = ""
+    seconds: float | None = None      # how long the probe took (set by @probe)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -41,15 +43,18 @@ def probe(name: str):
     def wrap(fn):
         @functools.wraps(fn)
         def run(*args, **kwargs) -> Result:
+            t0 = time.monotonic()
             try:
                 out = fn(*args, **kwargs)
             except ProbeError as e:
-                return Result(name, FAIL, None, str(e))
+                out = Result(name, FAIL, None, str(e))
             except Exception as e:  # a probe must never take the report down
-                return Result(name, FAIL, None, f"probe crashed: {type(e).__name__}: {e}")
-            if isinstance(out, Result):
-                return out
-            return Result(name, PASS, out)
+                out = Result(name, FAIL, None, f"probe crashed: {type(e).__name__}: {e}")
+            if not isinstance(out, Result):
+                out = Result(name, PASS, out)
+            if out.seconds is None:
+                out.seconds = round(time.monotonic() - t0, 2)
+            return out
         run.probe_name = name
         return run
     return wrap
@@ -159,6 +164,39 @@ def parse_check_build(text: str) -> dict:
         if b and section and b.group(1) == "X":
             out[section].append(b.group(2))
     return out
+
+
+# What `horovodrun --check-build` prints, from facts one process can read itself: Horovod
+# 0.28.1's check_build (horovod/runner/launch.py) asks each fact of the first of
+# tensorflow, torch, mxnet (horovod/common/util.py, EXTENSIONS) whose Horovod extension
+# imports, each in a forked process of its own (_check_extension_lambda): six imports of
+# torch, seconds each on a GPU host. Its tensor operations MPI and Gloo are its
+# controllers' mpi_built() and gloo_built() again.
+_FRAMEWORKS = (("tensorflow", "TensorFlow", "mpi_lib"), ("torch", "PyTorch", "mpi_lib_v2"),
+               ("mxnet", "MXNet", "mpi_lib"))
+
+
+def check_build_facts(hvd, version: str, frameworks: list[str]) -> dict:
+    """parse_check_build's dict from an imported horovod.torch (`hvd`): the controllers
+    and tensor operations its mpi_built(), gloo_built(), nccl_built(), ddl_built() and
+    ccl_built() say, in check_build's order."""
+    mpi, gloo = bool(hvd.mpi_built()), bool(hvd.gloo_built())
+    ops = [name for name, built in (("NCCL", hvd.nccl_built()), ("DDL", hvd.ddl_built()),
+                                    ("CCL", hvd.ccl_built()), ("MPI", mpi), ("Gloo", gloo)) if built]
+    return {"version": version, "frameworks": frameworks,
+            "controllers": [name for name, built in (("MPI", mpi), ("Gloo", gloo)) if built],
+            "tensor_operations": ops}
+
+
+def horovod_frameworks(horovod_dir: str) -> list[str]:
+    """The frameworks check_build would mark: each whose package is installed and whose
+    Horovod extension library was built (horovod/<framework>/mpi_lib*.so, the file
+    check_extension looks for), in check_build's order."""
+    import glob
+    import importlib.util
+    return [label for module, label, lib in _FRAMEWORKS
+            if importlib.util.find_spec(module) is not None
+            and glob.glob(os.path.join(horovod_dir, module, lib + ".*so"))]
 
 
 def driver_supports(driver: str, cuda: str, matrix: dict | None = None, archs: str = "",

@@ -203,11 +203,17 @@ def counts(checks: list[dict]) -> dict:
     return {s: sum(1 for c in checks if c["status"] == s) for s in ORDER}
 
 
+SLOW_CHECK_S = 1.0     # a check this long is named in the summary line
+
+
 def summary(checks: list[dict], seconds: float) -> str:
     n = counts(checks)
     verdict = "problems found" if n[FAIL] else "nothing failed"
+    slow = sorted((c for c in checks if (c.get("seconds") or 0) >= SLOW_CHECK_S),
+                  key=lambda c: -c["seconds"])[:3]
+    took = "; slowest: " + ", ".join(f"{c['name']} {c['seconds']:.1f} s" for c in slow) if slow else ""
     return (f"doctor: {len(checks)} checks in {seconds:.1f} s: {n[PASS]} PASS, {n[WARN]} WARN, "
-            f"{n[FAIL]} FAIL, {n[SKIP]} SKIP; {verdict}")
+            f"{n[FAIL]} FAIL, {n[SKIP]} SKIP; {verdict}{took}")
 
 
 def as_json(checks: list[dict], seconds: float, notes: list[str]) -> str:

@@ -21,9 +21,10 @@ from envcheck.probes import (
     WARN,
     ProbeError,
     Result,
+    check_build_facts,
     cuda_available,
     cuda_init_problem,
-    parse_check_build,
+    horovod_frameworks,
     parse_ompi_info_cuda,
     probe,
     probe_mpi_version,
@@ -57,23 +58,26 @@ def probe_cudnn() -> Result:
 
 
 @probe("horovod")
-def probe_horovod(timeout: float = 60) -> Result:
-    """Horovod's frameworks, controllers and tensor operations (--check-build), and
-    whether horovod.torch imports against this torch."""
+def probe_horovod() -> Result:
+    """Horovod's frameworks, controllers and tensor operations (what `horovodrun
+    --check-build` prints, read in this process: check_build_facts), and whether
+    horovod.torch imports against this torch and horovodrun is there to start it."""
     import importlib.util
     if importlib.util.find_spec("horovod") is None:
         return Result("horovod", SKIP, None, "Horovod is not installed: docker/install-horovod.sh builds it")
     try:
+        import horovod
         import horovod.torch as hvd
     except Exception as e:
         line = f"{type(e).__name__}: {e}".splitlines()[0][:200]
         return Result("horovod", FAIL, None, f"horovod.torch does not import ({line}); torch changed "
                       f"after Horovod was built: rebuild it with docker/install-horovod.sh")
-    text = run_command([kit.horovodrun(), "--check-build"], timeout=timeout)
-    try:
-        value = parse_check_build(text)
-    except ValueError as e:
-        raise ProbeError(f"horovodrun --check-build: {e}") from None
+    runner = kit.horovodrun()
+    if not os.path.exists(runner) and shutil.which(runner) is None:
+        raise ProbeError("horovodrun is not beside this Python nor on the PATH: reinstall Horovod "
+                         "with docker/install-horovod.sh")
+    value = check_build_facts(hvd, horovod.__version__,
+                              horovod_frameworks(os.path.dirname(horovod.__file__)))
     nccl = hvd.nccl_built()
     value["gpu_operations"] = kit.horovod_gpu_operations(hvd)
     value["cuda"] = bool(hvd.cuda_built())

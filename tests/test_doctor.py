@@ -88,6 +88,51 @@ def test_horovod_check_build():
     assert out["controllers"] == ["MPI", "Gloo"] and "NCCL" not in out["tensor_operations"]
 
 
+class _BuiltHorovod:
+    """horovod.torch's build facts, as a GPU host's Horovod answered them."""
+    def __init__(self, mpi, gloo, nccl, ddl=False, ccl=False):
+        self._facts = {"mpi_built": mpi, "gloo_built": gloo, "nccl_built": nccl,
+                       "ddl_built": ddl, "ccl_built": ccl}
+
+    def __getattr__(self, name):
+        return lambda: self._facts[name]
+
+
+@pytest.mark.parametrize("fixture,built", [
+    # the development machine's build (MPI and Gloo, no NCCL)
+    ("horovodrun-check-build-0.28.1.txt", _BuiltHorovod(mpi=True, gloo=True, nccl=0)),
+    # the GPU host's (Gloo and NCCL 2.28.9 without MPI: install-horovod.sh printed
+    # "gloo=True mpi=False nccl=22809" under the same build)
+    ("horovodrun-check-build-0.28.1-nccl.txt", _BuiltHorovod(mpi=False, gloo=True, nccl=22809)),
+])
+def test_horovods_build_facts_read_in_process_are_what_check_build_printed(fixture, built):
+    printed = probes.parse_check_build((FIX / fixture).read_text())
+    assert probes.check_build_facts(built, "0.28.1", ["PyTorch"]) == printed
+
+
+def test_doctors_horovod_row_is_this_machines_horovodrun_check_build_without_running_it():
+    from lab.common import kit
+    printed = subprocess.run([kit.horovodrun(), "--check-build"], capture_output=True, text=True,
+                             timeout=120, check=True).stdout
+    r = stack.probe_horovod()
+    assert r.status == PASS, r.fix
+    facts = probes.parse_check_build(printed)
+    assert {key: r.value[key] for key in facts} == facts
+
+
+def test_horovods_frameworks_are_the_installed_ones_with_their_extension_built(tmp_path, monkeypatch):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name in ("torch", "mxnet") else real(name, *a)
+                        if name != "tensorflow" else None)
+    for framework, lib in (("torch", "mpi_lib_v2"), ("tensorflow", "mpi_lib")):
+        (tmp_path / framework).mkdir()
+        (tmp_path / framework / f"{lib}.cpython-312-x86_64-linux-gnu.so").write_bytes(b"")
+    (tmp_path / "mxnet").mkdir()          # installed, its extension not built
+    assert probes.horovod_frameworks(str(tmp_path)) == ["PyTorch"]
+
+
 @pytest.mark.parametrize("driver,cuda,status", [
     ("580.95.05", "13.0", PASS), ("580.65.06", "13.0", PASS),
     ("575.57.08", "13.0", WARN),       # R575: CUDA forward compatibility, GPUs not known
@@ -326,6 +371,27 @@ def test_table_and_summary_render_every_check():
     assert "0.06 GiB" in text and "mpirun not found" in text
     assert report.summary(checks, 1.25) == ("doctor: 2 checks in 1.2 s: 0 PASS, 1 WARN, 1 FAIL, "
                                              "0 SKIP; problems found")
+
+
+def test_each_probe_is_timed_and_the_summary_names_the_slowest(monkeypatch):
+    clock = iter([100.0, 103.5, 200.0, 200.2])
+    monkeypatch.setattr(probes.time, "monotonic", lambda: next(clock))
+
+    @probes.probe("slow")
+    def slow():
+        return "done"
+
+    @probes.probe("quick")
+    def quick():
+        raise probes.ProbeError("it failed")
+    checks = [slow().as_dict(), quick().as_dict(),
+              dict(where="image", name="collectives", status=PASS, value=None, fix="", seconds=7.25),
+              dict(where="image", name="mpi", status=PASS, value=None, fix="", seconds=1.0),
+              dict(where="image", name="nccl", status=PASS, value=None, fix="", seconds=2.0)]
+    assert [c["seconds"] for c in checks[:2]] == [3.5, 0.2] and checks[1]["status"] == FAIL
+    assert report.summary(checks, 12.0).endswith(
+        "problems found; slowest: collectives 7.2 s, slow 3.5 s, nccl 2.0 s")
+    assert report.summary(checks[1:2], 0.2).endswith("problems found")
 
 
 # A GPU host faked from captured output (tests/fixtures/README.md names each source):
