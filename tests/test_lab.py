@@ -98,6 +98,40 @@ def test_every_section_has_a_part_that_runs_and_no_gpu_part_asks_for_more_ranks_
     assert len({x.run_id for x in p.parts}) == len(p.parts)
 
 
+@pytest.mark.parametrize("quick", [False, True])
+@pytest.mark.parametrize("gpus", [0, 1])
+def test_without_horovod_every_section_still_runs_and_the_plan_says_why_and_costs_less(gpus, quick):
+    """A GPU host without Horovod ran the quick lab's compression part (Horovod's alone)
+    and ended "nothing ran: all 4 run(s) were skipped"; now it runs over DDP there, and
+    Horovod's runs cost the estimate nothing."""
+    why = "Horovod is not installed here (docker/install-horovod.sh builds it)"
+    backends = ("gloo", "mpi") + (("nccl",) if gpus else ())
+    with_it = course_plan.plan("r", quick=quick, gpus=gpus, backends=backends)
+    p = course_plan.plan("r", quick=quick, gpus=gpus, backends=backends, horovod=why)
+    assert [x.title for x in p.parts] == [x.title for x in with_it.parts]
+    for part in p.parts:
+        if part.place == "cluster":          # the cluster's image has its own Horovod
+            assert part.flags == next(x.flags for x in with_it.parts if x.name == part.name)
+            continue
+        frameworks = part.flags.get("framework", "ddp").split(",")
+        assert "ddp" in frameworks, part.command()
+    compression = [x for x in p.parts if x.title == "gradient compression"]
+    assert all("ddp" in x.flags["framework"] for x in compression)
+    assert any(n.startswith(why) and ("over DDP" in n) == quick for n in p.notes)
+    assert not any(why in n for n in with_it.notes)
+    local = [(x, next(y for y in with_it.parts if y.name == x.name)) for x in p.parts if x.place != "cluster"]
+    assert all(x.estimate_s <= y.estimate_s for x, y in local)
+    assert p.estimate_s < with_it.estimate_s
+
+
+def test_the_lab_looks_for_horovod_where_its_local_ranks_run(monkeypatch):
+    import importlib.util
+    real = importlib.util.find_spec
+    assert course.look("cpu").horovod == ""          # this machine's environment has it
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "horovod" else real(name, *a))
+    assert course.look("cpu").horovod.startswith("Horovod is not installed here")
+
+
 def test_a_cluster_that_cannot_run_is_said_in_the_plan_and_costs_nothing():
     why = "no Docker engine here (socket refused); the cross-server part needs one"
     p = cpu_plan(cluster=why)

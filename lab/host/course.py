@@ -1,5 +1,5 @@
 """`invoke lab`: the classic distributed-training lab end to end on this machine. It
-looks at what the machine has (GPUs, mpirun, a Docker engine and the lab image), prints
+looks at what the machine has (GPUs, mpirun, Horovod, a Docker engine and the lab image), prints
 the plan (lab.host.course_plan) with an estimate, then runs each part as bench runs it
 (the same plan and sweep code as `invoke bench`), brings the simulated cluster up for the
 cross-server part and down after it (when it brought it up), and ends with the report of
@@ -28,6 +28,7 @@ class Machine:
     cluster: str                # why the simulated cluster cannot run ("": it can)
     image_missing: bool         # the CPU image is to be built first
     notes: list[str] = field(default_factory=list)
+    horovod: str = ""           # why Horovod cannot run here ("": it can)
 
 
 def look(device: str = "auto") -> Machine:
@@ -64,7 +65,10 @@ def look(device: str = "auto") -> Machine:
             compose.compose_program()
         except compose.ClusterError as e:
             cluster = f"{e}; the cross-server parts need it"
-    return Machine(gpus, tuple(backends), cluster, missing, notes)
+    import importlib.util
+    horovod = ("" if importlib.util.find_spec("horovod") is not None else
+               "Horovod is not installed here (docker/install-horovod.sh builds it)")
+    return Machine(gpus, tuple(backends), cluster, missing, notes, horovod)
 
 
 def make(results_dir: str, quick: bool, machine: Machine) -> Plan:
@@ -73,7 +77,7 @@ def make(results_dir: str, quick: bool, machine: Machine) -> Plan:
     except results.FolderError as e:
         raise CourseError(str(e)) from None
     p = course_plan.plan(results_dir, quick=quick, gpus=machine.gpus, backends=machine.backends,
-                         cluster=machine.cluster)
+                         cluster=machine.cluster, horovod=machine.horovod)
     p.notes += machine.notes
     if machine.image_missing and not machine.cluster:
         p.notes.append("the CPU image the cluster runs is not built: `invoke build --flavor cpu` "

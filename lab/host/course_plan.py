@@ -111,12 +111,15 @@ def estimate(model: str, nps: list[int], runs_each: int, steps_at, place: str = 
 
 
 def plan(results_dir: str = "results", *, quick: bool = False, gpus: int = 0,
-         backends: tuple[str, ...] = ("gloo", "mpi"), cluster: str = "") -> Plan:
+         backends: tuple[str, ...] = ("gloo", "mpi"), cluster: str = "", horovod: str = "") -> Plan:
     """The lab for this machine. `gpus`: GPUs the ranks may use (0: a CPU lab);
     `backends`: the back ends that can run here (nccl only with GPUs); `cluster`: why the
-    simulated cluster cannot run ("" : it can). Combinations bench cannot run here (DDP
-    over MPI with pip's torch, which has no MPI back end) are skipped by bench with the
-    reason and cost nothing; the estimate assumes pip's torch.
+    simulated cluster cannot run ("" : it can); `horovod`: why Horovod cannot run on this
+    machine ("": it can; the cluster's image has its own). Combinations bench cannot run
+    here (DDP over MPI with pip's torch, which has no MPI back end; Horovod's without
+    Horovod) are skipped by bench with the reason and cost nothing; the estimate assumes
+    pip's torch. Without Horovod the quick lab's gradient compression, Horovod's alone
+    otherwise, runs over DDP (its communication hook has the same codecs).
 
     No GPU part asks for more ranks than there are GPUs (each rank needs one of its own):
     a part whose process counts do not all fit runs at the counts that fit on the GPUs
@@ -129,8 +132,8 @@ def plan(results_dir: str = "results", *, quick: bool = False, gpus: int = 0,
     common = {"results_dir": results_dir, "data": "digits", "batch_size": 32}
     epochs = 3 if quick else 8
 
-    def combos(bes) -> int:     # Horovod over each, DDP over each but MPI
-        return 2 * len(bes) - ("mpi" in bes)
+    def combos(bes, here: bool = True) -> int:  # Horovod over each, DDP over each but MPI
+        return (len(bes) if not (here and horovod) else 0) + len(bes) - ("mpi" in bes)
 
     def epochs_of(n):
         return lambda np: n * steps_per_epoch(32, np)
@@ -176,8 +179,8 @@ def plan(results_dir: str = "results", *, quick: bool = False, gpus: int = 0,
     # is refused (uneven) and costs nothing.
     bes = ["gloo"] if quick else list(cpu_backends)
     repeat = 1 if quick else 2
-    per_place = (estimate("mnist", [1, 2], combos(bes) * repeat, epochs_of(epochs), "cluster")
-                 + estimate("mnist", [2], combos(bes) * repeat, epochs_of(epochs), "cluster"))
+    per_place = (estimate("mnist", [1, 2], combos(bes, False) * repeat, epochs_of(epochs), "cluster")
+                 + estimate("mnist", [2], combos(bes, False) * repeat, epochs_of(epochs), "cluster"))
     cluster_cpus = "CPU processes in the simulated cluster's CPU image"
     parts.append(Part(
         "across", "results across servers",
@@ -209,12 +212,13 @@ def plan(results_dir: str = "results", *, quick: bool = False, gpus: int = 0,
     # Gradient compression: long enough for accuracy to tell the codecs apart (a plain
     # 8-bit cast does not learn; fp16 and the scaled 8-bit codec do). Two ranks at least:
     # one has nothing to exchange.
-    frameworks, comp_epochs = ("horovod", 2) if quick else ("horovod,ddp", epochs)
+    frameworks, comp_epochs = ("horovod" if not horovod else "ddp", 2) if quick else ("horovod,ddp", epochs)
+    comp_runs = 4 * len([f for f in frameworks.split(",") if f == "ddp" or not horovod])
     local("compression", "gradient compression",
           {"np": "2", "framework": frameworks, "backend": backends[0],
            "compression": "none,fp16,int8,int8-naive",
            "epochs": comp_epochs, "repeat": 1, "run_id": "lab-compression"},
-          lambda f, c: estimate("mnist", c, 4 * len(frameworks.split(",")), epochs_of(comp_epochs)))
+          lambda f, c: estimate("mnist", c, comp_runs, epochs_of(comp_epochs)))
 
     # Parallel strategies on ResNet-50, short runs: the table compares throughput and
     # the memory each strategy holds per rank (accuracy needs far longer runs on CPUs).
@@ -228,6 +232,9 @@ def plan(results_dir: str = "results", *, quick: bool = False, gpus: int = 0,
           batch_size=16)
 
     notes = []
+    if horovod:
+        notes.append(f"{horovod}: its runs on this machine are skipped, each with the reason"
+                     + (", and the gradient compression part runs over DDP" if quick else ""))
     if not gpus:
         notes.append("no GPU here: the within-server table is of CPU processes; NCCL needs GPUs")
     elif gpus == 1:
