@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from lab.common import collectives, results
-from lab.report import lab_report, prediction, summary
+from lab.report import lab_report, model_check, prediction, summary
 from tests.conftest import requires_horovod
 
 REPO = Path(__file__).resolve().parent.parent
@@ -145,6 +145,11 @@ def test_a_reports_model_sections_show_the_predictions_of_prediction_json(tmp_pa
         tuple(f" at {x}" for x in links))) and len([lab for lab in labels if " at " in lab]) == len(links) > 1
     marked = [c for c in saved if "cycle_self" in c["terms"]["assumptions"]]
     assert len([lab for lab in labels if lab.endswith(prediction.SELF_FITTED)]) == len(marked) == (1 if drop else 0)
+    # each case has a name of its own, the one model_check's table gives it
+    every = json.loads((tmp_path / "r" / prediction.JSON_FILE).read_text())["configurations"]
+    assert len({c["case"] for c in every}) == len(every) > len({c["configuration"] for c in every})
+    checked = [name.removesuffix(model_check.SELF) for name, _, _ in model_check.of_results(str(tmp_path / "r"))[0]]
+    assert sorted(checked) == sorted(c["case"] for c in saved)
 
 
 @pytest.mark.parametrize("run,folder", [(2, "example-report-b"), (3, "model-bench-3"), (4, "model-bench-4"),

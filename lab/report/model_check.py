@@ -102,10 +102,8 @@ def _records(paths: list[str]) -> list[dict]:
 
 
 def _name(p: dict, recs: list[dict]) -> str:
-    from lab.report.records import config_label, link_label
-    row = p["row"]
-    return (f"{config_label(row['record'], recs, ' / ')}, {row['servers']} server(s)"
-            f"{link_label(row['record'])}, {row['np']} workers")
+    from lab.report.prediction import case_name
+    return case_name(p["row"], recs)
 
 
 def of_results(*paths: str, leave_out=None) -> tuple[list[tuple[str, float, float]], list[str], list[tuple]]:
