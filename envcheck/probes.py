@@ -189,9 +189,11 @@ def check_build_facts(hvd, version: str, frameworks: list[str]) -> dict:
 
 
 def horovod_frameworks(horovod_dir: str) -> list[str]:
-    """The frameworks check_build would mark: each whose package is installed and whose
-    Horovod extension library was built (horovod/<framework>/mpi_lib*.so, the file
-    check_extension looks for), in check_build's order."""
+    """The frameworks whose package is installed and whose Horovod extension library was
+    built (horovod/<framework>/mpi_lib*.so: the module setup.py builds and check_extension
+    looks for), in check_build's order. check_build also loads each one (import
+    horovod.<framework>), which this does not: a TensorFlow or MXNet upgraded after the
+    build, whose library no longer loads, is listed here and not there."""
     import glob
     import importlib.util
     return [label for module, label, lib in _FRAMEWORKS

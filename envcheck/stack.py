@@ -72,6 +72,11 @@ def probe_horovod() -> Result:
         line = f"{type(e).__name__}: {e}".splitlines()[0][:200]
         return Result("horovod", FAIL, None, f"horovod.torch does not import ({line}); torch changed "
                       f"after Horovod was built: rebuild it with docker/install-horovod.sh")
+    # horovod/torch/__init__.py (0.28.1): without its compiled library the import still
+    # succeeds, printing a warning, and defines none of the build's facts
+    if not hasattr(hvd, "mpi_built"):
+        return Result("horovod", FAIL, None, "horovod.torch imports without its compiled "
+                      "extension (mpi_lib_v2): rebuild Horovod with docker/install-horovod.sh")
     runner = kit.horovodrun()
     if not os.path.exists(runner) and shutil.which(runner) is None:
         raise ProbeError("horovodrun is not beside this Python nor on the PATH: reinstall Horovod "

@@ -14,7 +14,7 @@ import pytest
 from envcheck import findings, host, nccl_tests, probes, report, stack
 from envcheck.probes import FAIL, PASS, SKIP, WARN, Result
 from lab.common import collectives
-from tests.conftest import FakeImage
+from tests.conftest import FakeImage, requires_horovod
 
 FIX = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).resolve().parent.parent
@@ -110,6 +110,7 @@ def test_horovods_build_facts_read_in_process_are_what_check_build_printed(fixtu
     assert probes.check_build_facts(built, "0.28.1", ["PyTorch"]) == printed
 
 
+@requires_horovod
 def test_doctors_horovod_row_is_this_machines_horovodrun_check_build_without_running_it():
     from lab.common import kit
     printed = subprocess.run([kit.horovodrun(), "--check-build"], capture_output=True, text=True,
@@ -118,6 +119,23 @@ def test_doctors_horovod_row_is_this_machines_horovodrun_check_build_without_run
     assert r.status == PASS, r.fix
     facts = probes.parse_check_build(printed)
     assert {key: r.value[key] for key in facts} == facts
+
+
+def test_a_horovod_whose_torch_extension_is_missing_is_a_fail_that_says_rebuild(monkeypatch):
+    """horovod/torch/__init__.py (0.28.1) survives a missing mpi_lib_v2: it prints a
+    warning and defines none of mpi_built, gloo_built, ...; the row says so."""
+    import importlib.machinery
+    import types
+    top = types.ModuleType("horovod")
+    top.__spec__ = importlib.machinery.ModuleSpec("horovod", None)
+    top.__version__ = "0.28.1"
+    top.torch = types.ModuleType("horovod.torch")
+    top.torch._MPI_LIB_AVAILABLE = False
+    monkeypatch.setitem(sys.modules, "horovod", top)
+    monkeypatch.setitem(sys.modules, "horovod.torch", top.torch)
+    r = stack.probe_horovod()
+    assert r.status == FAIL and "without its compiled extension (mpi_lib_v2)" in r.fix
+    assert "install-horovod.sh" in r.fix
 
 
 def test_horovods_frameworks_are_the_installed_ones_with_their_extension_built(tmp_path, monkeypatch):
@@ -374,8 +392,9 @@ def test_table_and_summary_render_every_check():
 
 
 def test_each_probe_is_timed_and_the_summary_names_the_slowest(monkeypatch):
+    import types
     clock = iter([100.0, 103.5, 200.0, 200.2])
-    monkeypatch.setattr(probes.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(probes, "time", types.SimpleNamespace(monotonic=lambda: next(clock)))
 
     @probes.probe("slow")
     def slow():

@@ -111,7 +111,8 @@ def test_without_horovod_every_section_still_runs_and_the_plan_says_why_and_cost
     assert [x.title for x in p.parts] == [x.title for x in with_it.parts]
     for part in p.parts:
         if part.place == "cluster":          # the cluster's image has its own Horovod
-            assert part.flags == next(x.flags for x in with_it.parts if x.name == part.name)
+            same = next(x for x in with_it.parts if x.name == part.name)
+            assert (part.flags, part.estimate_s) == (same.flags, same.estimate_s)
             continue
         frameworks = part.flags.get("framework", "ddp").split(",")
         assert "ddp" in frameworks, part.command()
@@ -124,12 +125,23 @@ def test_without_horovod_every_section_still_runs_and_the_plan_says_why_and_cost
     assert p.estimate_s < with_it.estimate_s
 
 
+@requires_horovod
+def test_the_lab_finds_this_machines_horovod():
+    assert course.look("cpu").horovod == ""
+
+
 def test_the_lab_looks_for_horovod_where_its_local_ranks_run(monkeypatch):
-    import importlib.util
-    real = importlib.util.find_spec
-    assert course.look("cpu").horovod == ""          # this machine's environment has it
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "horovod" else real(name, *a))
-    assert course.look("cpu").horovod.startswith("Horovod is not installed here")
+    """From the stack probe bench makes of the local ranks: not installed, or installed
+    and not importing (bench would skip every Horovod run either way)."""
+    from lab.host import bench
+    stacks = iter([{"torch": "2.13.0"},
+                   {"torch": "2.13.0", "horovod_error": "ImportError: undefined symbol: _ZN3c10"},
+                   {"torch": "2.13.0", "horovod": {"gloo": True, "mpi": False}}])
+    monkeypatch.setattr(bench, "probe_stack", lambda runner=None: next(stacks))
+    assert course.horovod_here().startswith("Horovod is not installed here")
+    assert course.horovod_here() == ("Horovod does not import here (ImportError: undefined symbol: "
+                                     "_ZN3c10; rebuild it with docker/install-horovod.sh)")
+    assert course.horovod_here() == ""
 
 
 def test_a_cluster_that_cannot_run_is_said_in_the_plan_and_costs_nothing():

@@ -128,13 +128,15 @@ def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
     are skipped and recorded (plan.skip_refused), the rest run; `skipped`: the sweep's
     (combination, np) set of what it skipped, which this adds to."""
     s = jobs[0].settings
+    # The start-up phases "runner" and "probe" are marked where they happen: here, or in
+    # the sweep that chose the runner and probed its stack (lab.host.sweep.Places).
     if runner is None:
         runner, where_note = select_runner(s, plan.place_options, echo)
         if where_note:
             echo(where_note)
+        CLOCK.mark("runner")
     else:
         where_note = None
-    CLOCK.mark("runner")
     fixed = runner.results_folder()
     if fixed:
         # The ranks write to one folder (the cluster's nodes: the one compose.yaml mounts):
@@ -149,8 +151,9 @@ def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
             raise BenchError(f"the ranks here read their data from {runner.data_dir} (the folder "
                              f"they mount): give --data-dir {runner.data_dir}, or leave it out")
         s = dataclasses.replace(s, data_dir=runner.data_dir or s.data_dir)
-    stack = stack if stack is not None else probe_stack(runner)
-    CLOCK.mark("probe")
+    if stack is None:
+        stack = probe_stack(runner)
+        CLOCK.mark("probe")
     try:
         framework, notes = check_request(s, stack)
     except BenchError as e:

@@ -65,10 +65,26 @@ def look(device: str = "auto") -> Machine:
             compose.compose_program()
         except compose.ClusterError as e:
             cluster = f"{e}; the cross-server parts need it"
-    import importlib.util
-    horovod = ("" if importlib.util.find_spec("horovod") is not None else
-               "Horovod is not installed here (docker/install-horovod.sh builds it)")
-    return Machine(gpus, tuple(backends), cluster, missing, notes, horovod)
+    return Machine(gpus, tuple(backends), cluster, missing, notes, horovod_here())
+
+
+def horovod_here() -> str:
+    """Why Horovod cannot run as this machine's local ranks ("": it can), from the stack
+    probe bench makes of them (lab.worker.capabilities, cached: lab.host.stack_cache): not
+    installed, or installed but horovod.torch does not import (torch changed after it
+    was built), where bench would skip every Horovod run."""
+    from lab.host.bench import probe_stack
+    from lab.host.request import BenchError
+    try:
+        stack = probe_stack()
+    except BenchError as e:
+        return f"Horovod could not be looked for here ({e})"
+    if stack.get("horovod"):
+        return ""
+    if stack.get("horovod_error"):
+        return (f"Horovod does not import here ({stack['horovod_error'].splitlines()[0][:160]}; "
+                f"rebuild it with docker/install-horovod.sh)")
+    return "Horovod is not installed here (docker/install-horovod.sh builds it)"
 
 
 def make(results_dir: str, quick: bool, machine: Machine) -> Plan:

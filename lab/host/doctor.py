@@ -63,6 +63,13 @@ def check_across(nodes: int, link: str, frozen: bool = False):
 
 
 def across_nodes(runner, link: str = "", echo=print) -> dict:
+    """_across_nodes' row, with the seconds it took (as each probe's)."""
+    import time
+    t0 = time.monotonic()
+    return dict(_across_nodes(runner, link, echo), seconds=round(time.monotonic() - t0, 2))
+
+
+def _across_nodes(runner, link: str = "", echo=print) -> dict:
     """The collectives (lab.common.collectives.OPS) over Gloo with one rank on each of the
     cluster's nodes (`runner`: check_across's; envcheck.collectives under
     torch.distributed.run on every node), the links shaped by `link` while they run: a

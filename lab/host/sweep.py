@@ -13,6 +13,7 @@ from lab.host.places import place, place_of
 from lab.host.places.local import LocalRunner
 from lab.host.plan import Plan, skip
 from lab.host.request import BenchError, BenchSettings
+from lab.host.startup import CLOCK
 
 
 def run_request(plan: Plan, echo=print) -> Outcome:
@@ -89,7 +90,8 @@ def run_sweep(plan: Plan, echo=print) -> list[Outcome]:
 
 class Places:
     """Where a sweep's combinations run, each runner made once per sweep with its stack
-    probed once: local processes; a place that a sweep shares (Runner.sweep_shares: the
+    probed once (the first launch's start-up phases "runner" and "probe" are marked
+    here, where they happen): local processes; a place that a sweep shares (Runner.sweep_shares: the
     compose cluster) when the sweep has combinations on it: made once with the most
     nodes asked for, its combinations on fewer nodes run on its first nodes, and so do
     the sweep's 1-node combinations that `where: auto` would run in the image (the same
@@ -119,7 +121,9 @@ class Places:
             key = "local"
             if key not in self.made:
                 local = LocalRunner(self.plan.settings.results_dir, self.plan.settings.data_dir)
+                CLOCK.mark("runner")
                 self.made[key] = (local, probe_stack(local))
+                CLOCK.mark("probe")
             return self.made[key]
         if not self.on_shared(s):
             return None, None
@@ -128,7 +132,9 @@ class Places:
                 whole = place(self.shared).for_sweep(self.shared_nodes, s, echo=self.echo)
             except RunnerError as e:
                 raise BenchError(str(e)) from None
+            CLOCK.mark("runner")
             self.made[self.shared] = (whole, probe_stack(whole))
+            CLOCK.mark("probe")
         whole, stack = self.made[self.shared]
         if (self.shared, s.nodes) not in self.made:
             runner = whole.on_nodes(s.nodes)
