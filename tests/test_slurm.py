@@ -159,6 +159,38 @@ def test_what_scontrol_and_sbatch_print():
         "Slurm job 9 ended FAILED (exit code 143:0, as exit:signal), reason NonZeroExitCode"
 
 
+@pytest.mark.parametrize("answers,stopped,named", [
+    # node1's sinfo failed, then answered (the controller busy under load)
+    ([(1, ""), (0, "node1 idle\nnode2 down*\n")], set(), ["node2"]),
+    # sinfo never named a node: the one whose container stopped is named
+    ([(0, "node1 idle\nnode2 idle\n")] * 5, {"node2"}, ["node2"]),
+    # neither: none named (the record then says Slurm's own node list)
+    ([(0, "node1 idle\nnode2 idle\n")] * 5, set(), []),
+])
+def test_a_node_fail_names_the_failed_node_when_sinfo_is_slow_to_say(monkeypatch, answers, stopped, named):
+    """CI, 2026-11-28: a job whose node2 was killed ended NODE_FAIL and its record named
+    "node[1-2]" and no node, node1's one sinfo having shown none down."""
+    from lab.host.places.slurm.runner import SlurmClusterRunner
+
+    class Node:
+        def __init__(self, name):
+            self.name, self.status = name, "running"
+
+        def reload(self):
+            self.status = "exited" if self.name in stopped else "running"
+    runner = object.__new__(SlurmClusterRunner)
+    runner.found = {n: Node(n) for n in ("node1", "node2")}
+    runner.POLL_S = 0
+    sinfo = iter(answers)
+
+    def on_node1(cmd, timeout=30):
+        if cmd[:3] == ["scontrol", "show", "hostnames"]:
+            return 0, "node1\nnode2\n"
+        return next(sinfo)
+    monkeypatch.setattr(runner, "_on_node1", on_node1)
+    assert runner._failed_nodes("node[1-2]") == named
+
+
 def test_a_lost_node_and_a_request_that_never_fits():
     # sinfo -h -N -o '%N %T' while node2 was down after `docker kill` (simulated cluster)
     sinfo = "node1 idle\nnode2 down*\nnode3 idle*\n"

@@ -213,10 +213,7 @@ class SlurmClusterRunner(ClusterRunner):
             self._job_id = None
         state = info.get("JobState", "UNKNOWN")
         nodes = self._hostnames(info.get("NodeList", ""))
-        failed = []
-        if state == "NODE_FAIL":
-            _, sinfo = self._on_node1(["sinfo", "-h", "-N", "-o", "%N %T"])
-            failed = slurm.down_nodes(sinfo, nodes)
+        failed = self._failed_nodes(info.get("NodeList", "")) if state == "NODE_FAIL" else []
         facts = {"name": "slurm", "job_id": job_id, "state": state,
                  "exit_code": info.get("ExitCode"), "reason": info.get("Reason"),
                  "nodes": nodes, "failed_nodes": failed, "script": script, "states": seen}
@@ -239,6 +236,33 @@ class SlurmClusterRunner(ClusterRunner):
             self._nodes_of = (nodes, self._hostnames(nodes))
         rc, out = self._on_node1(["sinfo", "-h", "-N", "-o", "%N %T"])
         return rc == 0 and bool(slurm.down_nodes(out, self._nodes_of[1], silent=False))
+
+    FAILED_TRIES = 5        # sinfo asked again this many times, POLL_S * 2 apart
+
+    def _failed_nodes(self, nodelist: str) -> list[str]:
+        """The nodes of a NODE_FAIL job that failed: those sinfo shows down (else not
+        responding), asked again while node1's answers come back empty under load (CI,
+        2026-11-28: a NODE_FAIL record named "node[1-2]" and no node); then those of the
+        job's nodes whose container has stopped (a killed node)."""
+        for attempt in range(self.FAILED_TRIES):
+            nodes = self._hostnames(nodelist)
+            rc, sinfo = self._on_node1(["sinfo", "-h", "-N", "-o", "%N %T"])
+            failed = slurm.down_nodes(sinfo, nodes) if rc == 0 else []
+            if failed:
+                return failed
+            if attempt < self.FAILED_TRIES - 1:
+                time.sleep(self.POLL_S * 2)
+        return [name for name in self._hostnames(nodelist) if not self._running(name)]
+
+    def _running(self, name: str) -> bool:
+        node = self.found.get(name)
+        if node is None:
+            return True         # not one of ours: no evidence it stopped
+        try:
+            node.reload()
+        except Exception:       # gone from the engine: it stopped
+            return False
+        return node.status == "running"
 
     def _hostnames(self, nodelist: str) -> list[str]:
         if not nodelist or nodelist == "(null)":
