@@ -13,6 +13,7 @@ import os
 import shutil
 import sys
 
+from envcheck.horovod_build import check_build_facts, horovod_frameworks
 from envcheck.nccl_tests import parse_nccl_tests
 from envcheck.probes import (
     FAIL,
@@ -21,10 +22,8 @@ from envcheck.probes import (
     WARN,
     ProbeError,
     Result,
-    check_build_facts,
     cuda_available,
     cuda_init_problem,
-    horovod_frameworks,
     parse_ompi_info_cuda,
     probe,
     probe_mpi_version,

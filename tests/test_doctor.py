@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from envcheck import findings, host, nccl_tests, probes, report, stack
+from envcheck import findings, horovod_build, host, nccl_tests, probes, report, stack
 from envcheck.probes import FAIL, PASS, SKIP, WARN, Result
 from lab.common import collectives
 from tests.conftest import FakeImage, requires_horovod
@@ -83,7 +83,7 @@ def test_ompi_info_cuda_flag():
 
 
 def test_horovod_check_build():
-    out = probes.parse_check_build((FIX / "horovodrun-check-build-0.28.1.txt").read_text())
+    out = horovod_build.parse_check_build((FIX / "horovodrun-check-build-0.28.1.txt").read_text())
     assert out["version"] == "0.28.1" and out["frameworks"] == ["PyTorch"]
     assert out["controllers"] == ["MPI", "Gloo"] and "NCCL" not in out["tensor_operations"]
 
@@ -106,8 +106,8 @@ class _BuiltHorovod:
     ("horovodrun-check-build-0.28.1-nccl.txt", _BuiltHorovod(mpi=False, gloo=True, nccl=22809)),
 ])
 def test_horovods_build_facts_read_in_process_are_what_check_build_printed(fixture, built):
-    printed = probes.parse_check_build((FIX / fixture).read_text())
-    assert probes.check_build_facts(built, "0.28.1", ["PyTorch"]) == printed
+    printed = horovod_build.parse_check_build((FIX / fixture).read_text())
+    assert horovod_build.check_build_facts(built, "0.28.1", ["PyTorch"]) == printed
 
 
 @requires_horovod
@@ -117,7 +117,7 @@ def test_doctors_horovod_row_is_this_machines_horovodrun_check_build_without_run
                              timeout=120, check=True).stdout
     r = stack.probe_horovod()
     assert r.status == PASS, r.fix
-    facts = probes.parse_check_build(printed)
+    facts = horovod_build.parse_check_build(printed)
     assert {key: r.value[key] for key in facts} == facts
 
 
@@ -148,7 +148,7 @@ def test_horovods_frameworks_are_the_installed_ones_with_their_extension_built(t
         (tmp_path / framework).mkdir()
         (tmp_path / framework / f"{lib}.cpython-312-x86_64-linux-gnu.so").write_bytes(b"")
     (tmp_path / "mxnet").mkdir()          # installed, its extension not built
-    assert probes.horovod_frameworks(str(tmp_path)) == ["PyTorch"]
+    assert horovod_build.horovod_frameworks(str(tmp_path)) == ["PyTorch"]
 
 
 @pytest.mark.parametrize("driver,cuda,status", [

@@ -23,13 +23,7 @@ from lab.host.launcher_output import StreamWatches
 from lab.host.places import runner_for
 from lab.host.places.base import JobResult, Launch, Runner, RunnerError
 from lab.host.places.local import LocalRunner
-from lab.host.request import (
-    BenchError,
-    BenchSettings,
-    base_config,
-    check_request,
-    refused_counts,
-)
+from lab.host.request import BenchError, BenchSettings, base_config, check_request, refused_counts
 from lab.host.stall import StallWatch, flight_recorder
 from lab.host.startup import CLOCK
 
@@ -128,9 +122,7 @@ def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
     are skipped and recorded (plan.skip_refused), the rest run; `skipped`: the sweep's
     (combination, np) set of what it skipped, which this adds to."""
     s = jobs[0].settings
-    # The start-up phases "runner" and "probe" are marked where they happen: here, or in
-    # the sweep that chose the runner and probed its stack (lab.host.sweep.Places).
-    if runner is None:
+    if runner is None:      # else the sweep chose it and marked "runner", "probe" (sweep.Places)
         runner, where_note = select_runner(s, plan.place_options, echo)
         if where_note:
             echo(where_note)

@@ -102,7 +102,7 @@ def _records(paths: list[str]) -> list[dict]:
 
 
 def _name(p: dict, recs: list[dict]) -> str:
-    from lab.report.prediction import case_name
+    from lab.report.records import case_name
     return case_name(p["row"], recs)
 
 

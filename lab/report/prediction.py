@@ -363,13 +363,6 @@ def _terms(m: dict, fit: cm.Fit) -> dict:
             "assumptions": m["assumptions"]}
 
 
-def case_name(row: dict, records: list[dict]) -> str:
-    """One configuration at its servers, link and workers: the name prediction.json's
-    "case" and model_check's table give it (the "configuration" alone repeats across them)."""
-    return (f"{rec.config_label(row['record'], records, ' / ')}, {row['servers']} server(s)"
-            f"{rec.link_label(row['record'])}, {row['np']} workers")
-
-
 def document(records: list[dict], sweeps: list[dict] = ()) -> dict | None:
     """prediction.json's content: None where no row has more than one worker. Beside each
     prediction, the step the row's own measurements explain (not a prediction)."""
@@ -380,14 +373,14 @@ def document(records: list[dict], sweeps: list[dict] = ()) -> dict | None:
     return {"model": "step = compute x slowdown + exposed communication + waiting (lab.report.cost_model)",
             "assumptions": ASSUMPTIONS,
             "configurations": [
-                {"case": case_name(p["row"], records),
+                {"case": rec.case_name(p["row"], records),
                  "configuration": rec.config_label(p["row"]["record"], records, " / "), "np": p["np"],
                  "servers": p["servers"], "link": p["row"]["record"].get("config", {}).get("link", ""),
                  "predicted_step_ms": p["predicted_ms"], "measured_step_ms": p["step_ms"],
                  "error": p["error"], "unexplained_ms": p["unexplained_ms"],
                  "predicted_speedup": p["predicted_speedup"], "measured_speedup": p["speedup"],
                  "terms": _terms(p["model"], p["fit"]), "explained": p["explained"]} for p in preds]
-            + [{"case": case_name(u["row"], records),
+            + [{"case": rec.case_name(u["row"], records),
                 "configuration": rec.config_label(u["row"]["record"], records, " / "), "np": u["row"]["np"],
                 "servers": u["row"]["servers"], "predicted_step_ms": None,
                 "measured_step_ms": u["row"]["time per step (ms)"], "why": u["why"],

@@ -170,3 +170,10 @@ def oversubscription_text(r: dict) -> str:
     cores = w.get("cores")
     ranks = f"{per_host} rank{'s' if per_host != 1 else ''}"
     return f"{ranks} on {cores} core{'s' if cores != 1 else ''}" if cores else ranks
+
+
+def case_name(row: dict, records: list[dict]) -> str:
+    """One configuration at its servers, link and workers: the name prediction.json's
+    "case" and model_check's table give it (the "configuration" alone repeats across them)."""
+    return (f"{config_label(row['record'], records, ' / ')}, {row['servers']} server(s)"
+            f"{link_label(row['record'])}, {row['np']} workers")
