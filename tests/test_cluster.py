@@ -402,6 +402,43 @@ def test_link_shaping_is_applied_and_recorded(up):
     assert r["config"]["link"] == "100mbit"
 
 
+def test_a_run_across_the_nodes_gives_each_its_own_cores_and_then_all_of_them_back(up):
+    """While a run spans the nodes each has its share of the machine's cores (its ranks
+    see only those), the record says which, and afterwards every node has them all."""
+    from lab.host.places.compose import cores
+    from lab.host.places.compose.runner import ClusterRunner
+    mine = cores.machine_cpus()
+    if len(mine) < 2:
+        pytest.skip("one core: the nodes can only share it")
+    runner, said = ClusterRunner(2), []
+    affinity = ["python", "-c", "import os; print(sorted(os.sched_getaffinity(0)))"]
+    planned = runner.own_cores(said.append)
+    try:
+        assert planned == {h: cores.cpuset_text(c) for h, c in cores.shares(mine, ["node1", "node2"]).items()}
+        for host in ("node1", "node2"):
+            rc, out = runner.output_on(host, affinity)
+            assert rc == 0 and out.strip().splitlines()[-1] == str(cores.cpuset_list(planned[host])), (host, out)
+        assert "cores of their own: node1 " in said[0]
+        # each node's ranks on its own cores: 1 rank per node is no oversubscription
+        assert [m[2] for m in runner.machines(2, {"cores": len(mine)})] == [len(cores.cpuset_list(planned[h]))
+                                                                             for h in ("node1", "node2")]
+    finally:
+        runner.share_cores()
+    for host in ("node1", "node2"):
+        assert runner.output_on(host, affinity)[1].strip().splitlines()[-1] == str(mine)
+    cp = bench("--nodes", "2", "--np", "2", "--framework", "horovod", "--backend", "gloo", "--max-steps", "15")
+    assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-2000:]
+    [r] = records_of(cp.stdout)
+    assert r["world"]["node_cores"] == planned and "cores of their own" in cp.stdout
+    assert all(c.attrs["HostConfig"]["CpusetCpus"] == cores.cpuset_text(mine)
+               for c in (cluster.nodes(up)[h] for h in ("node1", "node2")))
+    cp = bench("--nodes", "2", "--np", "2", "--framework", "horovod", "--backend", "gloo", "--max-steps", "15",
+               env={cores.NODE_CORES_VAR: "shared"})
+    assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-2000:]
+    [r] = records_of(cp.stdout)
+    assert "node_cores" not in r["world"] and "cores of their own" not in cp.stdout
+
+
 def test_shaping_that_fails_on_a_later_node_leaves_no_node_shaped(up):
     """node2 cannot shape (its tc moved away): node1, shaped first, is unshaped again, so
     later runs without --link do not measure a throttled link."""
@@ -468,6 +505,7 @@ def test_the_slurm_launcher_runs_each_framework_as_a_batch_job(up, framework, ba
     [r] = records_of(cp.stdout)
     assert r["status"] == "ok" and sorted(r["world"]["hosts"]) == ["node1", "node2"]
     sched = r["world"]["scheduler"]
+    assert "node_cores" not in r["world"]      # Slurm's nodes keep the cores slurmd counted
     assert sched["name"] == "slurm" and sched["job_id"].isdigit() and sched["nodelist"] == "node[1-2]"
     assert sched["state"] == "COMPLETED" and sched["exit_code"] == "0:0"
     assert f"submitted Slurm job {sched['job_id']}" in cp.stdout

@@ -180,14 +180,15 @@ def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
     os.makedirs(rdir, exist_ok=True)
     CLOCK.mark("checks")
     runner.prepare(str(rdir))
-    shaped = bool(s.link)
+    shaped, cpusets = bool(s.link), None
     failed = 0
-    try:
-        if shaped:      # inside the try: nodes shaped before one that fails are unshaped
-            try:
+    try:        # inside: nodes given cores or shaped before one that fails are given back
+        try:
+            cpusets = runner.own_cores(echo)
+            if shaped:
                 runner.shape_links(s.link, echo)
-            except RunnerError as e:
-                raise BenchError(str(e)) from None
+        except RunnerError as e:
+            raise BenchError(str(e)) from None
         # The plan's order: every process count once, then every one again (a drift of
         # the machine's speed falls on all of them alike).
         for job in jobs:
@@ -202,13 +203,14 @@ def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
                            + (f", repeat {rep + 1} of at most {s.repeat_max}" if s.repeat_max else
                               f", repeat {rep + 1} of {s.repeat}" if s.repeat > 1 else ""))
             load, line = oversubscription(runner.machines(cfg.expected_np, stack), s.threads)
-            load["place"] = runner.kind
+            load.update(place=runner.kind, **({"node_cores": cpusets} if cpusets else {}))
             if line:
                 echo(line)
             failed += restart.run(run_one, s, cfg, np, runner, rfile, echo, load, stack.get("torch"))
     finally:
         if shaped:
             runner.unshape_links()
+        runner.share_cores()
         try:
             runner.hand_back(str(rdir))
         except RunnerError as e:

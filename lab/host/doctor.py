@@ -84,13 +84,15 @@ def _across_nodes(runner, link: str = "", echo=print) -> dict:
         sizes = across_sizes(reference["gbs"] if reference else None)
         commands = runner.module_commands("envcheck.collectives", [
             "--backend", "gloo", "--sizes", ",".join(map(str, sizes))], f"doctor-{uuid.uuid4().hex[:8]}")
-        try:        # inside: nodes shaped before one that fails are unshaped
+        try:        # inside: nodes given cores or shaped before one that fails are given back
+            runner.own_cores(echo)      # as bench's runs across the nodes have them
             if link:
                 runner.shape_links(link, echo)
             res = runner.run(commands, {"OMP_NUM_THREADS": "1"}, ACROSS_TIMEOUT_S, lines.append)
         finally:
             if link:
                 runner.unshape_links()
+            runner.share_cores()
     except RunnerError as e:
         return dict(row, status=FAIL, value=None, fix=str(e))
     found = [ln[ln.index("{"):] for ln in lines if '{"backend"' in ln]

@@ -197,6 +197,14 @@ class Runner:
     def unshape_links(self) -> None:
         """Undo shape_links."""
 
+    def own_cores(self, echo) -> dict[str, str] | None:
+        """Give each of the place's nodes cores of its own for a run (host -> its cpuset),
+        or None where its nodes are not the simulated cluster's (nothing to do)."""
+        return None
+
+    def share_cores(self) -> None:
+        """Undo own_cores."""
+
     def placement(self, np: int) -> dict[str, int]:
         """Where `np` ranks run: host -> how many ("" is this machine, or the image on it)."""
         return {"": np}

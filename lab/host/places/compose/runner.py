@@ -10,7 +10,8 @@ import os
 from lab.common.forwarded_env import forwarded
 from lab.common.kit import REPO_ROOT
 from lab.host import jobs, launch
-from lab.host.places.base import JobResult, Runner
+from lab.host.places.base import JobResult, Runner, RunnerError
+from lab.host.places.compose import cores
 from lab.host.places.compose.cluster import (
     ClusterError,
     engine,
@@ -110,6 +111,7 @@ class ClusterRunner(Runner):
     honours = frozenset({"where", "frozen", "nodes", "link", "results_dir", "data_dir",
                          "checkpoint_every", "max_restarts"})
     sweep_shares = True
+    owns_cores = True      # a run across nodes gives each its own cores (own_cores)
     up_flags = ""          # what `invoke up` needs beside --nodes to bring this place up
 
     @classmethod
@@ -237,3 +239,33 @@ class ClusterRunner(Runner):
     def unshape_links(self) -> None:
         from lab.host.places.compose import cluster
         cluster.unshape(self.found)
+
+    def _planned(self) -> dict[str, str] | None:
+        return cores.planned(list(self.found)) if self.owns_cores else None
+
+    def own_cores(self, echo) -> dict[str, str] | None:
+        """Across nodes, each its own share of the machine's cores while the run lasts
+        (lab.host.places.compose.cores); None on one node or with LAB_NODE_CORES=shared."""
+        planned = self._planned()
+        if planned:
+            try:
+                cores.give(self.found, planned)
+            except RunnerError:
+                cores.give_back(self.found)
+                raise
+            echo("cores of their own: " + ", ".join(f"{h} {c}" for h, c in planned.items()))
+        self.cpusets = planned
+        return planned
+
+    def share_cores(self) -> None:
+        if getattr(self, "cpusets", None):
+            cores.give_back(self.found)
+        self.cpusets = None
+
+    def machines(self, np: int, stack: dict) -> list[tuple[str, int, int]]:
+        """Per node, its ranks on its own cores where the run gives each node its own
+        (own_cores), else one machine: the nodes share this one's cores."""
+        planned = self._planned()
+        if not planned:
+            return super().machines(np, stack)
+        return [(h, ranks, len(cores.cpuset_list(planned[h]))) for h, ranks in self.placement(np).items()]

@@ -41,6 +41,9 @@ class SlurmClusterRunner(ClusterRunner):
     up_flags = " --scheduler slurm"
 
     sweep_shares = False        # each combination its own batch jobs: bench's choice
+    # slurmd counts the cores it was started with (its node's CPUs=); a cpuset changed
+    # under it would not be what it schedules by, so Slurm's nodes share them as started
+    owns_cores = False
 
     launcher = "slurm"
     title = "Slurm on the simulated cluster (--launcher slurm)"
