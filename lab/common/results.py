@@ -40,7 +40,11 @@ SCHEMA = {
     "world.hosts": ("list[str]", "host name of each rank, by rank"),
     "world.devices_per_node": ("int", "ranks (devices) per host"),
     "world.cores": ("int, optional", "added by bench: the cores of the machine where the ranks ran "
-                    "most crowded (their affinity; the compose cluster's nodes share this machine's)"),
+                    "most crowded (their affinity; on the compose cluster, the node's own share "
+                    "during a run across nodes, else this machine's)"),
+    "world.node_cores": ("object, optional", "added by bench on the compose cluster across nodes: "
+                         "node -> the cpuset it had to itself during the run (\"0-1\"); absent "
+                         "where the nodes shared the machine's cores"),
     "world.oversubscribed": ("bool, optional", "added by bench: the ranks times --threads exceeded "
                              "those cores, so the run's times measure the scheduler too; the report "
                              "never reads such a row as scaling"),

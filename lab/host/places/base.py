@@ -211,7 +211,8 @@ class Runner:
 
     def machines(self, np: int, stack: dict) -> list[tuple[str, int, int]]:
         """(machine, ranks on it, its cores) for `np` ranks: what oversubscription is judged
-        by. One machine here; the compose cluster's nodes share this one's cores."""
+        by. One machine here (the compose cluster's runner: per node, where its nodes have
+        cores of their own)."""
         return [(self.machine_name, np, int(stack.get("cores") or 1))]
 
     def output_on(self, host: str, argv: list[str], timeout_s: float = 300) -> tuple[int | None, str]:
