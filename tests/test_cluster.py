@@ -405,38 +405,67 @@ def test_link_shaping_is_applied_and_recorded(up):
 def test_a_run_across_the_nodes_gives_each_its_own_cores_and_then_all_of_them_back(up):
     """While a run spans the nodes each has its share of the machine's cores (its ranks
     see only those), the record says which, and afterwards every node has them all."""
+    from lab.host.bench import oversubscription
     from lab.host.places.compose import cores
     from lab.host.places.compose.runner import ClusterRunner
     mine = cores.machine_cpus()
-    if len(mine) < 2:
+    if len(cores.physical_cores(mine, cores._siblings)) < 2:
         pytest.skip("one core: the nodes can only share it")
     runner, said = ClusterRunner(2), []
     affinity = ["python", "-c", "import os; print(sorted(os.sched_getaffinity(0)))"]
+
+    def seen(host):
+        return runner.output_on(host, affinity)[1].strip().splitlines()[-1]
     planned = runner.own_cores(said.append)
     try:
-        assert planned == {h: cores.cpuset_text(c) for h, c in cores.shares(mine, ["node1", "node2"]).items()}
+        got = {h: cores.cpuset_list(planned[h]) for h in ("node1", "node2")}
+        assert got["node1"] and len(got["node1"]) == len(got["node2"]) and not set(got["node1"]) & set(got["node2"])
+        assert set(got["node1"]) | set(got["node2"]) <= set(mine)
         for host in ("node1", "node2"):
-            rc, out = runner.output_on(host, affinity)
-            assert rc == 0 and out.strip().splitlines()[-1] == str(cores.cpuset_list(planned[host])), (host, out)
-        assert "cores of their own: node1 " in said[0]
-        # each node's ranks on its own cores: 1 rank per node is no oversubscription
-        assert [m[2] for m in runner.machines(2, {"cores": len(mine)})] == [len(cores.cpuset_list(planned[h]))
-                                                                             for h in ("node1", "node2")]
+            assert seen(host) == str(got[host]), host
+        assert said == [f"cores of their own: node1 {planned['node1']}, node2 {planned['node2']}"]
+        # oversubscription judged per node: 1 rank on its share is none; 2 ranks, where the share is one core
+        assert oversubscription(runner.machines(2, {"cores": len(mine)}), 1)[0]["oversubscribed"] is False
+        load, line = oversubscription(runner.machines(4, {"cores": len(mine)}), 1)
+        assert load == {"cores": len(got["node1"]), "oversubscribed": len(got["node1"]) < 2}
     finally:
         runner.share_cores()
     for host in ("node1", "node2"):
-        assert runner.output_on(host, affinity)[1].strip().splitlines()[-1] == str(mine)
+        assert seen(host) == str(mine)
     cp = bench("--nodes", "2", "--np", "2", "--framework", "horovod", "--backend", "gloo", "--max-steps", "15")
     assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-2000:]
     [r] = records_of(cp.stdout)
     assert r["world"]["node_cores"] == planned and "cores of their own" in cp.stdout
-    assert all(c.attrs["HostConfig"]["CpusetCpus"] == cores.cpuset_text(mine)
-               for c in (cluster.nodes(up)[h] for h in ("node1", "node2")))
+    assert r["world"]["oversubscribed"] is False
+    assert all(seen(h) == str(mine) for h in ("node1", "node2"))
     cp = bench("--nodes", "2", "--np", "2", "--framework", "horovod", "--backend", "gloo", "--max-steps", "15",
                env={cores.NODE_CORES_VAR: "shared"})
     assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-2000:]
     [r] = records_of(cp.stdout)
     assert "node_cores" not in r["world"] and "cores of their own" not in cp.stdout
+
+
+def test_cores_the_engine_refuses_are_one_sentence_and_no_node_keeps_a_share(up, monkeypatch):
+    """The engine refuses a cpu it does not have (moby: "Requested CPUs are not
+    available"): node1, given its share first, gets all the cores back; and a node left on
+    a share (a run killed before it gave them back) gets them all back at the next run."""
+    from lab.host.places.base import RunnerError
+    from lab.host.places.compose import cores
+    from lab.host.places.compose.runner import ClusterRunner
+    mine = cores.machine_cpus()
+    runner = ClusterRunner(2)
+    missing = str(max(mine) + 64)
+    monkeypatch.setattr(cores, "planned", lambda hosts, *a, **k: {"node1": str(mine[0]), "node2": missing})
+    with pytest.raises(RunnerError, match=f"giving node2 the cpus {missing} failed .*{cores.NODE_CORES_VAR}=shared"):
+        runner.own_cores(lambda s: None)
+    monkeypatch.undo()
+    node1 = runner.found["node1"]
+    node1.reload()
+    assert node1.attrs["HostConfig"]["CpusetCpus"] in ("", cores.cpuset_text(mine))
+    node1.update(cpuset_cpus=str(mine[0]))          # as a killed run leaves it
+    assert runner.on_nodes(1).own_cores(lambda s: None) is None
+    node1.reload()
+    assert node1.attrs["HostConfig"]["CpusetCpus"] == cores.cpuset_text(mine)
 
 
 def test_shaping_that_fails_on_a_later_node_leaves_no_node_shaped(up):

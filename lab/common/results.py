@@ -40,8 +40,8 @@ SCHEMA = {
     "world.hosts": ("list[str]", "host name of each rank, by rank"),
     "world.devices_per_node": ("int", "ranks (devices) per host"),
     "world.cores": ("int, optional", "added by bench: the cores of the machine where the ranks ran "
-                    "most crowded (their affinity; on the compose cluster, the node's own share "
-                    "during a run across nodes, else this machine's)"),
+                    "most crowded (their affinity; on the compose cluster, the most crowded node's "
+                    "own share during a run across nodes, else this machine's)"),
     "world.node_cores": ("object, optional", "added by bench on the compose cluster across nodes: "
                          "node -> the cpuset it had to itself during the run (\"0-1\"); absent "
                          "where the nodes shared the machine's cores"),

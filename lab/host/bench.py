@@ -208,9 +208,9 @@ def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
                 echo(line)
             failed += restart.run(run_one, s, cfg, np, runner, rfile, echo, load, stack.get("torch"))
     finally:
+        runner.share_cores()        # never raises
         if shaped:
             runner.unshape_links()
-        runner.share_cores()
         try:
             runner.hand_back(str(rdir))
         except RunnerError as e:

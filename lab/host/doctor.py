@@ -90,9 +90,9 @@ def _across_nodes(runner, link: str = "", echo=print) -> dict:
                 runner.shape_links(link, echo)
             res = runner.run(commands, {"OMP_NUM_THREADS": "1"}, ACROSS_TIMEOUT_S, lines.append)
         finally:
+            runner.share_cores()        # never raises
             if link:
                 runner.unshape_links()
-            runner.share_cores()
     except RunnerError as e:
         return dict(row, status=FAIL, value=None, fix=str(e))
     found = [ln[ln.index("{"):] for ln in lines if '{"backend"' in ln]

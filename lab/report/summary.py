@@ -67,9 +67,10 @@ def config_key(record: dict) -> tuple:
 
 def group_key(record: dict) -> tuple:
     """Runs that are repeats of one another: the same configuration, process count,
-    servers and link."""
+    servers and link, and the cluster's nodes with cores of their own or not
+    (world.node_cores)."""
     return (config_key(record), record["world"]["np"], record["world"]["nodes"],
-            record.get("config", {}).get("link", "") or "")
+            record.get("config", {}).get("link", "") or "", bool(record["world"].get("node_cores")))
 
 
 def rows(records: list[dict]) -> list[dict]:

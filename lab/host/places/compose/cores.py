@@ -1,26 +1,31 @@
 """Each node of the simulated cluster with cores of its own while a run spans several
-nodes, as servers have: the machine's cores split into one contiguous share per node
-(`docker update --cpuset-cpus`, the Docker SDK's Container.update), all of them given
-back when the run ends.
+nodes, as servers have: the machine's physical cores (a core's hyper-threads stay
+together) split into one equal, contiguous share per node (`docker update
+--cpuset-cpus`: the Docker SDK's Container.update), the cores that do not divide left
+unused, and all of them given back when the run ends (and at the start of the next run on
+the cluster, after a run killed before it could).
 
 Without it the nodes' ranks and their communication threads (Horovod's background
 thread, Open MPI's and Gloo's progress) are scheduled on one another's cores, and a run
-across two nodes varies with where the scheduler happens to put them: on a 2-core VM,
-Horovod over MPI's MNIST step across two nodes at 1 Gbit/s took 3.6 to 5.9 ms in four
-runs with shared cores and 3.6 to 4.1 ms in the four runs interleaved with them with a
-core each (`python -m lab.host.node_cores_bench`). LAB_NODE_CORES=shared keeps the
-nodes on all the machine's cores (as before); a run on one node has them all anyway.
+across nodes changes with where the scheduler happens to put them: on a 2-core VM,
+Horovod's MNIST step across two nodes at 1 Gbit/s spread 1.52x (MPI) and 1.61x (Gloo)
+over four runs with shared cores, 1.01x and 1.05x over the four runs interleaved with
+them with a core each (`python -m lab.host.node_cores_bench`). LAB_NODE_CORES=shared
+keeps the nodes on all the machine's cores; a run on one node has them all anyway.
 
-The shares are of the cores this process may use (os.sched_getaffinity): the cluster is
-on this machine's Docker engine. Pure parts first, then the edge."""
+The cores are those this process may use (os.sched_getaffinity): the cluster is on this
+machine's Docker engine, and bench is to run unrestricted (not under taskset). Pure parts
+first, then the edge."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from lab.host.places.base import RunnerError
 
 NODE_CORES_VAR = "LAB_NODE_CORES"
 MODES = ("own", "shared")
+TOPOLOGY = Path("/sys/devices/system/cpu")
 
 
 def mode(environ=os.environ) -> str:
@@ -31,21 +36,6 @@ def mode(environ=os.environ) -> str:
                           f"unset it (each node has cores of its own during a run across nodes) or "
                           f"set it to shared")
     return value
-
-
-def shares(cpus: list[int], hosts: list[str]) -> dict[str, list[int]] | None:
-    """Each host's own cores: `cpus` in order, split into len(hosts) contiguous runs, the
-    first ones one core larger where they do not divide; None for fewer than 2 hosts or
-    fewer cpus than hosts (then the nodes share them all)."""
-    if len(hosts) < 2 or len(cpus) < len(hosts):
-        return None
-    cpus, out, start = sorted(cpus), {}, 0
-    size, extra = divmod(len(cpus), len(hosts))
-    for i, h in enumerate(hosts):
-        end = start + size + (1 if i < extra else 0)
-        out[h] = cpus[start:end]
-        start = end
-    return out
 
 
 def cpuset_text(cpus: list[int]) -> str:
@@ -70,41 +60,84 @@ def cpuset_list(text: str) -> list[int]:
     return out
 
 
+def physical_cores(cpus: list[int], siblings) -> list[list[int]]:
+    """`cpus` grouped by physical core (siblings(cpu): the cpuset text of its core's
+    hyper-threads, or None where unknown), in the order of each core's first cpu."""
+    seen: dict[tuple, list[int]] = {}
+    mine = set(cpus)
+    for c in sorted(mine):
+        text = siblings(c)
+        group = tuple(sorted(mine & set(cpuset_list(text)))) if text else (c,)
+        seen.setdefault(group or (c,), [])
+    return [list(g) for g in sorted(seen, key=min)]
+
+
+def shares(cores: list[list[int]], hosts: list[str]) -> dict[str, list[int]] | None:
+    """Each host's own cpus: len(cores) // len(hosts) whole cores each, contiguous in
+    order, the remainder unused (equal servers); None for fewer than 2 hosts or fewer
+    cores than hosts (then the nodes share them all)."""
+    if len(hosts) < 2 or len(cores) < len(hosts):
+        return None
+    size = len(cores) // len(hosts)
+    return {h: sorted(c for core in cores[i * size:(i + 1) * size] for c in core) for i, h in enumerate(hosts)}
+
+
+def _siblings(cpu: int) -> str | None:
+    for name in ("core_cpus_list", "thread_siblings_list"):     # the newer name, then the older
+        try:
+            return (TOPOLOGY / f"cpu{cpu}" / "topology" / name).read_text().strip()
+        except OSError:
+            continue
+    return None
+
+
 def machine_cpus() -> list[int]:
-    """The cores this process may use (the cluster's engine is on this machine)."""
+    """The cpus this process may use (the cluster's engine is on this machine)."""
     try:
         return sorted(os.sched_getaffinity(0))
     except AttributeError:      # not Linux
         return list(range(os.cpu_count() or 1))
 
 
-def planned(hosts: list[str], environ=os.environ) -> dict[str, str] | None:
+def planned(hosts: list[str], environ=os.environ, siblings=_siblings) -> dict[str, str] | None:
     """Host -> its cpuset during a run on `hosts`, or None where they share the cores
-    (LAB_NODE_CORES=shared, one node, fewer cores than nodes)."""
+    (LAB_NODE_CORES=shared, one node, fewer physical cores than nodes)."""
     if mode(environ) == "shared":
         return None
-    split = shares(machine_cpus(), hosts)
+    split = shares(physical_cores(machine_cpus(), siblings), hosts)
     return {h: cpuset_text(c) for h, c in split.items()} if split else None
 
 
 # ---------------------------------------------------------------- edge
 
 def give(found: dict, cpusets: dict[str, str]) -> None:
-    """Set each node's cpuset (host -> cpuset text); a refusal of the engine is one sentence."""
+    """Set each node's cpuset (host -> cpuset text) and check that the engine kept it (an
+    engine without the cpuset controller drops it with a warning, not an error); a refusal
+    is one sentence."""
     import docker.errors
     for host, text in cpusets.items():
+        c = found[host]
         try:
-            found[host].update(cpuset_cpus=text)
+            answer = c.update(cpuset_cpus=text) or {}
+            c.reload()
         except docker.errors.APIError as e:
-            raise RunnerError(f"giving {host} the cores {text} failed ({e.explanation or e}): set "
+            raise RunnerError(f"giving {host} the cpus {text} failed ({e.explanation or e}): set "
                               f"{NODE_CORES_VAR}=shared to run with the nodes sharing the cores") from None
+        kept = (c.attrs.get("HostConfig") or {}).get("CpusetCpus")
+        if answer.get("Warnings") or kept != text:
+            said = "; ".join(answer.get("Warnings") or []) or f"it kept {kept!r}"
+            raise RunnerError(f"the Docker engine did not give {host} the cpus {text} ({said}): set "
+                              f"{NODE_CORES_VAR}=shared to run with the nodes sharing the cores")
 
 
 def give_back(found: dict) -> None:
-    """Every node on all the machine's cores again (never raises: it runs in a finally)."""
+    """Every node not on all the machine's cpus put back on them (never raises: it runs in
+    a finally, and a node that stopped has nothing to give back)."""
     everything = cpuset_text(machine_cpus())
     for c in found.values():
         try:
-            c.update(cpuset_cpus=everything)
-        except Exception:       # a node that stopped: nothing to give back
+            c.reload()
+            if (c.attrs.get("HostConfig") or {}).get("CpusetCpus") not in ("", None, everything):
+                c.update(cpuset_cpus=everything)
+        except Exception:
             pass

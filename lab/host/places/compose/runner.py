@@ -10,7 +10,7 @@ import os
 from lab.common.forwarded_env import forwarded
 from lab.common.kit import REPO_ROOT
 from lab.host import jobs, launch
-from lab.host.places.base import JobResult, Runner, RunnerError
+from lab.host.places.base import JobResult, Runner
 from lab.host.places.compose import cores
 from lab.host.places.compose.cluster import (
     ClusterError,
@@ -130,6 +130,7 @@ class ClusterRunner(Runner):
                                + (f", or `docker compose up -d` in {REPO_ROOT}"
                                   if n == 2 and not self.up_flags else ""))
         self.found = {h: found[h] for h in node_names(n)}
+        self.cpusets: dict[str, str] | None = None     # while own_cores holds them
         wait_ssh(self.client, n, echo=echo)
         node1 = self.found["node1"]
         self.image = self.client.images.get(node1.image.id)
@@ -240,32 +241,36 @@ class ClusterRunner(Runner):
         from lab.host.places.compose import cluster
         cluster.unshape(self.found)
 
-    def _planned(self) -> dict[str, str] | None:
-        return cores.planned(list(self.found)) if self.owns_cores else None
-
     def own_cores(self, echo) -> dict[str, str] | None:
         """Across nodes, each its own share of the machine's cores while the run lasts
-        (lab.host.places.compose.cores); None on one node or with LAB_NODE_CORES=shared."""
-        planned = self._planned()
-        if planned:
-            try:
+        (lab.host.places.compose.cores), else every node on all of them (a run killed
+        before it gave them back left some on a share); None on one node or with
+        LAB_NODE_CORES=shared."""
+        if not self.owns_cores:
+            return None
+        planned = self.cpusets = cores.planned(list(self.found))
+        try:
+            if planned:
                 cores.give(self.found, planned)
-            except RunnerError:
+            else:
                 cores.give_back(self.found)
-                raise
+        except BaseException:
+            self.share_cores()
+            raise
+        if planned:
             echo("cores of their own: " + ", ".join(f"{h} {c}" for h, c in planned.items()))
-        self.cpusets = planned
         return planned
 
     def share_cores(self) -> None:
-        if getattr(self, "cpusets", None):
+        """Every node on all the machine's cores again (never raises)."""
+        if self.owns_cores:
             cores.give_back(self.found)
         self.cpusets = None
 
     def machines(self, np: int, stack: dict) -> list[tuple[str, int, int]]:
         """Per node, its ranks on its own cores where the run gives each node its own
-        (own_cores), else one machine: the nodes share this one's cores."""
-        planned = self._planned()
+        (own_cores, or what it will give), else one machine: the nodes share this one's."""
+        planned = self.cpusets or (cores.planned(list(self.found)) if self.owns_cores else None)
         if not planned:
             return super().machines(np, stack)
         return [(h, ranks, len(cores.cpuset_list(planned[h]))) for h, ranks in self.placement(np).items()]

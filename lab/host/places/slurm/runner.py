@@ -41,8 +41,9 @@ class SlurmClusterRunner(ClusterRunner):
     up_flags = " --scheduler slurm"
 
     sweep_shares = False        # each combination its own batch jobs: bench's choice
-    # slurmd counts the cores it was started with (its node's CPUs=); a cpuset changed
-    # under it would not be what it schedules by, so Slurm's nodes share them as started
+    # Slurm allocates the CPUs= that docker/cluster/slurm.sh wrote from `slurmd -C` when the
+    # node started, and a slurmd restarted on a share would register fewer than that
+    # (slurm.conf(5), NodeName CPUs): Slurm's nodes keep the cores they started with
     owns_cores = False
 
     launcher = "slurm"
