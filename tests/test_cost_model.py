@@ -60,7 +60,8 @@ def test_another_link_replaces_the_fitted_links_cost_and_delay():
 
 
 @pytest.mark.parametrize("folder", ["example-report-b", "model-bench-3", "model-bench-4", "model-bench-5",
-                                    "model-bench-6", "model-bench-7", "model-bench-8"])
+                                    "model-bench-6", "model-bench-7", "model-bench-8",
+                                    "model-bench-9", "model-bench-10"])
 def test_a_payload_byte_costs_the_link_with_tcps_framing_as_doctors_sweep_on_it_measured(folder):
     """doctor's Gloo sweep across the simulated cluster's nodes on its 100 Mbit/s link, as
     the benchmark runs kept in the checkout saved it, fits a per-byte cost within 1% of the

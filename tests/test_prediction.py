@@ -154,7 +154,7 @@ def test_a_reports_model_sections_show_the_predictions_of_prediction_json(tmp_pa
 
 @pytest.mark.parametrize("run,folder", [(2, "example-report-b"), (3, "model-bench-3"), (4, "model-bench-4"),
                                         (5, "model-bench-5"), (6, "model-bench-6"), (7, "model-bench-7"),
-                                        (8, "model-bench-8")])
+                                        (8, "model-bench-8"), (9, "model-bench-9"), (10, "model-bench-10")])
 def test_the_benchmark_runs_the_docs_publish_give_their_figures(run, folder):
     """docs/pages/report.md's table of the cost model's benchmark: each kept run's column is
     what `model_bench --only table` and `model_check --leave-out` print on its records today,
