@@ -119,3 +119,27 @@ def test_runs_with_and_without_cores_of_their_own_are_never_one_row():
     shared, own = run(None), run({"node1": "0", "node2": "1"})
     assert len(summary.rows([shared, own])) == 2
     assert len(summary.rows([own, run({"node1": "0", "node2": "1"})])) == 1
+
+
+def test_the_table_across_servers_says_whether_the_nodes_had_cores_of_their_own():
+    from lab.report import tables
+
+    def run(np, nodes, node_cores=None):
+        world = {"controller": "gloo", "hosts": ["node1", "node2"][:nodes], "devices_per_node": np // nodes,
+                 "place": "cluster", **({"node_cores": node_cores} if node_cores else {})}
+        return results.make_record("ok", run_id="r", config={"model": "mnist", "framework": "horovod",
+                                                             "backend": "gloo"}, np=np, nodes=nodes,
+                                   started_at=results.now_iso(), world=world,
+                                   figures={"throughput_img_s": 5000.0 * np, "step_time_mean_s": 0.006,
+                                            "step_time_p50_s": 0.006, "timed_steps": 100, "test_accuracy": 0.9})
+    own = [run(1, 1), run(2, 2, {"node1": "0", "node2": "1"})]
+    marks = tables.result_marks(own, across=True)
+    assert "Across the simulated cluster's nodes each node had cores of its own during the runs " \
+           "(cpus node1 0, node2 1), as servers have." in marks
+    assert not any("share the machine's cores" in m for m in marks)
+    assert not any("cores of its own" in m for m in tables.result_marks(own, across=False))
+    shared = [run(1, 1), run(2, 2)]
+    assert any(m.startswith("The runs across the simulated cluster's nodes had the nodes share the machine's cores")
+               for m in tables.result_marks(shared, across=True))
+    both = tables.result_marks(own + [run(2, 2)], across=True)
+    assert any(m.startswith("Some runs across") for m in both) and any("cores of its own" in m for m in both)

@@ -170,7 +170,7 @@ def footnotes(table_rows: list[dict]) -> list[str]:
             summ = r["throughput_summary"]
             out.append(f"* {r['framework']} over {r['back end']}, {r['compression']}, np {r['np']}: "
                        f"its {summ.n} runs differ by {r['noisy']:.0%} of their median "
-                       f"(more than {stats.NOISY:.0%}: the machine's speed changed between them), "
+                       f"(more than {stats.NOISY:.0%}: the machine's speed, or where its scheduler put the ranks, changed between them), "
                        f"so read this row as noise-prone.")
     return out
 

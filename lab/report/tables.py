@@ -97,7 +97,7 @@ def result_marks(records: list[dict], across: bool) -> list[str]:
     noisy = [row for row in table if row.get("noisy")]
     if noisy:
         out.append(f"Rows marked * ({len(noisy)} of {len(table)}): their runs differ by more than "
-                   f"{stats.NOISY:.0%} of their median (the machine's speed changed between them); "
+                   f"{stats.NOISY:.0%} of their median (the machine's speed, or where its scheduler put the ranks, changed between them); "
                    f"read them as noise-prone.")
     over = [row for row in table if row_oversubscribed(row)]
     if over:
@@ -106,6 +106,24 @@ def result_marks(records: list[dict], across: bool) -> list[str]:
         out.append(f"Rows marked {OVERSUBSCRIBED_MARK} ran oversubscribed ({what}): more busy threads "
                    f"than cores, so their time per step measures ranks sharing cores; the analysis "
                    f"does not read them as scaling.")
+    return out + (node_cores_marks(table) if across else [])
+
+
+def node_cores_marks(table: list[dict]) -> list[str]:
+    """Under the table across servers: whether the simulated cluster's nodes had cores of
+    their own during its runs (world.node_cores) or shared the machine's, each said once."""
+    runs = [r for row in table for r in row["records"] if r.get("world", {}).get("place") == "cluster"]
+    own = sorted({", ".join(f"{h} {c}" for h, c in r["world"]["node_cores"].items())
+                  for r in runs if r["world"].get("node_cores")})
+    out = []
+    if own:
+        out.append(f"Across the simulated cluster's nodes each node had cores of its own during the "
+                   f"runs (cpus {'; '.join(own)}), as servers have.")
+    shared = [r for r in runs if not r["world"].get("node_cores")]
+    if shared:
+        out.append(f"{'Some runs' if own else 'The runs'} across the simulated cluster's nodes had the nodes "
+                   f"share the machine's cores, so where the scheduler put the ranks changed their time "
+                   f"(docs/pages/cluster.md).")
     return out
 
 
