@@ -443,6 +443,7 @@ def test_a_run_across_the_nodes_gives_each_its_own_cores_and_then_all_of_them_ba
     assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-2000:]
     [r] = records_of(cp.stdout)
     assert "node_cores" not in r["world"] and "cores of their own" not in cp.stdout
+    assert "the nodes share the machine's cores (LAB_NODE_CORES=shared)" in cp.stdout
 
 
 def test_cores_the_engine_refuses_are_one_sentence_and_no_node_keeps_a_share(up, monkeypatch):

@@ -67,6 +67,7 @@ def result_rows(records: list[dict], across: bool, notes: Notes | None = None) -
     oversubscribed row's workers carry a mark."""
     notes = notes if notes is not None else Notes()
     rows = []
+    mixed = across and len(node_cores_kinds(records)) == 2
     for row in summary.rows(records):
         rec = row["record"]
         nodes = rec["world"]["nodes"]
@@ -74,6 +75,8 @@ def result_rows(records: list[dict], across: bool, notes: Notes | None = None) -
             continue
         label = setup_label(rec, records) + f"{row['framework']} / {row['back end']}" + (
             f" / {row['compression']}" if row.get("compression") not in (None, "none") else "") + link_label(rec)
+        if mixed and rec["world"].get("place") == "cluster":
+            label += " (own cores)" if rec["world"].get("node_cores") else " (shared cores)"
         if "failed" in row:
             rows.append([label, nodes, "", row["np"], f"failed {notes.add(failure_note(rec))}",
                          "", "", "", "", 1])
@@ -109,22 +112,36 @@ def result_marks(records: list[dict], across: bool) -> list[str]:
     return out + (node_cores_marks(table) if across else [])
 
 
+def _across_cluster(records: list[dict]) -> list[dict]:
+    return [r for r in records if r.get("status") == "ok" and r.get("world", {}).get("place") == "cluster"
+            and r["world"].get("nodes", 1) > 1]
+
+
+def node_cores_kinds(records: list[dict]) -> set[bool]:
+    """Whether the ok runs across the simulated cluster's nodes had cores of their own
+    (world.node_cores): {True}, {False}, both or none."""
+    return {bool(r["world"].get("node_cores")) for r in _across_cluster(records)}
+
+
 def node_cores_marks(table: list[dict]) -> list[str]:
     """Under the table across servers: whether the simulated cluster's nodes had cores of
-    their own during its runs (world.node_cores) or shared the machine's, each said once."""
-    runs = [r for row in table for r in row["records"] if r.get("world", {}).get("place") == "cluster"]
+    their own during its runs (world.node_cores) or shared the machine's, each said once;
+    where both, which rows (result_rows marks them)."""
+    runs = _across_cluster([r for row in table for r in row["records"]])
     own = sorted({", ".join(f"{h} {c}" for h, c in r["world"]["node_cores"].items())
                   for r in runs if r["world"].get("node_cores")})
-    out = []
-    if own:
-        out.append(f"Across the simulated cluster's nodes each node had cores of its own during the "
-                   f"runs (cpus {'; '.join(own)}), as servers have.")
     shared = [r for r in runs if not r["world"].get("node_cores")]
+    why = "so where the scheduler put the ranks changed their time (docs/pages/cluster.md)"
+    if own and shared:
+        return [f"Rows marked (own cores) ran with each of the simulated cluster's nodes on cores of its own "
+                f"(cpus {'; '.join(own)}), as servers have; rows marked (shared cores) had the nodes share "
+                f"the machine's cores, {why}."]
+    if own:
+        return [f"Across the simulated cluster's nodes each node had cores of its own during the "
+                f"runs (cpus {'; '.join(own)}), as servers have."]
     if shared:
-        out.append(f"{'Some runs' if own else 'The runs'} across the simulated cluster's nodes had the nodes "
-                   f"share the machine's cores, so where the scheduler put the ranks changed their time "
-                   f"(docs/pages/cluster.md).")
-    return out
+        return [f"The runs across the simulated cluster's nodes had the nodes share the machine's cores, {why}."]
+    return []
 
 
 def compression_groups(records: list[dict]) -> dict:

@@ -33,8 +33,8 @@ def mode(environ=os.environ) -> str:
     value = (environ.get(NODE_CORES_VAR) or "own").strip().lower()
     if value not in MODES:
         raise RunnerError(f"{NODE_CORES_VAR}={environ.get(NODE_CORES_VAR)!r} is neither own nor shared: "
-                          f"unset it (each node has cores of its own during a run across nodes) or "
-                          f"set it to shared")
+                          f"set it to own (the default: each node has cores of its own during a run "
+                          f"across nodes) or to shared (the nodes share all the machine's), or unset it")
     return value
 
 

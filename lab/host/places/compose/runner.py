@@ -259,6 +259,10 @@ class ClusterRunner(Runner):
             raise
         if planned:
             echo("cores of their own: " + ", ".join(f"{h} {c}" for h, c in planned.items()))
+        elif len(self.found) > 1:
+            why = ("LAB_NODE_CORES=shared" if cores.mode() == "shared" else
+                   "fewer physical cores than nodes")
+            echo(f"the nodes share the machine's cores ({why})")
         return planned
 
     def share_cores(self) -> None:
