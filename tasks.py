@@ -4,9 +4,9 @@ Defaults come from invoke.yaml; flags win."""
 from invoke import task
 from invoke.exceptions import Exit
 
-from lab.host import cli_hints
-from lab.host.flag_help import BENCH_HELP, K8S_HELP, SBATCH_HELP, SwitchTask, takes
-from lab.host.task_defaults import TaskDefaultsError, section, settings_of
+from lab.host.cli import cli_hints
+from lab.host.cli.flag_help import BENCH_HELP, K8S_HELP, SBATCH_HELP, SwitchTask, takes
+from lab.host.cli.task_defaults import TaskDefaultsError, section, settings_of
 
 cli_hints.install()     # an unknown flag gets the closest one, not only "No idea what ... is!"
 
@@ -24,13 +24,13 @@ def _defaults(c, name: str, allowed) -> dict:
 def bench(c, **flags):
     """Run distributed training (one run, or a sweep over lists), record it and print the table."""
     resume, profile_startup = flags.pop("resume"), flags.pop("profile_startup")
-    from lab.host.startup import CLOCK
+    from lab.host.run.startup import CLOCK
     CLOCK.begin()       # the command's start-up clock (figures.startup_host_s)
-    from lab.host.bench import Terminated, terminate_as_interrupt
-    from lab.host.plan import make_plan
-    from lab.host.progress import Display
-    from lab.host.request import BenchError
-    from lab.host.sweep import run_request
+    from lab.host.cli.progress import Display
+    from lab.host.errors import BenchError
+    from lab.host.request.plan import make_plan
+    from lab.host.run.bench import Terminated, terminate_as_interrupt
+    from lab.host.run.sweep import run_request
     from lab.report.bench_output import render
 
     display = Display()
@@ -66,9 +66,10 @@ def sbatch(c, nodes=None, timeout_s=None, partition="", gpus_per_node=None, cont
            **run):
     """Write the batch script of a bench run for a real Slurm cluster (nothing is submitted)."""
     flags = {**run, "nodes": nodes, "timeout_s": timeout_s}
+    from lab.host.errors import BenchError
     from lab.host.places.slurm.script import script_for_request
-    from lab.host.plan import make_plan
-    from lab.host.request import BenchError, whole
+    from lab.host.request.checks import whole
+    from lab.host.request.plan import make_plan
 
     try:
         settings = make_plan(flags, dict(c.config.get("bench", {}))).single("a batch script")
@@ -103,9 +104,10 @@ def k8s(c, nodes=None, timeout_s=None, api=None, registry=None, image=None, gpus
         pvc=None, namespace=None, **run):
     """Write a bench run as a Kubeflow MPIJob, TrainJob or PyTorchJob (nothing is submitted)."""
     flags = {**run, "nodes": nodes, "timeout_s": timeout_s}
+    from lab.host.errors import BenchError
     from lab.host.places.k8s import manifest as kube
-    from lab.host.plan import make_plan
-    from lab.host.request import BenchError, whole
+    from lab.host.request.checks import whole
+    from lab.host.request.plan import make_plan
 
     given = {k: v for k, v in dict(api=api, registry=registry, image=image, pvc=pvc,
                                    namespace=namespace).items() if v is not None}
@@ -128,9 +130,9 @@ def k8s(c, nodes=None, timeout_s=None, api=None, registry=None, image=None, gpus
 @task(help={"results-dir": "where the benchmark's records go"})
 def benchmark(c, results_dir="results"):
     """Measure MNIST and ResNet-50 throughput at np 1 and 2 beside the compute ceiling."""
-    from lab.host.bench import probe_stack, run
-    from lab.host.request import BenchError
-    from lab.host.sweep import benchmark_plans
+    from lab.host.errors import BenchError
+    from lab.host.run.bench import probe_stack, run
+    from lab.host.run.sweep import benchmark_plans
     from lab.report.bench_output import render
 
     try:
@@ -164,8 +166,8 @@ BUILD_HELP = {
 def build(c, flavor=None, gpu_ops=None, cuda=None, base_image=None, extra_ca=None,
           wheelhouse=None, torch_index=None, torchvision=True, nccl_tests=True, cuda_archs=None):
     """Build the lab image (pinned CUDA, Open MPI, NCCL, torch, Horovod) and smoke-test it."""
-    from lab.host.images import BuildError, BuildSettings
-    from lab.host.images import build as build_image
+    from lab.host.images.build import BuildError, BuildSettings
+    from lab.host.images.build import build as build_image
 
     given = dict(flavor=flavor, gpu_ops=gpu_ops, cuda=cuda, base_image=base_image,
                  extra_ca=extra_ca, wheelhouse=wheelhouse, torch_index=torch_index,
@@ -201,9 +203,10 @@ def doctor(c, np=None, json=False, local=False, image=None, frozen=False, wide=F
     """Diagnose the host and the lab image: what is wrong and how to fix it."""
     from envcheck import report
     from envcheck.stack import DEFAULT_NP
-    from lab.host import doctor as doc
+    from lab.host.errors import BenchError
     from lab.host.places.base import RunnerError
-    from lab.host.request import BenchError, whole
+    from lab.host.request.checks import whole
+    from lab.host.suites import doctor as doc
 
     where = "local" if local else ("image" if image else "auto")
     try:
@@ -251,8 +254,9 @@ def doctor(c, np=None, json=False, local=False, image=None, frozen=False, wide=F
                            "the checkout's results/); give bench the same --results-dir"})
 def up(c, nodes=None, image=None, gpu=False, scheduler=None, results_dir=None):
     """Bring up the simulated cluster (compose.yaml) and wait until its nodes answer on SSH."""
+    from lab.host.errors import BenchError
     from lab.host.places.compose import cluster
-    from lab.host.request import BenchError, whole
+    from lab.host.request.checks import whole
     defaults = _defaults(c, "up", settings_of(up))
     try:
         n = whole("nodes", nodes if nodes is not None else defaults.get("nodes"))
@@ -316,7 +320,7 @@ def report(c, path, format="md"):
                      "engine it is the plan anyway"})
 def acceptance(c, results_dir=None, dry_run=False, full=False, local=False):
     """Collect this machine's evidence in one archive: doctor, nccl-tests, bench and the report."""
-    from lab.host.acceptance import AcceptanceError, run
+    from lab.host.suites.acceptance import AcceptanceError, run
     defaults = _defaults(c, "acceptance", settings_of(acceptance))
     try:
         archive = run(results_dir or defaults.get("results_dir"), full=full or defaults.get("full", False),
@@ -334,7 +338,7 @@ def acceptance(c, results_dir=None, dry_run=False, full=False, local=False):
             "dry-run": "print the plan (each part's bench command and its estimate) and run nothing"})
 def lab(c, quick=False, resume=False, results_dir=None, device=None, dry_run=False):
     """Run the whole lab on this machine (within and across servers, LSTM, compression, strategies), then its report."""
-    from lab.host import course
+    from lab.host.suites import course
     defaults = _defaults(c, "lab", settings_of(lab))
     try:
         plan = course.make(results_dir or defaults.get("results_dir", "results"),

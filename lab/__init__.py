@@ -14,5 +14,5 @@ The packages say where their code runs:
 
 `envcheck` holds the probes (`invoke doctor`), which run on the host and where the
 ranks run; it imports `lab.common` (its Docker probes import `lab.common.docker_api`
-inside them), and `lab.host.doctor` composes it.
+inside them), and `lab.host.suites.doctor` composes it.
 """

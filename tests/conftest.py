@@ -13,7 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 # The stack probe (a Python importing torch, Horovod and DeepSpeed: about 5 s of a core
-# here) is answered from a cache of the session's own (lab.host.stack_cache, keyed as a
+# here) is answered from a cache of the session's own (lab.host.places.stack_cache, keyed as a
 # user's is) for what runs the real stack: every `invoke` a test starts and the modules'
 # `stack` fixtures. Inside a test's own process it is off (_stack_cache_off below): the
 # fakes of images and Pythons there would otherwise meet each other's answers.
@@ -79,7 +79,7 @@ def _stack_cache_off(request, monkeypatch):
     """No stack cache for the test's own process (see the top of this file); the processes
     it starts still read LAB_STACK_CACHE."""
     if request.module.__name__.rsplit(".", 1)[-1] not in ("test_cache_keys", "test_startup"):
-        from lab.host import stack_cache
+        from lab.host.places import stack_cache
         monkeypatch.setattr(stack_cache, "cache_dir", lambda: None)
 
 
@@ -198,10 +198,10 @@ def make_mnist_like(root: Path, train: int = 1536, test: int = 512, seed: int = 
 
 @pytest.fixture
 def short_ceiling(monkeypatch):
-    """The compute ceiling timed for 5 steps (lab.host.ceiling.command's flags): how long a
+    """The compute ceiling timed for 5 steps (lab.host.run.ceiling.command's flags): how long a
     ceiling is timed is its own rule (tests/test_gpu_records.py), not what a test of where
     and around what it is measured checks."""
-    from lab.host import ceiling
+    from lab.host.run import ceiling
     full = ceiling.command
 
     def short(s, processes, python):
@@ -227,7 +227,7 @@ class FakeImage:
     """An image as the Docker SDK returns it: tags, id, labels (lab.host.images writes
     them: the CUDA architectures and PTX of its build, docker/versions.env)."""
     def __init__(self, tag, archs, ptx="0"):
-        from lab.host.images import LABEL_PREFIX
+        from lab.common.docker_api import LABEL_PREFIX
         self.tags, self.id, self.short_id = [tag], "sha256:" + tag, tag
         self.labels = {LABEL_PREFIX + "cuda_archs": archs, LABEL_PREFIX + "cuda_ptx": ptx}
 
@@ -239,7 +239,7 @@ def engine_with(monkeypatch):
     stands for is only its image lookup (images.get); no GPU exists here."""
     import docker
     from lab.common import docker_api
-    from lab.host import images as image_choice
+    from lab.host.images import choice as image_choice
 
     def make(images, capabilities):
         class Images:
@@ -256,5 +256,5 @@ def engine_with(monkeypatch):
 @pytest.fixture(scope="module")
 def stack():
     """What local ranks can run (bench's own probe), once per module."""
-    from lab.host import bench
+    from lab.host.run import bench
     return bench.probe_stack()

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from lab.common import versions
-from lab.host import acceptance, acceptance_plan
 from lab.host.places import image as container
+from lab.host.suites import acceptance, acceptance_plan
 from tests.conftest import REPO, FakeImage
 
 FIX = Path(__file__).parent / "fixtures"
@@ -50,7 +50,7 @@ def fake_nvml(monkeypatch, count, fail_init=False):
 @pytest.fixture
 def gpu_host(monkeypatch, engine_with):
     """A host with N GPUs of compute capability 9.0 and an engine with the given images."""
-    from lab.host import images as image_choice
+    from lab.host.images import choice as image_choice
 
     def make(n, images=tuple(IMAGES.values()), capability="9.0"):
         fake_nvml(monkeypatch, n)
@@ -215,7 +215,7 @@ def test_the_no_docker_plan_runs_end_to_end_here_with_real_ranks(monkeypatch, tm
 def test_the_build_command_named_makes_the_tag_named(gpu_host, tmp_path):
     """A V100 (7.0) needs the CUDA 12.6 entry: the command says --cuda 12.6, and the
     build task's settings from that command give the very tag acceptance looks for."""
-    from lab.host.images import BuildSettings, tags
+    from lab.host.images.build import BuildSettings, tags
     gpu_host(1, images=[], capability="7.0")
     named = re.findall(r"  - (\S+) is not built \(`invoke build ([^`]+)`\)", dry_run(tmp_path))
     assert [t for t, _ in named] == ["dl-lab-kit:gpu-nccl-cu126", "dl-lab-kit:gpu-mpi-cu126"]
@@ -385,7 +385,7 @@ def test_every_bench_step_is_a_request_bench_accepts():
     import inspect
 
     import tasks
-    from lab.host.request import settings_from_flags
+    from lab.host.request.checks import settings_from_flags
     params = [p for p in inspect.signature(tasks.bench.body).parameters if p not in ("c", "resume")]
     for gpus, full in ((0, False), (1, False), (8, False), (8, True)):
         for step in (s for s in acceptance_plan.plan(gpus, "/tmp/acc", full=full, images=IMAGES).steps

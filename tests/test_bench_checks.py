@@ -6,7 +6,10 @@ import sys
 
 import pytest
 
-from lab.host.request import BenchError, BenchSettings, check_request, parse_np, resolve_framework
+from lab.host.errors import BenchError
+from lab.host.places.launch import resolve_framework
+from lab.host.request.checks import check_request, parse_np
+from lab.host.settings import BenchSettings
 
 CPU_STACK = {"torch": "2.13.0", "cuda_available": False, "gpus": 0,
              "ddp_backends": {"gloo": True, "mpi": False, "nccl": True},
@@ -65,7 +68,7 @@ def test_cli_bad_input_is_one_line_without_traceback(tmp_path):
 
 def test_flags_win_over_invoke_yaml_and_the_run_defaults_are_runconfigs():
     from lab.common.config import RunConfig
-    from lab.host.request import settings_from_flags
+    from lab.host.request.checks import settings_from_flags
     defaults = {"np": "2", "timeout_s": 3600, "where": "auto", "epochs": 3}
     s, lists = settings_from_flags({"np": "1,4", "backend": "gloo,mpi", "epochs": None,
                                     "local": True}, defaults)
@@ -152,7 +155,7 @@ def test_an_unusable_results_folder_is_one_sentence(tmp_path):
 
 
 def test_open_mpi_yields_on_cpu_runs_only_and_a_users_value_wins(monkeypatch):
-    from lab.host.launch import YIELD_WHEN_IDLE, job_env
+    from lab.host.places.launch import YIELD_WHEN_IDLE, job_env
     monkeypatch.delenv(YIELD_WHEN_IDLE, raising=False)
     assert job_env(BenchSettings(np=[2], device="cpu"))[YIELD_WHEN_IDLE] == "1"
     assert YIELD_WHEN_IDLE not in job_env(BenchSettings(np=[2], device="cuda"))
@@ -216,8 +219,8 @@ def test_gpu_counts_that_fit_run_and_the_rest_are_skipped_with_the_reason(tmp_pa
     (bench's path) and a sweep of two (the sweep's) alike. The launch is replaced: this
     machine has no GPU for real CUDA ranks."""
     from lab.common import results
-    from lab.host import bench, sweep
-    from lab.host.plan import make_plan
+    from lab.host.request.plan import make_plan
+    from lab.host.run import bench, sweep
     two_gpus = dict(CPU_STACK, cuda_available=True, gpus=2)
     monkeypatch.setattr(bench, "probe_stack", lambda runner=None: two_gpus)
     monkeypatch.setattr(sweep, "probe_stack", lambda runner=None: two_gpus)

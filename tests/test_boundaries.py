@@ -31,7 +31,7 @@ def imported_after(mods: list[str]) -> set:
 
 
 def kit_parts(mods: set) -> set:
-    """lab.host.bench -> lab.host; envcheck.probes -> envcheck."""
+    """lab.host.run.bench -> lab.host; envcheck.probes -> envcheck."""
     return {".".join(m.split(".")[:2]) if m.startswith("lab.") else "envcheck" for m in mods
             if m.startswith(("lab.", "envcheck"))}
 

@@ -1,5 +1,5 @@
 """The caches of stack measurements (the run folder's manifest, lab.worker.manifest; the
-stack probe's answer for a Python and for an image, lab.host.stack_cache) answer anew
+stack probe's answer for a Python and for an image, lab.host.places.stack_cache) answer anew
 when what the measurement depends on changes: an installed package, the user site, the
 visible GPUs, the driver. Real Pythons (a scratch venv) where a package changes."""
 import json
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from lab.common import stack_facts
-from lab.host import stack_cache
+from lab.host.places import stack_cache
 from lab.worker import manifest
 
 REPO = Path(__file__).resolve().parent.parent

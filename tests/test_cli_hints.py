@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.host.cli_hints import hint
+from lab.host.cli.cli_hints import hint
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -69,7 +69,7 @@ def test_an_unknown_task_names_the_closest():
 
 
 def test_bench_help_groups_every_flag_shows_defaults_and_ends_with_examples():
-    from lab.host.flag_help import BENCH_EXAMPLES, BENCH_GROUPS, BENCH_HELP
+    from lab.host.cli.flag_help import BENCH_EXAMPLES, BENCH_GROUPS, BENCH_HELP
     out = invoke("bench", "--help").stdout
     titles = [line for line in out.splitlines() if line.startswith("Options, ")]
     assert titles == [f"Options, {t}:" for t in BENCH_GROUPS]

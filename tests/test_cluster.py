@@ -313,7 +313,7 @@ def test_the_lab_refuses_a_running_cluster_that_writes_elsewhere_before_any_part
     """invoke lab --results-dir X with a cluster up that mounts another folder: every
     cross-server run would be skipped, so nothing runs and the sentence says what to do;
     the cluster's own folder is accepted."""
-    from lab.host import course
+    from lab.host.suites import course
     plan = course.make(str(tmp_path), True, course.Machine(0, ("gloo",), "", False))
     with pytest.raises(course.CourseError, match=r"the running cluster's nodes write into .*"
                                                  r"`invoke down`.*--results-dir"):
@@ -328,7 +328,7 @@ def test_doctor_times_the_collectives_across_the_nodes_against_the_shaped_link(u
     collective's bus bandwidth is a share of that rate, and none passes it by more
     than the token bucket's burst allows (unshaped, the nodes' veth pair carries well
     over 1 GB/s, so a shaping that did not apply fails here)."""
-    from lab.host import doctor
+    from lab.host.suites import doctor
     row = doctor.across_nodes(doctor.check_across(2, "200mbit"), "200mbit", echo=lambda line: None)
     assert row["status"] == "PASS", row["fix"]
     v = row["value"]
@@ -353,8 +353,8 @@ def test_the_compute_ceiling_is_measured_on_every_node(up, short_ceiling):
     ranks and the ceiling's processes on the nodes, for real), so that each measurement
     times 5 steps, as tests/test_runs.py's do: how long a ceiling is timed (200 steps and
     10 s at least, twice) is its own rule (tests/test_gpu_records.py), not what this checks."""
-    from lab.host import bench as lab_bench
-    from lab.host.request import BenchSettings
+    from lab.host.run import bench as lab_bench
+    from lab.host.settings import BenchSettings
     from lab.report.bench_output import render
     lines: list[str] = []
     outcome = lab_bench.run(BenchSettings(nodes=2, np=[2], framework="ddp", max_steps=15, ceiling=True,
@@ -405,9 +405,9 @@ def test_link_shaping_is_applied_and_recorded(up):
 def test_a_run_across_the_nodes_gives_each_its_own_cores_and_then_all_of_them_back(up):
     """While a run spans the nodes each has its share of the machine's cores (its ranks
     see only those), the record says which, and afterwards every node has them all."""
-    from lab.host.bench import oversubscription
     from lab.host.places.compose import cores
     from lab.host.places.compose.runner import ClusterRunner
+    from lab.host.run.bench import oversubscription
     mine = cores.machine_cpus()
     if len(cores.physical_cores(mine, cores._siblings)) < 2:
         pytest.skip("one core: the nodes can only share it")
@@ -1076,7 +1076,7 @@ def test_the_lab_refuses_a_cluster_that_is_partly_up(tmp_path, monkeypatch):
 
     import docker
     from lab.common.docker_api import CLUSTER
-    from lab.host import course
+    from lab.host.suites import course
     project = f"labtest-partly-{uuid.uuid4().hex[:6]}"
     monkeypatch.setenv("COMPOSE_PROJECT_NAME", project)
     client = docker.from_env(timeout=60)

@@ -5,8 +5,8 @@ import pytest
 
 from lab.common.docker_api import MANAGED_BY
 from lab.common.kit import REPO_ROOT
-from lab.host import images
 from lab.host import places as where
+from lab.host.images import choice as images
 from lab.host.places import image as container
 
 

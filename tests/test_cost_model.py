@@ -633,7 +633,7 @@ def test_a_left_out_configuration_is_predicted_from_the_others_and_doctors_sweep
 
 
 def test_the_model_benchmark_measures_every_term_and_prints_the_errors(tmp_path, capsys):
-    from lab.host import model_bench
+    from lab.benchmarks import model_bench
     cmds = model_bench.commands("R", 1)
     benches = [c for part in cmds.values() for c in part if c[0] == "bench"]
     # the DDP runs measure the ceiling, Horovod's share it (the same model, batch and
@@ -670,7 +670,7 @@ def test_the_model_benchmark_measures_every_term_and_prints_the_errors(tmp_path,
 def test_the_model_benchmark_prints_the_machines_speed_on_each_link():
     """The ceilings of the runs across servers, per link: a slower machine during the
     left-out runs shows as a ceiling below the one at 1 Gbit/s."""
-    from lab.host import model_bench
+    from lab.benchmarks import model_bench
     recs = [across(2, 0.030, PARTS_TWO, "1gbit", coll_s=0.002, ceiling=3000.0),
             across(2, 0.030, PARTS_TWO, "1gbit", coll_s=0.002, ceiling=3200.0),
             across(2, 0.040, PARTS_TWO, "100mbit", coll_s=0.007, ceiling=2325.0),

@@ -491,7 +491,7 @@ def _engine_with(engine_with, tags):
     (["dl-lab-kit:gpu-nccl", "dl-lab-kit:gpu-mpi"], ["dl-lab-kit:gpu-nccl", "dl-lab-kit:gpu-mpi"]),
 ])
 def test_doctor_checks_whichever_gpu_images_are_built(monkeypatch, engine_with, built, checked):
-    from lab.host import doctor
+    from lab.host.suites import doctor
     gpus = probes.parse_nvidia_smi((FIX / "nvidia-smi-1x-l4.txt").read_text())
     monkeypatch.setattr(host, "collect", lambda: [Result("gpus", PASS, gpus)])
     _engine_with(engine_with, built)
@@ -576,7 +576,7 @@ def test_more_ranks_than_cores_is_a_warning_with_the_count():
 
 
 def test_the_collectives_across_a_slow_link_leave_out_the_sizes_it_cannot_move_in_time():
-    from lab.host.doctor import ACROSS_SIZES, across_sizes
+    from lab.host.suites.doctor import ACROSS_SIZES, across_sizes
     assert across_sizes(None) == list(ACROSS_SIZES) == across_sizes(0.125)   # 1 Gbit/s: 16 MiB in 0.13 s
     assert across_sizes(0.025) == [65536, 1048576]                          # 200 Mbit/s
     assert across_sizes(1.25e-4) == [4096]                                  # 1 Mbit/s

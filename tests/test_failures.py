@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from lab.host.failures import RankEnd
-from lab.host.launcher_output import LauncherWatch
+from lab.host.watch.failures import RankEnd
+from lab.host.watch.launcher_output import LauncherWatch
 
 FIXTURES = Path(__file__).parent / "fixtures" / "launchers"
 
@@ -39,8 +39,8 @@ def test_the_rank_killed_first_and_how(name, host):
 def test_a_rank_horovodrun_names_without_its_host_gets_the_host_of_its_heartbeat(tmp_path):
     """horovodrun over Gloo says "Process 1 exit with status code 137." and no host: the
     record's host is where rank 1's last heartbeat came from (node2 on the cluster)."""
-    from lab.host.failures import attribute_failure
     from lab.host.places.base import JobResult
+    from lab.host.watch.failures import attribute_failure
     w, _ = watch_file("horovodrun-gloo-rank1-sigkill.txt")
     res = JobResult(1, [], "exited")
     beats = {0: {"rank": 0, "host": "node1"}, 1: {"rank": 1, "host": "node2"}}
@@ -117,8 +117,8 @@ def test_torchruns_failure_report_is_said_in_one_line_and_still_names_the_rank()
     """torchrun's report ("=" border, "<module> FAILED", its Failures and Root Cause blocks)
     is read, then shown as one line: under torchrun (captured), on the cluster's nodes
     (captured) and as the kit's local launcher writes it (its own writer)."""
-    from lab.host import local_launcher
-    from lab.host.launcher_output import StreamWatches
+    from lab.host.places import local_launcher
+    from lab.host.watch.launcher_output import StreamWatches
     w, shown = watch_file("torchrun-rank1-sigkill.txt")
     text = "\n".join(shown)
     assert "Root Cause" not in text and "error_file" not in text and "=" * 60 not in text
@@ -164,7 +164,7 @@ def test_a_report_interrupted_by_other_output_is_passed_on_and_a_traceback_of_it
     """Two torchruns' reports in one unprefixed output (a Slurm job's file), the first cut
     short by srun's line: nothing is lost, the second still said in one line; a root cause
     whose error file gave a call stack keeps that stack's last line."""
-    from lab.host import local_launcher
+    from lab.host.places import local_launcher
     a = local_launcher.failure_block("lab.worker.train", (0, 1, 11), []).splitlines()
     b = local_launcher.failure_block("lab.worker.train", (1, -9, 12), []).splitlines()
     shown = []

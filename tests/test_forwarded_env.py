@@ -97,8 +97,8 @@ def test_a_slurm_job_on_the_cluster_exports_them(host_env):
 
 
 def test_your_hosts_get_them_over_ssh(host_env, tmp_path):
-    from lab.host.launch import Host
     from lab.host.places.hosts import HostsRunner, remote
+    from lab.host.places.launch import Host
     r = HostsRunner([Host("gpu1", 1), Host("gpu2", 1)], str(tmp_path), None)
     env = r._env({"OMP_NUM_THREADS": "1"})
     _has(env, {**EVERYWHERE, **INTERFACES}, absent=["CUDA_VISIBLE_DEVICES", *LAUNCHER])

@@ -159,10 +159,11 @@ def test_nvmls_brand_decides_forward_compatibility(monkeypatch):
 def test_bench_takes_the_13_0_image_through_forward_compatibility(engine_with, monkeypatch, tmp_path):
     """On R535 with a data-center GPU: a built 12.6 image first (native), else 13.0 with
     a one-line note, not a refusal."""
+    from lab.common.docker_api import LABEL_PREFIX
     from lab.common.versions import read
-    from lab.host import images, places
+    from lab.host import places
     from lab.host.errors import RunnerError
-    from lab.host.images import LABEL_PREFIX
+    from lab.host.images import choice as images
     from tests.conftest import FakeImage
 
     def image(tag, cuda):

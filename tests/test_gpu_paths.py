@@ -59,7 +59,9 @@ import sys  # noqa: E402
 import types  # noqa: E402
 
 from lab.common import kit  # noqa: E402
-from lab.host.request import BenchError, BenchSettings, check_request  # noqa: E402
+from lab.host.errors import BenchError  # noqa: E402
+from lab.host.request.checks import check_request  # noqa: E402
+from lab.host.settings import BenchSettings  # noqa: E402
 
 
 class FakeHvd(types.ModuleType):
@@ -172,9 +174,9 @@ def test_the_8bit_payload_stays_on_the_gpu_only_where_horovod_takes_gpu_memory(h
 # The image must have code for the host's GPUs: a V100 (7.0) gets the CUDA 12.6 image,
 # since the CUDA 13 builds start at 7.5 (docker/versions.env says why).
 from lab.common import versions  # noqa: E402
-from lab.host import images  # noqa: E402
+from lab.common.docker_api import LABEL_PREFIX  # noqa: E402
 from lab.host import places as where  # noqa: E402
-from lab.host.images import LABEL_PREFIX  # noqa: E402
+from lab.host.images import choice as images  # noqa: E402
 from tests.conftest import FakeImage  # noqa: E402
 
 
@@ -421,7 +423,7 @@ def test_doctor_prints_a_gpu_collectives_share_of_the_links_and_leaves_the_cpu_o
 
     from envcheck.probes import PASS, Result
     from envcheck.report import collectives_line
-    from lab.host.doctor import with_link_reference
+    from lab.host.suites.doctor import with_link_reference
     cp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                          "--standalone", "-m", "envcheck.collectives", "--backend", "gloo",
                          "--sizes", "4096,65536", "--iters", "2", "--warmup", "1"],
@@ -577,8 +579,8 @@ def test_cpu_jobs_in_a_gpu_image_are_spared_open_mpis_libcuda_notice(tmp_path, m
 # --hosts with GPUs: each host runs its slots' ranks (mpirun's hostfile semantics), so
 # each is checked against its own GPUs, not the first host's with ceil(np/hosts) ranks.
 def _hosts_runner(monkeypatch, tmp_path, gpus: dict):
-    from lab.host.launch import parse_hosts
     from lab.host.places.hosts import HostsRunner
+    from lab.host.places.launch import parse_hosts
     spec = ",".join(f"{h}:{slots}" for h, (slots, _) in gpus.items())
     r = HostsRunner(parse_hosts(spec), str(tmp_path), None)
     base = {"kit": "x", "python": "3.11", "torch": "2.13.0", "cuda_available": True, "mpirun": True,

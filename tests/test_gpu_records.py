@@ -117,8 +117,8 @@ def test_the_ceiling_times_at_least_n_steps_and_at_least_t_seconds():
 
 
 def test_the_hosts_ceiling_command_states_the_rule():
-    from lab.host.ceiling import command
-    from lab.host.request import BenchSettings
+    from lab.host.run.ceiling import command
+    from lab.host.settings import BenchSettings
     from lab.worker.ceiling import MIN_SECONDS
     argv = command(BenchSettings(np=[1], model="resnet50"), 1, "python")
     assert argv[argv.index("--min-seconds") + 1] == str(MIN_SECONDS)

@@ -8,8 +8,8 @@ import types
 
 import pytest
 
-from lab.host import places, this_machine
-from lab.host.launch import Host, HostsError
+from lab.host import places
+from lab.host.places import this_machine
 from lab.host.places.hosts import (
     check_first_host,
     check_hosts,
@@ -21,6 +21,7 @@ from lab.host.places.hosts import (
     rendezvous_port,
     stack_mismatches,
 )
+from lab.host.places.launch import Host, HostsError
 
 
 def test_hostfiles_in_mpiruns_format():
@@ -119,7 +120,7 @@ def test_hosts_naming_another_machine_first_are_refused_before_any_rank(tmp_path
     (no ssh to the host, no run folder)."""
     from lab.common import proc
     from lab.host.places.base import RunnerError
-    from lab.host.request import settings_from_flags
+    from lab.host.request.checks import settings_from_flags
     started = []
     real_start = proc.start
     monkeypatch.setattr(proc, "start", lambda argv, **kw: (started.append(argv), real_start(argv, **kw))[1])

@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from lab.common import results
-from lab.host.images import IMAGE_REPO, LABEL_PREFIX
+from lab.common.docker_api import IMAGE_REPO, LABEL_PREFIX
 from tests.conftest import make_mnist_like, wait_for_pending_image
 
 IMAGE = f"{IMAGE_REPO}:cpu"

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from lab.common import versions
-from lab.host import images
+from lab.host.images import build as images
 
 DOCKERFILE = Path(__file__).resolve().parent.parent / "docker" / "Dockerfile"
 

@@ -1,13 +1,13 @@
-"""The one job loop (lab.host.jobs) with real processes, and the failure watch per
-stream (lab.host.launcher_output.StreamWatches) on real launcher output read as two nodes
+"""The one job loop (lab.host.places.jobs) with real processes, and the failure watch per
+stream (lab.host.watch.launcher_output.StreamWatches) on real launcher output read as two nodes
 printing at once."""
 import sys
 import time
 from pathlib import Path
 
 from lab.common import proc
-from lab.host import jobs
-from lab.host.launcher_output import LauncherWatch, StreamWatches
+from lab.host.places import jobs
+from lab.host.watch.launcher_output import LauncherWatch, StreamWatches
 
 FIXTURES = Path(__file__).parent / "fixtures" / "launchers"
 
@@ -151,8 +151,8 @@ def test_the_local_runner_runs_what_its_commands_say(tmp_path):
 def test_the_hosts_runner_runs_what_its_commands_say_environment_included():
     """--hosts with DDP: one ssh per host carrying the job's environment; run() starts
     those very commands (the hosts do not exist, so each ssh fails at once)."""
-    from lab.host.launch import parse_hosts
     from lab.host.places.hosts import HostsRunner
+    from lab.host.places.launch import parse_hosts
     runner = HostsRunner(parse_hosts("nohost-a.invalid:1,nohost-b.invalid:1"), "results", None)
     job = launch_of(np=2)
     cmds = runner.commands(job)

@@ -22,9 +22,10 @@ import pytest
 import yaml
 
 from lab.common.config import parse_args
+from lab.host.errors import BenchError
 from lab.host.places.k8s import jobs as k8s_jobs
 from lab.host.places.k8s import manifest as k8s
-from lab.host.request import BenchError, settings_from_flags
+from lab.host.request.checks import settings_from_flags
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures" / "k8s"

@@ -11,9 +11,10 @@ import subprocess
 import pytest
 import yaml
 
+from lab.host.errors import BenchError
 from lab.host.places.k8s import jobs as k8s_jobs
 from lab.host.places.k8s import manifest as k8s
-from lab.host.request import BenchError, settings_from_flags
+from lab.host.request.checks import settings_from_flags
 from tests.test_k8s import FIXTURES, container, invoke, put, validate
 
 PVC = "lab-results"

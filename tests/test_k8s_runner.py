@@ -18,11 +18,12 @@ import pytest
 from lab.common import results
 from lab.common.config import parse_args
 from lab.host import places
+from lab.host.errors import BenchError
 from lab.host.places.base import RunnerError
 from lab.host.places.k8s import cluster as k8s_cluster
 from lab.host.places.k8s import manifest as k8s
 from lab.host.places.k8s import runner as k8s_runner
-from lab.host.request import BenchError, BenchSettings
+from lab.host.settings import BenchSettings
 from tests.k8s_fake_api import FakeAPI, Scenario, captured, pod
 
 REPO = Path(__file__).resolve().parent.parent
@@ -91,7 +92,7 @@ def cluster(tmp_path, monkeypatch):
 
 
 def bench_run(tmp_path, api="auto", pending_s=30.0, **flags):
-    from lab.host import bench
+    from lab.host.run import bench
     s = BenchSettings(**{"np": [2], "framework": "horovod", "backend": "gloo", "data": "synthetic",
                          "epochs": 1, "batch_size": 8, "synthetic_size": 64, "warmup_steps": 1,
                          "results_dir": str(tmp_path / "results"), "launcher": "k8s", "stall_s": -1,
@@ -387,7 +388,7 @@ def restarted(status: dict, container: str, count: int, waiting: str = "") -> di
 
 def test_max_restarts_the_operator_reruns_the_launcher_and_its_log_is_read_again(tmp_path, cluster):
     """--max-restarts 2: the MPIJob carries backoffLimit 2 and an OnFailure launcher; bench
-    launches it once (the operator retries, lab.host.restart.run does not); the rerun
+    launches it once (the operator retries, lab.host.run.restart.run does not); the rerun
     container's log is read as well, and the record it prints again (the same emptyDir)
     is appended once."""
     printed: list[list[str]] = []

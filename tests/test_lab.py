@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from lab.common import results
-from lab.host import course, course_plan
-from lab.host.plan import make_plan
-from lab.host.request import settings_from_flags
+from lab.host.request.checks import settings_from_flags
+from lab.host.request.plan import make_plan
+from lab.host.suites import course, course_plan
 from tests.conftest import requires_horovod
 
 REPO = Path(__file__).resolve().parent.parent
@@ -68,7 +68,7 @@ def test_every_section_has_a_part_that_runs_and_no_gpu_part_asks_for_more_ranks_
     ones skipped with the reason where no Docker engine is), every part is a request bench
     accepts whose process counts all fit this machine's GPUs by bench's own check, and
     with GPUs every model, framework and back end runs at np 1 on them."""
-    from lab.host.request import refused_counts
+    from lab.host.request.checks import refused_counts
     backends = ("gloo", "mpi") + (("nccl",) if gpus else ())
     why = "" if docker else "no Docker engine here (socket refused); the cross-server part needs one"
     p = course_plan.plan("r", quick=quick, gpus=gpus, backends=backends, cluster=why)
@@ -133,7 +133,7 @@ def test_the_lab_finds_this_machines_horovod():
 def test_the_lab_looks_for_horovod_where_its_local_ranks_run(monkeypatch):
     """From the stack probe bench makes of the local ranks: not installed, or installed
     and not importing (bench would skip every Horovod run either way)."""
-    from lab.host import bench
+    from lab.host.run import bench
     stacks = iter([{"torch": "2.13.0"},
                    {"torch": "2.13.0", "horovod_error": "ImportError: undefined symbol: _ZN3c10"},
                    {"torch": "2.13.0", "horovod": {"gloo": True, "mpi": False}}])
@@ -204,8 +204,8 @@ def test_a_shrunk_lab_runs_every_local_part_and_reports_them(tmp_path):
 
 
 def test_a_part_whose_every_run_was_skipped_is_not_ok():
-    from lab.host.bench import Outcome
-    from lab.host.request import BenchSettings, base_config
+    from lab.host.run.bench import Outcome
+    from lab.host.settings import BenchSettings, base_config
     cfg = base_config(BenchSettings(np=[2], run_id="x"), "ddp").as_record()
 
     def rec(status):

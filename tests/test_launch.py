@@ -1,8 +1,8 @@
 """Launch command construction: pure functions, no processes."""
 import pytest
 
-from lab.host import launch
-from lab.host.launch import Host
+from lab.host.places import launch
+from lab.host.places.launch import Host
 
 
 def test_parse_hosts():

@@ -109,8 +109,8 @@ def test_the_ceiling_measures_the_runs_own_input():
     assert cp.returncode == 0, cp.stderr[-2000:]
     out = json.loads(cp.stdout)
     assert out["input"] == [1, 28, 28] and out["classes"] == 10
-    from lab.host.ceiling import command
-    from lab.host.request import BenchSettings
+    from lab.host.run.ceiling import command
+    from lab.host.settings import BenchSettings
     argv = command(BenchSettings(np=[1], model="resnet50", data="digits"), 1, "python")
     assert argv[argv.index("--data") + 1] == "digits" and argv[argv.index("--model") + 1] == "resnet50"
 

@@ -4,8 +4,8 @@ the benchmark's table from records written by the kit's own writer. The nodes' c
 set for real are tested with the cluster (tests/test_cluster.py)."""
 import pytest
 
+from lab.benchmarks import node_cores_bench
 from lab.common import results
-from lab.host import node_cores_bench
 from lab.host.places.base import RunnerError
 from lab.host.places.compose import cores
 

@@ -14,10 +14,12 @@ import pytest
 
 from lab.common import heartbeat, options
 from lab.common.config import RunConfig
-from lab.host import launch, places
-from lab.host.errors import RunnerError
+from lab.host import places
+from lab.host.errors import BenchError, RunnerError
+from lab.host.places import launch
 from lab.host.places.base import FEATURES, Runner
-from lab.host.request import BenchError, BenchSettings, settings_from_flags
+from lab.host.request.checks import settings_from_flags
+from lab.host.settings import BenchSettings
 
 CELLS = [(name, feature) for name in places.PLACES for feature in FEATURES]
 
@@ -47,7 +49,7 @@ def overrides(cls, method: str) -> bool:
 # What each feature needs of a place that says it works.
 def stall_watch_works(cls, name):
     # The watch reads the heartbeats in the run's folder on this machine, or their marker
-    # lines in the output run() streams to the echo bench hands it (lab.host.stall).
+    # lines in the output run() streams to the echo bench hands it (lab.host.watch.stall).
     assert cls.heartbeat_channel in heartbeat.CHANNELS
     if cls.heartbeat_channel != "folder":
         assert overrides(cls, "run") and "echo" in inspect.signature(cls.run).parameters

@@ -1,4 +1,4 @@
-"""The plan (lab.host.plan): flags parsed and checked once into an immutable list of
+"""The plan (lab.host.request.plan): flags parsed and checked once into an immutable list of
 jobs, read by bench, sweeps, invoke sbatch and invoke k8s."""
 import dataclasses
 import inspect
@@ -9,8 +9,10 @@ import pytest
 import tasks
 from lab.common import options, results
 from lab.common.config import RunConfig
-from lab.host import plan as plans
-from lab.host.request import BENCH_FLAGS, BenchError, BenchSettings, base_config, settings_from_flags
+from lab.host.errors import BenchError
+from lab.host.request import plan as plans
+from lab.host.request.checks import settings_from_flags
+from lab.host.settings import BENCH_FLAGS, BenchSettings, base_config
 from lab.report import records
 
 DEFAULTS = {"np": "2", "timeout_s": 3600}
@@ -217,7 +219,7 @@ def test_hosts_take_no_setting_of_the_simulated_cluster(tmp_path, first_host_her
 def test_a_resumed_combination_that_is_skipped_records_only_what_was_not_recorded(tmp_path):
     """np 1 of ddp over nccl was recorded ok (made by the kit's writer); on --resume the
     combination cannot run here (no GPU) and is skipped: for np 2 only."""
-    from lab.host import sweep
+    from lab.host.run import sweep
     rfile = results.run_dir(str(tmp_path), "r") / results.RESULTS_FILE
     rfile.parent.mkdir(parents=True)
     s = BenchSettings(np=[1], framework="ddp", backend="nccl", results_dir=str(tmp_path), run_id="r")
@@ -245,7 +247,7 @@ def test_the_plan_holds_the_options_of_launcher_k8s(tmp_path):
 def test_invoke_yamls_bench_switches_are_honoured_and_a_switch_given_wins(tmp_path):
     """ceiling, debug and frozen given as defaults hold when the flags are left off (None);
     --X (True) and --no-X (False) win over invoke.yaml either way."""
-    from lab.host.request import settings_from_flags
+    from lab.host.request.checks import settings_from_flags
     flags = {"ceiling": None, "debug": None, "frozen": None, "local": False, "image": None, "np": None}
     on = {"np": "2", "ceiling": True, "debug": True, "frozen": True}
     s, _ = settings_from_flags(flags, on)
@@ -261,7 +263,7 @@ def test_invoke_yamls_bench_switches_are_honoured_and_a_switch_given_wins(tmp_pa
 @pytest.mark.parametrize("key,hint", [("epoch", "did you mean 'epochs'?"), ("cieling", "did you mean 'ceiling'?"),
                                       ("zzz", "one of ")])
 def test_a_misspelt_bench_default_is_one_sentence_naming_the_closest(key, hint):
-    from lab.host.request import settings_from_flags
+    from lab.host.request.checks import settings_from_flags
     with pytest.raises(BenchError, match=f"invoke.yaml's bench: has no setting '{key}': {re.escape(hint)}"):
         settings_from_flags({"np": None}, {"np": "2", key: 1})
 
@@ -286,7 +288,7 @@ def test_a_launcher_that_is_no_place_is_one_sentence(tmp_path):
 def test_a_task_body_receives_every_flag_of_the_table_given_or_not():
     """flag_help.takes: called from Python as from invoke's parser, the body gets each
     option (its not-given value), and a name the task does not take is refused."""
-    from lab.host.flag_help import takes
+    from lab.host.cli.flag_help import takes
 
     @takes("k8s")
     def body(c, nodes=None, **run):

@@ -10,8 +10,10 @@ import torch
 
 from lab.common import options
 from lab.common.config import ConfigError, RunConfig
-from lab.host import bench
-from lab.host.request import BenchError, BenchSettings, settings_from_flags
+from lab.host.errors import BenchError
+from lab.host.request.checks import settings_from_flags
+from lab.host.run import bench
+from lab.host.settings import BenchSettings
 from lab.worker import precision
 from tests.conftest import requires_horovod
 from tests.test_strategy_deepspeed import needs_deepspeed
@@ -199,7 +201,7 @@ def test_bf16_trains_on_the_cpu_through_deepspeed(stack, tmp_path):
 
 
 def test_the_ceiling_is_measured_at_the_runs_precision():
-    from lab.host.ceiling import command
+    from lab.host.run.ceiling import command
     from lab.worker.ceiling import measure
     out = measure("mnist", batch_size=4, steps=2, warmup=0, min_seconds=0, precision_name="bf16")
     assert out["precision"] == "bf16" and out["forward_dtypes"] == ["bfloat16"]

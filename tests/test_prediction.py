@@ -159,7 +159,7 @@ def test_the_benchmark_runs_the_docs_publish_give_their_figures(run, folder):
     """docs/pages/report.md's table of the cost model's benchmark: each kept run's column is
     what `model_bench --only table` and `model_check --leave-out` print on its records today,
     so a change of the model that moves them fails here until the docs say so."""
-    from lab.host import model_bench
+    from lab.benchmarks import model_bench
     from lab.report import model_check
     src = str(REPO / "tests" / "fixtures" / folder)
     lines = model_bench.table(src)

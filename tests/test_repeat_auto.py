@@ -1,4 +1,4 @@
-"""--repeat auto (lab.host.repeat_auto): more repeats of the configurations whose
+"""--repeat auto (lab.host.run.repeat_auto): more repeats of the configurations whose
 mean throughputs a t test does not tell apart, until it does or a maximum is reached. Records are
 made by the code's own writers (results.make_record over the plan's run configuration)."""
 import dataclasses
@@ -8,9 +8,10 @@ import sys
 import pytest
 
 from lab.common import results
-from lab.host import plan as plans
-from lab.host import repeat_auto
-from lab.host.request import BenchError, base_config
+from lab.host.errors import BenchError
+from lab.host.request import plan as plans
+from lab.host.run import repeat_auto
+from lab.host.settings import base_config
 
 DEFAULTS = {"np": "2", "timeout_s": 3600}
 

@@ -9,7 +9,7 @@ import statistics
 import pytest
 
 from lab.common import repeat_stats as rs
-from lab.host import repeat_auto
+from lab.host.run import repeat_auto
 
 TRIALS = 4000
 

@@ -886,9 +886,9 @@ def test_a_run_that_restarted_has_its_line(tmp_path):
     names it with what failed, where it resumed and the time lost; a report without one
     has no such section."""
     from lab.common import restarts
-    from lab.host import restart
     from lab.host.places.local import LocalRunner
-    from lab.host.request import BenchSettings
+    from lab.host.run import restart
+    from lab.host.settings import BenchSettings
     run = tmp_path / "fixed"
     rfile = run / results.RESULTS_FILE
     for r in RECORDS[:2]:

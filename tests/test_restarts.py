@@ -16,10 +16,14 @@ import torch
 
 from lab.common import restarts, results
 from lab.common.config import ConfigError, RunConfig
-from lab.host import bench, places, restart
+from lab.host import places
+from lab.host.errors import BenchError
 from lab.host.places.hosts import HostsRunner
 from lab.host.places.local import LocalRunner
-from lab.host.request import BenchError, BenchSettings, base_config, script_config, settings_from_flags
+from lab.host.places.scripts import script_config
+from lab.host.request.checks import settings_from_flags
+from lab.host.run import bench, restart
+from lab.host.settings import BenchSettings, base_config
 from lab.report.bench_output import checkpoint_line, render, restart_line
 from lab.worker import checkpoint
 from tests.conftest import requires_horovod, requires_mpirun

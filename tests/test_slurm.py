@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from lab.common import results
-from lab.host.launcher_output import LauncherWatch
 from lab.host.places.slurm import script as slurm
+from lab.host.watch.launcher_output import LauncherWatch
 
 FIXTURES = Path(__file__).parent / "fixtures" / "launchers"
 
@@ -208,7 +208,7 @@ def test_a_lost_node_and_a_request_that_never_fits():
 
 
 def test_srun_task_lines():
-    from lab.host.failures import srun_task_end
+    from lab.host.watch.failures import srun_task_end
     assert srun_task_end(3, "n2", "Out Of Memory").signal == 9
     w = LauncherWatch(lambda s: None, srun_tasks_are_ranks=True)
     for line in ["srun: error: node2: tasks 2-3: Exited with exit code 7",
@@ -248,7 +248,7 @@ def test_srun_names_the_rank_that_died_first():
 
 
 def test_the_final_state_is_added_to_the_records_of_that_job(tmp_path):
-    from lab.host.bench import add_scheduler_state
+    from lab.host.run.bench import add_scheduler_state
     rfile = tmp_path / results.RESULTS_FILE
     common = dict(run_id="r", config={}, np=2, nodes=2, started_at=results.now_iso(),
                   figures={"throughput_img_s": 1.0})

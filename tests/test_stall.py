@@ -1,4 +1,4 @@
-"""The stall watch (lab.host.stall, lab.worker.heartbeat): real ranks that really hang —
+"""The stall watch (lab.host.watch.stall, lab.worker.heartbeat): real ranks that really hang —
 one that stops calling collectives, one asleep in its data loading, a rendezvous whose
 world is larger than the ranks started — end within a minute of the stall with a failed
 record naming the rank behind, its phase and step and its stack's top frames; runs that
@@ -14,10 +14,12 @@ import pytest
 
 from lab.common import heartbeat, results
 from lab.common.config import RunConfig
-from lab.host import bench
+from lab.host.errors import BenchError
 from lab.host.places.local import LocalRunner
-from lab.host.request import BenchError, BenchSettings, parse_stall
-from lab.host.stall import StallWatch
+from lab.host.request.checks import parse_stall
+from lab.host.run import bench
+from lab.host.settings import BenchSettings
+from lab.host.watch.stall import StallWatch
 from tests.conftest import requires_horovod, requires_mpirun
 from tests.test_runs import processes_left
 
@@ -387,7 +389,7 @@ def test_the_flight_recorder_variables_are_named_as_the_ranks_torch_reads_them(t
     """torch 2.11 warned that TORCH_NCCL_TRACE_BUFFER_SIZE and TORCH_NCCL_DEBUG_INFO_TEMP_FILE
     are deprecated: from it on the new names, before it (and when the ranks' torch is not
     known) the old ones, which every release reads; never both."""
-    from lab.host.stall import flight_recorder
+    from lab.host.watch.stall import flight_recorder
     gpu = RunConfig(framework="ddp", backend="nccl", device="cuda", run_id="r", attempt="a")
     env, _ = flight_recorder(gpu, "nccl", {}, "/results", "/runs/r", torch_version)
     assert set(env) == {buffer, dump_file, "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"}
@@ -410,7 +412,7 @@ def test_the_flight_recorder_is_for_gpu_runs_of_ddp_over_nccl_and_asked_through_
     """The host's half only (no GPU here: the ranks' half is verified by reading): the
     variables, and a write to each rank's FIFO, read by a real reader as ProcessGroupNCCL's
     DumpPipe would."""
-    from lab.host.stall import flight_recorder
+    from lab.host.watch.stall import flight_recorder
     cpu = RunConfig(framework="ddp", run_id="r", attempt="a")
     assert flight_recorder(cpu, "gloo", {"X": "1"}, "/results", tmp_path) == ({"X": "1"}, None)
     gpu = RunConfig(framework="ddp", backend="nccl", device="cuda", run_id="r", attempt="a")

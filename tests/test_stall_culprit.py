@@ -1,5 +1,5 @@
 """The stall watch on every channel and with a culprit that cannot speak
-(lab.host.stall, lab.host.stall_diagnosis, lab.worker.heartbeat): a rank stopped with
+(lab.host.watch.stall, lab.host.watch.stall_diagnosis, lab.worker.heartbeat): a rank stopped with
 SIGSTOP is named, not the peer that waits for it in the all-reduce; heartbeats that
 come over the launchers' output (servers without a shared results folder, a
 Kubernetes job's log) are read behind every launcher's prefix; a slow but healthy
@@ -19,8 +19,8 @@ import pytest
 
 from lab.common import heartbeat, kit, results
 from lab.host.places.local import LocalRunner
-from lab.host.stall import StallWatch
-from lab.host.stall_diagnosis import culprits, in_collective, process_state
+from lab.host.watch.stall import StallWatch
+from lab.host.watch.stall_diagnosis import culprits, in_collective, process_state
 from tests.conftest import requires_horovod, requires_mpirun
 from tests.test_runs import processes_left
 
@@ -284,7 +284,7 @@ def test_the_rank_outside_the_collective_is_the_culprit_even_when_it_is_ahead():
 
 
 def test_a_step_that_takes_too_long_is_said_so(tmp_path):
-    from lab.host.stall_diagnosis import diagnose
+    from lab.host.watch.stall_diagnosis import diagnose
     beats = beats_of((4, "backward", ["x.py:1 in backward"]), (4, "backward", ["x.py:1 in backward"]))
     err = diagnose(beats, 30.0, 2, silence_s=31.4)
     assert "step 5 has taken 31 s, its bound is 30 s" in err["reason"]

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from lab.common import results
-from lab.host import stack_cache
-from lab.host.startup import HOST_PHASES, HostClock
+from lab.host.places import stack_cache
+from lab.host.run.startup import HOST_PHASES, HostClock
 
 REPO = Path(__file__).resolve().parent.parent
 RANK_PHASES = ("launcher", "imports", "rendezvous", "data", "setup", "warmup")
@@ -22,7 +22,7 @@ RANK_PHASES = ("launcher", "imports", "rendezvous", "data", "setup", "warmup")
 def test_the_host_clock_splits_the_time_to_the_launch_into_consecutive_phases(monkeypatch):
     now = [100.0]
     monkeypatch.setattr(time, "time", lambda: now[0])
-    monkeypatch.setattr("lab.host.startup.process_started_at", lambda: 99.5)
+    monkeypatch.setattr("lab.host.run.startup.process_started_at", lambda: 99.5)
     clock = HostClock()
     assert clock.phases(101.0) is None             # never begun: bench as a library
     clock.begin()
@@ -82,11 +82,11 @@ def test_the_real_probe_says_what_it_depends_on():
 # one-step run of local ranks (which import torch in their own processes), the table.
 HOST_RUN = textwrap.dedent("""
     import sys
-    from lab.host.bench import Terminated, terminate_as_interrupt
-    from lab.host.plan import make_plan
-    from lab.host.progress import Display
-    from lab.host.request import BenchError
-    from lab.host.sweep import run_request
+    from lab.host.run.bench import Terminated, terminate_as_interrupt
+    from lab.host.request.plan import make_plan
+    from lab.host.cli.progress import Display
+    from lab.host.errors import BenchError
+    from lab.host.run.sweep import run_request
     from lab.report.bench_output import render, startup_table
     import tasks
     plan = make_plan({"np": "1", "framework": "ddp", "max_steps": 1, "warmup_steps": 0,
@@ -214,8 +214,8 @@ RANK_SCRIPT = textwrap.dedent("""
 
 
 def test_the_local_ddp_launcher_gives_each_rank_its_place_and_ends_a_job_on_the_first_failure():
-    from lab.host.launcher_output import StreamWatches
-    ok = subprocess.run([sys.executable, "-m", "lab.host.local_launcher", "--nproc-per-node=2",
+    from lab.host.watch.launcher_output import StreamWatches
+    ok = subprocess.run([sys.executable, "-m", "lab.host.places.local_launcher", "--nproc-per-node=2",
                          sys.executable, "-c", RANK_SCRIPT, "ok"], cwd=REPO, capture_output=True,
                         text=True, timeout=60)
     assert ok.returncode == 0, ok.stderr
@@ -223,7 +223,7 @@ def test_the_local_ddp_launcher_gives_each_rank_its_place_and_ends_a_job_on_the_
     assert len(envs) == 2 and "('RANK', '0')" in envs[0] and "('RANK', '1')" in envs[1]
     assert all("('WORLD_SIZE', '2')" in e and "('MASTER_ADDR', '127.0.0.1')" in e for e in envs)
     t0 = time.monotonic()
-    cp = subprocess.run([sys.executable, "-m", "lab.host.local_launcher", "--nproc-per-node=2",
+    cp = subprocess.run([sys.executable, "-m", "lab.host.places.local_launcher", "--nproc-per-node=2",
                          sys.executable, "-c", RANK_SCRIPT, "kill"], cwd=REPO, capture_output=True,
                         text=True, timeout=60)
     assert cp.returncode == 1 and time.monotonic() - t0 < 30
@@ -239,11 +239,11 @@ def test_local_runs_start_no_launcher_that_imports_torch(tmp_path):
     from lab.host.places.local import LocalRunner
     r = LocalRunner(str(tmp_path))
     (ddp,) = r.commands(Launch("ddp", "gloo", 2, ("--max-steps", "3"))).values()
-    assert ddp[1:4] == ["-m", "lab.host.local_launcher", "--nproc-per-node=2"]
+    assert ddp[1:4] == ["-m", "lab.host.places.local_launcher", "--nproc-per-node=2"]
     r._stack = {"horovod": {"gloo": True, "mpi": False}}     # as probe_stack leaves it
     (hvd,) = r.commands(Launch("horovod", "gloo", 2, ())).values()
-    assert hvd[1:4] == ["-m", "lab.host.horovod_launcher", "--built=gloo"] and "--gloo" in hvd
-    code = ("import sys; import lab.host.local_launcher, lab.host.horovod_launcher; "
+    assert hvd[1:4] == ["-m", "lab.host.places.horovod_launcher", "--built=gloo"] and "--gloo" in hvd
+    code = ("import sys; import lab.host.places.local_launcher, lab.host.places.horovod_launcher; "
             "print('torch' in sys.modules)")
     cp = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                         timeout=60)

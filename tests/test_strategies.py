@@ -11,8 +11,10 @@ import torch
 
 from lab import models as specs
 from lab.common.config import ConfigError, RunConfig
-from lab.host import bench
-from lab.host.request import BenchError, BenchSettings, settings_from_flags
+from lab.host.errors import BenchError
+from lab.host.request.checks import settings_from_flags
+from lab.host.run import bench
+from lab.host.settings import BenchSettings
 from lab.worker import models
 from lab.worker.strategies import memory
 from tests.conftest import REPO, TORCHVISION_MISSING
@@ -103,7 +105,7 @@ def test_strategy_flags_sweep_and_resolve_the_framework():
     assert lists["strategy"] == ["ddp", "zero1", "pipeline"]
     with pytest.raises(BenchError, match="unknown --strategy 'zero9'"):
         settings_from_flags({"strategy": "zero9"}, {"np": "2"})
-    from lab.host.request import resolve_framework
+    from lab.host.places.launch import resolve_framework
     hvd = {"horovod": {}}
     assert resolve_framework("auto", hvd, "ddp")[0] == "horovod"
     assert resolve_framework("auto", hvd, "fsdp")[0] == "ddp"

@@ -14,8 +14,9 @@ import sys
 import pytest
 
 from lab.common import versions
-from lab.host import bench, images
-from lab.host.request import BenchSettings
+from lab.host.images import build as images
+from lab.host.run import bench
+from lab.host.settings import BenchSettings
 from tests.conftest import REPO
 
 

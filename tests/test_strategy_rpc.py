@@ -83,8 +83,8 @@ def test_rpc_pipeline_learns_digits(tmp_path):
     """The whole training loop, launched as `invoke bench --strategy rpc-pipeline` does
     (torch.distributed.run, 2 ranks): the loss falls over 3 epochs on digits, the record
     says what ran, and the held bytes of the two ranks add up to the model's parameters."""
-    from lab.host import bench
-    from lab.host.request import BenchSettings
+    from lab.host.run import bench
+    from lab.host.settings import BenchSettings
     # torch's RPC hangs now and then in this loop: the driver waits in a forward's future
     # for a reply that never comes (seen in 1 of 10 runs of this test on a loaded 2-core
     # machine; upstream's nearest reports are pytorch/pytorch#58239 and #38513, and RPC is

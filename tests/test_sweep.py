@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from lab.common import results
-from lab.host import plan, request
+from lab.host.request import checks as request
+from lab.host.request import plan
 
 REPO = Path(__file__).resolve().parent.parent
 

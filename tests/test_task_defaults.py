@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.host.task_defaults import TaskDefaultsError, section, settings_of
+from lab.host.cli.task_defaults import TaskDefaultsError, section, settings_of
 
 REPO = Path(__file__).resolve().parent.parent
 

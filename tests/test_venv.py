@@ -32,7 +32,7 @@ def setup(repo: Path) -> str:
 
 
 def imported_from(repo: Path, where: Path) -> dict:
-    code = "import lab, envcheck, lab.host.bench as b; print(lab.__file__); print(envcheck.__file__); print(b.__file__)"
+    code = "import lab, envcheck, lab.host.run.bench as b; print(lab.__file__); print(envcheck.__file__); print(b.__file__)"
     cp = subprocess.run([str(repo / ".venv" / "bin" / "python"), "-c", code], cwd=where,
                         capture_output=True, text=True, timeout=120)
     assert cp.returncode == 0, cp.stderr[-2000:]

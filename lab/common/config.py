@@ -63,7 +63,7 @@ def framework_of(strategy: str) -> str | None:
     return None
 # --fault RANK:STEP[:MODE]: an exception, SIGKILL to itself, or a hang at that step:
 # `hang` stops calling collectives (its peers wait in theirs), `hang-data` sleeps inside
-# its data loading (lab.worker.train; bench's stall watch ends the job: lab.host.stall);
+# its data loading (lab.worker.train; bench's stall watch ends the job: lab.host.watch.stall);
 # `slow` makes every step from that one on take SLOW_FAULT_S longer on that rank (its
 # peers wait for it in each collective: lab.worker.step_parts names that waiting)
 FAULT_MODES = ("raise", "kill", "hang", "hang-data", "slow")

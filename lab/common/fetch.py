@@ -1,4 +1,4 @@
-"""Fetching MNIST: standard library only, so the host side (lab.host.bench) can fetch the
+"""Fetching MNIST: standard library only, so the host side (lab.host.run.bench) can fetch the
 files once before the ranks start, without importing torch."""
 from __future__ import annotations
 

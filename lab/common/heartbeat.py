@@ -1,6 +1,6 @@
 """Where each rank says how far it got, and how long silence means a stall: the one
 format the ranks write (lab.worker.heartbeat) and bench's stall watch reads
-(lab.host.stall). Standard library only.
+(lab.host.watch.stall). Standard library only.
 
 Two channels carry a heartbeat to the watch; the place to run says which
 (Runner.heartbeat_channel) and bench tells the ranks in CHANNEL_VAR:

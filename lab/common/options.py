@@ -2,9 +2,9 @@
 as a flag, and what it is to the kit (a list a sweep crosses, part of what tells one run
 from another in a run folder, part of the setup the report never compares across).
 
-Everything else is derived from this table: bench's settings (lab.host.request.BenchSettings),
+Everything else is derived from this table: bench's settings (lab.host.settings.BenchSettings),
 the signatures and help of `invoke bench`, `invoke sbatch` and `invoke k8s`
-(lab.host.flag_help), invoke.yaml's `bench:` keys, the resume key (lab.host.plan) and the
+(lab.host.cli.flag_help), invoke.yaml's `bench:` keys, the resume key (lab.host.request.plan) and the
 report's setup (lab.report.records). A run's default is RunConfig's (what the ranks see),
 unless the row gives its own. Nothing here imports torch, so host and ranks share it."""
 from __future__ import annotations
@@ -42,7 +42,7 @@ class Option:
     # How every place honours it (tests/test_places.py walks every row x every place):
     # "ranks" (the default: a row that only changes what the ranks do needs nothing more):
     #   what the ranks get, their arguments (a field of RunConfig: RunConfig.to_args) or
-    #   their environment (lab.host.launch.job_env), which every place passes through;
+    #   their environment (lab.host.places.launch.job_env), which every place passes through;
     # "bench": what bench does on this machine, the same whatever the place;
     # "place": it chooses or shapes where the ranks run: each place honours it (its
     #   Runner.honours) or refuses it in one sentence (lab.host.places.refusal).
@@ -63,7 +63,7 @@ class Option:
         return getattr(RunConfig, self.name) if self.default is RUN else self.default
 
 
-# --repeat auto (lab.host.repeat_auto runs it): the first repeats of every combination
+# --repeat auto (lab.host.run.repeat_auto runs it): the first repeats of every combination
 # (an interval needs at least 2), and the most, unless auto:N says otherwise.
 AUTO_FIRST = 3
 AUTO_MAX = 10

@@ -118,7 +118,7 @@ SCHEMA = {
                                  "setup (model, optimizer, first broadcast), warmup (the warm-up "
                                  "steps)"),
     "figures.startup_host_s": ("object, optional", "bench's share of the start-up before the launch, "
-                               "seconds (lab.host.startup): interpreter (the command's Python, "
+                               "seconds (lab.host.run.startup): interpreter (the command's Python, "
                                "invoke), plan, runner (choosing where the ranks run), probe (the "
                                "stack), checks, prepare; in a sweep from the previous launch's "
                                "end, the phases not repeated 0"),

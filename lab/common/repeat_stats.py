@@ -1,4 +1,4 @@
-"""Statistics `--repeat auto` decides with (lab.host.repeat_auto): whether two configurations'
+"""Statistics `--repeat auto` decides with (lab.host.run.repeat_auto): whether two configurations'
 mean throughputs differ, by the Welch t interval of their difference, which holds its
 coverage at any number of repeats from 2 when the runs' noise is normal (Welch 1947); the
 level corrected for repeated looks (Bonferroni: each of K looks at alpha / K, so that the

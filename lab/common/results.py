@@ -127,7 +127,7 @@ def append_record(path: str | os.PathLike, record: dict) -> None:
         os.close(fd)
 
 
-DROP = object()     # what an update returns to take a record out (lab.host.restart)
+DROP = object()     # what an update returns to take a record out (lab.host.run.restart)
 
 
 def update_records(path: str | os.PathLike, start: int, update) -> int:

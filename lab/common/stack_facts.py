@@ -1,7 +1,7 @@
 """What a measurement of this machine's and this Python's stack depends on, read cheaply
 (listings, modification times, a few variables and one small file; no package is
 imported), for the caches that keep such measurements: the stack probe's
-(lab.host.stack_cache, with lab.worker.capabilities.depends_on) and the run folder's
+(lab.host.places.stack_cache, with lab.worker.capabilities.depends_on) and the run folder's
 manifest (lab.worker.manifest). Standard library only."""
 from __future__ import annotations
 

@@ -279,7 +279,7 @@ def _did_not_finish(records: list[dict]) -> list[str]:
     if bad:
         out.append(f"{len(bad)} run(s) failed; the notes under their tables give the rank, host "
                    f"and reason recorded.")
-        for r in bad:     # bench's stall watch (lab.host.stall): the diagnosis, in full
+        for r in bad:     # bench's stall watch (lab.host.watch.stall): the diagnosis, in full
             if "stalled" in (r.get("error") or {}):
                 c = r["config"]
                 out.append(f"{c.get('framework')} over {c.get('backend')}, {r['world']['np']} "

@@ -21,7 +21,10 @@ import statistics
 import sys
 from pathlib import Path
 
+from lab.common import results
 from lab.report import cost_model as cm
+from lab.report import model_inputs, prediction, summary
+from lab.report.records import case_name, config_label
 
 MNIST_GRAD = 87_360          # the MNIST CNN's float32 gradient bytes (21,840 values)
 SELF = " (cycle cost fitted on itself)"    # marks a case whose exposed time was an input
@@ -96,13 +99,11 @@ def published() -> list[tuple[str, float, float]]:
 
 
 def _records(paths: list[str]) -> list[dict]:
-    from lab.common import results
     return [r for path in paths for f in sorted(Path(path).rglob(results.RESULTS_FILE))
             for r in results.read_records(f)[0]]
 
 
 def _name(p: dict, recs: list[dict]) -> str:
-    from lab.report.records import case_name
     return case_name(p["row"], recs)
 
 
@@ -110,8 +111,6 @@ def of_results(*paths: str, leave_out=None) -> tuple[list[tuple[str, float, floa
     """(predicted rows, why the others were not, the rows' explained figures) of the records
     under `paths` and doctor's sweeps stored there (lab.report.model_inputs.load_sweeps);
     `leave_out`: prediction.predictions'."""
-    from lab.report import model_inputs, prediction
-    from lab.report.records import config_label
     recs, sweeps = _records(list(paths)), model_inputs.load_sweeps(*paths)
     preds = prediction.predictions(recs, sweeps, leave_out)
     rows = [(_name(p, recs) + (SELF if p["inputs"].cycle_cost_from == "itself" else ""), p["predicted_ms"],
@@ -176,7 +175,6 @@ def run_steps(records: list[dict]) -> dict[str, list[float]]:
     in ms (figures.step_time_mean_s), fastest first: what its measured step, their median,
     was taken from. A configuration not run yet (planned: its figures are its template's)
     has none."""
-    from lab.report import summary
     out = {}
     for row in summary.rows([r for r in records if not r.get("planned")]):
         if row.get("runs") and row.get("np", 1) >= 2:
@@ -226,7 +224,6 @@ def repeat_spread(records: list[dict]) -> list[float]:
     """The measurement's own floor: for every multi-worker configuration with two or more
     ok runs, each run's step (figures.step_time_mean_s) against the median of the others'
     (a run predicting its own configuration's other runs); empty without repeats."""
-    from lab.report import summary
     out = []
     for row in summary.rows(records):
         if not row.get("runs") or row.get("np", 1) < 2:
@@ -287,7 +284,6 @@ def main(argv: list[str]) -> int:
 
 def _leave_out(folders: list[str], spec: str, test) -> int:
     """Predict the left-out configuration from the others (planned where not run yet)."""
-    from lab.report import model_inputs, prediction
     recs = _records(folders)
     recs += planned(recs, spec)
     sweeps = model_inputs.load_sweeps(*folders)

@@ -32,7 +32,7 @@ def model_needs() -> list[str]:
 
 
 def depends_on() -> list[str]:
-    """What this answer was read from, for the host's cache of it (lab.host.stack_cache):
+    """What this answer was read from, for the host's cache of it (lab.host.places.stack_cache):
     the interpreter, the folders on the Python path (an installation adds or removes
     packages there; not the kit's own checkout), the user site folder and its parent
     whether or not they exist yet (`pip install --user` makes them), the probed packages'

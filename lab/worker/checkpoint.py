@@ -251,7 +251,7 @@ def resume(cfg, d, strategy, log=print) -> Position:
     A first launch that checkpoints clears its job's folder first (rank 0, before any
     rank's first write): a script submitted again under the same run id and launch name
     must not resume its retries from the checkpoints of the submission before (bench
-    clears it before a first launch too: lab.host.restart)."""
+    clears it before a first launch too: lab.host.run.restart)."""
     if not cfg.restart:
         if cfg.checkpoint_every and d.rank == 0:
             shutil.rmtree(job_folder(cfg), ignore_errors=True)

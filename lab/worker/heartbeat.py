@@ -1,5 +1,5 @@
 """A rank's heartbeat: where it is (phase, step), written for bench's stall watch
-(lab.host.stall; the format is lab.common.heartbeat's), and its Python stacks written
+(lab.host.watch.stall; the format is lab.common.heartbeat's), and its Python stacks written
 when it stops advancing.
 
 The training loop only sets fields (`beat`, nanoseconds); a daemon thread writes the
@@ -36,7 +36,7 @@ class Heartbeat:
         self.path = heartbeat.beat_path(run_dir, attempt, rank)
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         # bench's, GPU runs: the dump file's prefix under the name this torch reads
-        # (lab.host.stall.flight_recorder_names).
+        # (lab.host.watch.stall.flight_recorder_names).
         flight = os.environ.get("TORCH_FR_DUMP_TEMP_FILE") or os.environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
         if flight:
             os.makedirs(os.path.dirname(flight), exist_ok=True)

@@ -36,7 +36,7 @@ PARTS = ("data", "other", "forward", "backward", "communication", "waiting", "op
 # The record's check: the parts of a rank's typical steps add up to those steps, as the
 # training loop timed them, within this share.
 SUM_TOLERANCE = 0.10
-# Off for the measurement of the marks' own cost (lab.host.step_parts_cost).
+# Off for the measurement of the marks' own cost (lab.benchmarks.step_parts_cost).
 ENV = "LAB_STEP_PARTS"
 
 

@@ -43,7 +43,7 @@ def startup_phases(marks: dict[str, float], launched_at: float) -> dict[str, flo
     group or hvd.init), data (the data set loaded and put on the device), setup (model,
     optimizer, the first broadcast, the first batch), warmup (the --warmup-steps steps),
     and total (launch to the first timed step). The host's phases before the launch are
-    bench's (lab.host.startup)."""
+    bench's (lab.host.run.startup)."""
     def span(a, b):
         return marks[b] - marks[a] if a in marks and b in marks else None
     out = {"launcher": marks["process"] - launched_at if launched_at else None,

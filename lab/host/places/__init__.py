@@ -7,10 +7,13 @@ from __future__ import annotations
 import dataclasses
 import importlib
 
+from lab.common import docker_api
 from lab.common import options as opts
-from lab.host import images
+from lab.common.forwarded_env import forwarded
 from lab.host.errors import RunnerError
+from lab.host.images import choice as images
 from lab.host.places.base import WHERE, Runner
+from lab.host.places.launch import resolve_framework
 from lab.host.places.local import LocalRunner
 
 # name -> "module:class", imported only when chosen (asking never imports Docker or Kubernetes).
@@ -124,7 +127,6 @@ def told(cls: type[Runner], s) -> list[str]:
     ceiling is refused outright, by Runner.for_request)."""
     import os
 
-    from lab.common.forwarded_env import forwarded
     used = {"stall watch": s.stall_s > 0,           # asked for in seconds (auto is quiet)
             "forwarded variables": bool(forwarded(os.environ)),
             "progress": True, "oversubscription": True, "failure naming": True, "resume": True}
@@ -162,8 +164,6 @@ def choose_runner(*, where: str = "auto", nodes: int = 1, image: str = "", froze
         return runner, runner.describe()
     if where == "local":
         return LocalRunner(results_dir, data_dir), None
-    from lab.common import docker_api
-    from lab.host.request import resolve_framework
     # Which image: auto as for the lab images' stack, which has Horovod (docker/Dockerfile).
     tags = [image] if image else images.candidate_images(
         device, resolve_framework(framework, {"horovod": True})[0], backend, images.matrix_cudas())

@@ -76,7 +76,7 @@ class Runner:
     # A sweep makes one runner of this place (for_sweep, with the most nodes asked for)
     # and runs its combinations on fewer nodes on that runner's first nodes (on_nodes).
     sweep_shares = False
-    # --np spread evenly over the nodes (lab.host.launch.ranks_per_node): a count that does
+    # --np spread evenly over the nodes (lab.host.places.launch.ranks_per_node): a count that does
     # not divide is refused before any job; False: the place's own slots (--hosts)
     spreads_evenly = True
     unsupported: dict[str, str] = {}    # feature -> the one line that says why it does not work here
@@ -86,7 +86,7 @@ class Runner:
     # (lab.host.places.refusal; tests/test_places.py walks every option x every place).
     honours: frozenset[str] = frozenset()
     # --max-restarts honoured by the place's own scheduler, which retries the failed job's
-    # processes (Kubernetes' operators): bench launches it once (lab.host.restart.run)
+    # processes (Kubernetes' operators): bench launches it once (lab.host.run.restart.run)
     retries_in_place = False
     title = "this place"            # the place, as a refusal names it
     python = "python"
@@ -128,7 +128,7 @@ class Runner:
     def for_request(cls, s, config: dict, sweep: dict | None = None) -> tuple:
         """(the request as it runs in this place, the place's options: from invoke.yaml's
         section of it, `config`, or from the request), before any job: a feature asked for
-        that does not work here, or a list of the sweep (`sweep`: lab.host.request's lists)
+        that does not work here, or a list of the sweep (`sweep`: lab.host.request.checks's lists)
         the place cannot cross, refused in its one line."""
         if s.ceiling and cls.cannot("ceiling placement"):
             raise RunnerError(cls.cannot("ceiling placement"))

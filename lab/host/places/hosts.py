@@ -25,10 +25,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 from lab.common import kit, proc
 from lab.common.forwarded_env import forwarded
-from lab.host import jobs, launch
-from lab.host.launch import Host, HostsError, rendezvous_port  # noqa: F401 (tests import it here)
+from lab.host.places import jobs, launch
 from lab.host.places.base import JobResult, Runner, RunnerError
-from lab.host.this_machine import is_this_machine
+from lab.host.places.launch import Host, HostsError, rendezvous_port  # noqa: F401 (tests import it here)
+from lab.host.places.this_machine import is_this_machine
 
 SSH = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
 # What must be alike on every host (lab.worker.capabilities' keys).
@@ -72,7 +72,7 @@ def parse_hostfile(text: str, name: str = "the hostfile") -> list[Host]:
 
 
 def host_list(s) -> list[Host]:
-    """--hosts or --hostfile (of request `s`) as a host list (lab.host.launch.Host)."""
+    """--hosts or --hostfile (of request `s`) as a host list (lab.host.places.launch.Host)."""
     if s.hosts:
         return launch.parse_hosts(s.hosts)
     try:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from lab.common import docker_api, kit, proc
 from lab.common.docker_api import MANAGED_BY
 from lab.common.forwarded_env import forwarded
-from lab.host import launch
+from lab.host.places import launch, stack_cache
 from lab.host.places.base import JobResult, Runner, RunnerError
 
 LABEL_VALUE = "bench"
@@ -258,10 +258,9 @@ class ImageRunner(Runner):
             self._container = None
 
     def probe_stack(self, timeout_s: float = 120) -> dict:
-        """The probe's answer for this image, from the cache (lab.host.stack_cache): an
+        """The probe's answer for this image, from the cache (lab.host.places.stack_cache): an
         image's content never changes, so its id (with the kit's copy it runs and the
         GPUs it is given) keys it."""
-        from lab.host import stack_cache
         return stack_cache.cached(stack_cache.image_key(self.image.id, self.frozen, self.gpus),
                                   lambda: super(ImageRunner, self).probe_stack(timeout_s),
                                   depends=False)

@@ -5,7 +5,7 @@ import os
 import sys
 
 from lab.common import kit, proc
-from lab.host import launch
+from lab.host.places import launch, stack_cache
 from lab.host.places.base import JobResult, Launch, Runner
 
 
@@ -38,9 +38,9 @@ class LocalRunner(Runner):
                              python=self.python, horovodrun=kit.horovodrun(self.python))
         hvd = (self._stack or {}).get("horovod")
         if job.framework == "horovod" and hvd:
-            # horovodrun, its build checks answered from the probe (lab.host.horovod_launcher)
+            # horovodrun, its build checks answered from the probe (lab.host.places.horovod_launcher)
             built = ",".join(c for c in ("gloo", "mpi") if hvd.get(c))
-            cmd = [self.python, "-m", "lab.host.horovod_launcher", f"--built={built}", *cmd[1:]]
+            cmd = [self.python, "-m", "lab.host.places.horovod_launcher", f"--built={built}", *cmd[1:]]
         return {"localhost": cmd}
 
     def run(self, commands, env, timeout_s, echo, name=""):
@@ -61,8 +61,7 @@ class LocalRunner(Runner):
 
     def probe_stack(self, timeout_s: float = 120) -> dict:
         """The probe's answer, from the cache of this Python's last one while nothing it
-        depends on changed (lab.host.stack_cache): seconds of imports saved per run."""
-        from lab.host import stack_cache
+        depends on changed (lab.host.places.stack_cache): seconds of imports saved per run."""
         self._stack = stack_cache.cached(stack_cache.local_key(self.python),
                                          lambda: super(LocalRunner, self).probe_stack(timeout_s))
         return self._stack

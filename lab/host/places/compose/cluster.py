@@ -18,8 +18,9 @@ from lab.common import docker_api, proc
 from lab.common.docker_api import CLUSTER as LABEL
 from lab.common.kit import REPO_ROOT
 from lab.common.link import DELAY, RATE, tbf_burst_bytes
-from lab.host.launch import Host, HostsError, ranks_per_node
+from lab.host.images.choice import candidate_images, gpu_image, matrix_cudas
 from lab.host.places.base import RunnerError
+from lab.host.places.launch import Host, HostsError, ranks_per_node
 
 COMPOSE_FILE = REPO_ROOT / "compose.yaml"
 OVERRIDE_FILE = REPO_ROOT / ".cluster" / "compose.nodes.yaml"
@@ -163,7 +164,6 @@ def nodes(client) -> dict[str, object]:
 def _gpu_image(client) -> str | None:
     """For `up --gpu`: the GPU image bench would take on this host (code for its GPUs, a
     CUDA its driver runs: lab.host.images.gpu_image), None when no GPU image is built."""
-    from lab.host.images import candidate_images, gpu_image, matrix_cudas
     try:
         img = gpu_image(client, candidate_images("cuda", "ddp", "nccl", matrix_cudas()))
     except RunnerError as e:

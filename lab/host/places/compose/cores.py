@@ -10,7 +10,7 @@ thread, Open MPI's and Gloo's progress) are scheduled on one another's cores, an
 across nodes changes with where the scheduler happens to put them: on a 2-core VM,
 Horovod's MNIST step across two nodes at 1 Gbit/s spread 1.52x (MPI) and 1.61x (Gloo)
 over four runs with shared cores, 1.01x and 1.05x over the four runs interleaved with
-them with a core each (`python -m lab.host.node_cores_bench`). LAB_NODE_CORES=shared
+them with a core each (`python -m lab.benchmarks.node_cores_bench`). LAB_NODE_CORES=shared
 keeps the nodes on all the machine's cores; a run on one node has them all anyway.
 
 The cores are those this process may use (os.sched_getaffinity): the cluster is on this

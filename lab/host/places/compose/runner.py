@@ -9,9 +9,10 @@ import os
 
 from lab.common.forwarded_env import forwarded
 from lab.common.kit import REPO_ROOT
-from lab.host import jobs, launch
+from lab.common.link import rate_gbs
+from lab.host.places import jobs, launch
 from lab.host.places.base import JobResult, Runner
-from lab.host.places.compose import cores
+from lab.host.places.compose import cluster, cores
 from lab.host.places.compose.cluster import (
     ClusterError,
     engine,
@@ -27,7 +28,7 @@ from lab.host.places.image import DATA_IN, RESULTS_IN, SOURCE_IN, hand_over
 def run_on(found: dict, commands: dict[str, list[str]], env: dict, timeout_s: float,
            echo, started: dict | None = None) -> JobResult:
     """Run one command per node (host name -> command) at once through `docker exec`, as
-    the user lab, in the one job loop (lab.host.jobs): output prefixed by node; ends when
+    the user lab, in the one job loop (lab.host.places.jobs): output prefixed by node; ends when
     all have exited, one fails (the others are then stopped), a node stops, at the time
     limit, or on Ctrl-C. The exit status is that of the node whose launcher failed first."""
     client = next(iter(found.values())).client
@@ -219,26 +220,21 @@ class ClusterRunner(Runner):
 
     @classmethod
     def check_link(cls, link: str) -> None:
-        from lab.host.places.compose import cluster
         if link:
             cluster.parse_link(link)
 
     @classmethod
     def link_reference(cls, link: str) -> dict | None:
-        from lab.common.link import rate_gbs
-        from lab.host.places.compose import cluster
         if not link:
             return None
         rate, _ = cluster.parse_link(link)
         return {"name": f"shaped link, {rate}", "gbs": rate_gbs(rate)}
 
     def shape_links(self, link: str, echo) -> None:
-        from lab.host.places.compose import cluster
         if link:
             cluster.shape(self.found, link, echo)
 
     def unshape_links(self) -> None:
-        from lab.host.places.compose import cluster
         cluster.unshape(self.found)
 
     def own_cores(self, echo) -> dict[str, str] | None:

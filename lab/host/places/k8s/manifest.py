@@ -16,8 +16,11 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
-from lab.common.docker_api import LABEL_PREFIX, MANAGED_BY
-from lab.common.kit import NO_MPI_IN_PIP_TORCH
+from lab.common import restarts, results
+from lab.common.docker_api import IMAGE_REPO, LABEL_PREFIX, MANAGED_BY
+from lab.common.kit import NO_MPI_IN_PIP_TORCH, horovod_gpu_path_problem, kit_version
+from lab.host.errors import BenchError
+from lab.host.images.build import BuildSettings, tags
 from lab.host.places.k8s.jobs import (  # noqa: F401 (the job objects' facts, used here and by k8s_runner)
     DATA_IN_POD,
     KINDS,
@@ -27,7 +30,9 @@ from lab.host.places.k8s.jobs import (  # noqa: F401 (the job objects' facts, us
     pytorchjob,
     trainjob,
 )
-from lab.host.request import BenchError, gpus_per_node, resolve_framework, script_config
+from lab.host.places.launch import framework_for_backend, resolve_framework
+from lab.host.places.launch import job_env as bench_env
+from lab.host.places.scripts import gpus_per_node, script_config
 
 APIS = ("auto", "mpijob", "trainjob", "pytorchjob")
 RUN_ID_LABEL = LABEL_PREFIX + "run-id"
@@ -80,13 +85,10 @@ def image_ref(device: str, framework: str, backend: str, registry: str, image: s
     if image:
         return image, image
     if not registry:
-        from lab.host.images import IMAGE_REPO
         raise BenchError(f"a cluster pulls the image from a registry: give --registry "
                          f"REGISTRY/PATH (after `docker tag` and `docker push` of the built "
                          f"image) or --image with the whole reference (on a kind cluster, "
                          f"`kind load docker-image {IMAGE_REPO}:cpu` then --image {IMAGE_REPO}:cpu)")
-    from lab.common.kit import kit_version
-    from lab.host.images import BuildSettings, tags
     ops = "MPI" if (framework == "horovod" and backend == "mpi") else ""
     build = BuildSettings(flavor="gpu", gpu_ops=ops) if device == "cuda" else BuildSettings(flavor="cpu")
     tag = tags(build, kit_version())[-1]       # the one with the kit's version
@@ -95,7 +97,6 @@ def image_ref(device: str, framework: str, backend: str, registry: str, image: s
 
 def job_env(s, device: str, given: dict | None = None) -> dict[str, str]:
     """The bench's per-rank environment (or the one `given`), and what a pod network needs."""
-    from lab.host.launch import job_env as bench_env
     env = dict(bench_env(s) if given is None else given)
     if device == "cuda":
         # NCCL says why it failed (NCCL's docs: NCCL_DEBUG=WARN prints an error's cause),
@@ -118,12 +119,10 @@ class Manifest:
 
 
 def manifest_for_request(s, opts: K8sOptions, run=None, env: dict | None = None) -> Manifest:
-    """The manifest of one bench request (lab.host.request.BenchSettings) for a cluster
+    """The manifest of one bench request (lab.host.settings.BenchSettings) for a cluster
     with Kubeflow's operators. Nothing is probed: the request is checked as a
     configuration; --framework auto means Horovod for --api mpijob, else DDP. `run` and
     `env`: bench's own launch (lab.host.places.k8s.runner), its RunConfig and rank environment."""
-    from lab.common import restarts, results
-    from lab.host.launch import framework_for_backend
     nps = s.np if isinstance(s.np, list) else [s.np]
     if len(nps) != 1:
         raise BenchError("a Kubernetes job runs one process count: give --np one number")
@@ -139,7 +138,7 @@ def manifest_for_request(s, opts: K8sOptions, run=None, env: dict | None = None)
                      f"installed there is not known here)")
     api = choose_api(opts.api, framework, s.strategy)
     if framework == "ddp" and s.backend == "mpi":
-        # what bench's check says of a stack without it (lab.host.request.check_request):
+        # what bench's check says of a stack without it (lab.host.request.checks.check_request):
         # the image's torch is pip's, whose every pod would fail at init_process_group
         raise BenchError(f"the lab image's torch has no mpi back end for DDP: {NO_MPI_IN_PIP_TORCH}")
     check_restarts(s, api, opts.pvc)
@@ -150,7 +149,6 @@ def manifest_for_request(s, opts: K8sOptions, run=None, env: dict | None = None)
     run_id = cfg.run_id
     if framework == "horovod" and s.device == "cuda":
         # the image of --backend mpi does its GPU operations over MPI, the others over NCCL
-        from lab.common.kit import horovod_gpu_path_problem
         problem = horovod_gpu_path_problem("MPI" if s.backend == "mpi" else "NCCL", s.backend)
         if problem:
             raise BenchError(problem)

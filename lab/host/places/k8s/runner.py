@@ -16,6 +16,7 @@ import time
 
 from lab.common import results
 from lab.common.forwarded_env import forwarded
+from lab.host.errors import BenchError
 from lab.host.places.base import JobResult, Launch, Runner, RunnerError
 from lab.host.places.k8s import manifest as kube
 from lab.host.places.k8s.cluster import (
@@ -30,6 +31,7 @@ from lab.host.places.k8s.cluster import (
     pod_problem,
     selector,
 )
+from lab.host.settings import BenchSettings
 
 PENDING_S = 300.0     # how long a pod may stay unschedulable (an autoscaler may add a node)
 
@@ -139,7 +141,6 @@ class K8sRunner(Runner):
     def commands(self, job: Launch) -> dict[str, list[str]]:
         """The job's manifest (written to results/<run-id>/k8s/), named by the job; its
         value is the command rank 0's container runs."""
-        from lab.host.request import BenchError, BenchSettings
         cfg = job.config
         if cfg is None:
             raise RunnerError("a Kubernetes job is made from the launch's configuration (Launch.config)")
@@ -374,8 +375,7 @@ def rank0_command(m: kube.Manifest) -> list[str]:
 def for_bench(s, k8s_config: dict) -> tuple:
     """`invoke bench --launcher k8s`: what cannot work refused in one sentence; the request
     as it runs there and the runner's settings from invoke.yaml's `k8s:` section (the plan
-    holds them: lab.host.plan.make_plan)."""
-    from lab.host.request import BenchError
+    holds them: lab.host.request.plan.make_plan)."""
     if s.ceiling:
         raise BenchError(K8sRunner.cannot("ceiling placement"))
     # --local, --link and the other options it does not honour: lab.host.places.refusal

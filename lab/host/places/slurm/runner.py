@@ -3,7 +3,7 @@ slurm`): bench's launch as a batch job submitted from node1, its output file fol
 its state polled until it is final; the nodes and their `docker exec` are
 lab.host.places.compose.runner's.
 
---max-restarts here is bench's relaunch (lab.host.restart), each relaunch a batch job of
+--max-restarts here is bench's relaunch (lab.host.run.restart), each relaunch a batch job of
 its own (<run>/slurm/<attempt>-restart<n>/job.sbatch) resuming from the checkpoints in
 the run's folder, which every node mounts. Not Slurm's requeue: `sbatch --requeue` makes
 a job eligible to be requeued "by a system administrator, after node failure, or upon
@@ -15,7 +15,7 @@ launch; nor a job step retried inside the script (what `invoke sbatch` writes, w
 bench is there to relaunch): bench would see one job's final state, with each failed
 step only in its output. A batch job per
 launch keeps each launch's state, exit code, failure naming and stall watch what they
-are for a first launch, and the record's `restarts` lab.host.restart's, as on every
+are for a first launch, and the record's `restarts` lab.host.run.restart's, as on every
 other place; the price is a second wait in the queue on a busy cluster."""
 from __future__ import annotations
 

@@ -36,8 +36,14 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
-from lab.host import launch
+from lab.common import results
+from lab.common.options import BY_NAME
+from lab.host.errors import BenchError
+from lab.host.places import launch
 from lab.host.places.base import RunnerError
+from lab.host.places.launch import resolve_framework
+from lab.host.places.scripts import gpus_per_node as gpus_for
+from lab.host.places.scripts import script_config
 
 RDZV_PORT = 29500
 # Slurm's job states that do not change any more (squeue(1), JOB STATE CODES).
@@ -97,7 +103,7 @@ def time_limit(seconds: float) -> str | None:
 
 
 def ranks_per_node(np: int, nodes: int) -> int:
-    """lab.host.launch.ranks_per_node (the even-spread rule), as a SlurmError."""
+    """lab.host.places.launch.ranks_per_node (the even-spread rule), as a SlurmError."""
     try:
         return launch.ranks_per_node(np, nodes)
     except launch.HostsError as e:
@@ -294,7 +300,7 @@ def state_sentence(job_id: str, info: dict, failed: list[str]) -> str:
 
 def script_for_request(s, partition: str = "", gpus_per_node: int | None = None,
                        container: str = "", time_limit_s: float = 0) -> tuple[str, list[str]]:
-    """The batch script of one bench request (lab.host.request.BenchSettings) for a real
+    """The batch script of one bench request (lab.host.settings.BenchSettings) for a real
     cluster: (the script, notes). Nothing is submitted and nothing here is probed (the
     cluster's stack is not this machine's); `time_limit_s` is #SBATCH --time (0: the
     partition's own limit, not bench's per-run timeout). The request is checked as a configuration
@@ -302,9 +308,6 @@ def script_for_request(s, partition: str = "", gpus_per_node: int | None = None,
     the cluster's shared storage; `invoke report` reads them there."""
     import dataclasses
 
-    from lab.common import results
-    from lab.host.request import BenchError, resolve_framework, script_config
-    from lab.host.request import gpus_per_node as gpus_for
     nps = s.np if isinstance(s.np, list) else [s.np]
     if len(nps) != 1:
         raise BenchError("a batch script runs one process count: give --np one number")
@@ -316,7 +319,6 @@ def script_for_request(s, partition: str = "", gpus_per_node: int | None = None,
              "installed there is not known here)"] if s.framework == "auto" else []
     # Absolute folders: a container (pyxis) starts in its image's working folder, not
     # where the job was submitted.
-    from lab.common.options import BY_NAME
     read = [BY_NAME["results_dir"]] + ([BY_NAME["data_dir"]] if s.data == "mnist" else [])
     here = [f"--{o.flag} {getattr(s, o.name)}" for o in read if not os.path.isabs(getattr(s, o.name))]
     if here:

@@ -1,0 +1,397 @@
+"""`invoke bench`: one request's runs — each process count launched by its framework's
+launcher through a runner (local processes, the lab image, the cluster), its output
+streamed, a dying rank ending the job, the failure recorded with the rank that caused
+it, the compute ceiling measured around it when asked — and the table printed. Sweeps
+(lab.host.run.sweep) call `run` once per combination. Commands come from lab.host.places.launch,
+the figures from the records the ranks write."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shutil
+import signal
+import time
+from dataclasses import dataclass
+
+from lab.common import heartbeat, results
+from lab.common.config import ConfigError, RunConfig
+from lab.common.fetch import DataUnavailable, ensure_mnist, mnist_train_size
+from lab.host.errors import BenchError
+from lab.host.places import for_request, runner_for
+from lab.host.places.base import JobResult, Launch, Runner, RunnerError
+from lab.host.places.launch import HostsError, job_env
+from lab.host.places.local import LocalRunner
+from lab.host.request.checks import check_request, refused_counts
+from lab.host.request.plan import plan_of, skip_refused
+from lab.host.run import ceiling, restart
+from lab.host.run.startup import CLOCK
+from lab.host.settings import BenchSettings, base_config
+from lab.host.watch.failures import attribute_failure
+from lab.host.watch.launcher_output import StreamWatches
+from lab.host.watch.stall import StallWatch, flight_recorder
+
+
+@dataclass
+class Outcome:
+    run_dir: str
+    records: list[dict]
+    failed: int
+    notes: list[str]
+
+
+def select_runner(s: BenchSettings, options=None, echo=print) -> tuple[Runner, str | None]:
+    """Where the ranks of `s` run (lab.host.places.runner_for, with the options the plan's
+    place made: Plan.place_options); a refusal as a BenchError."""
+    try:
+        return runner_for(s, options, echo)
+    except RunnerError as e:
+        raise BenchError(str(e)) from None
+
+
+def probe_stack(runner: Runner | None = None) -> dict:
+    """What the ranks' Python can run, where they will run (default: locally)."""
+    try:
+        return (runner or LocalRunner()).probe_stack()
+    except RunnerError as e:
+        raise BenchError(str(e)) from None
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C's KeyboardInterrupt would be."""
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt():
+    """SIGTERM (`kill`, a CI job's timeout, Slurm ending an outer job) handled as Ctrl-C
+    while bench runs: whatever is running is stopped the same way (a container removed,
+    a process group ended, a Slurm job cancelled) and recorded as interrupted."""
+    def raise_interrupt(signum, frame):
+        raise Terminated
+    try:
+        before = signal.signal(signal.SIGTERM, raise_interrupt)
+    except ValueError:          # not the main thread: leave it as it is
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+class Progress:
+    """"run k of N" before each run, with the time so far and an estimate of the rest
+    (the mean time of the runs so far, times the runs left)."""
+
+    def __init__(self, total: int, echo=print):
+        self.total, self.done, self.echo, self.t0 = total, 0, echo, time.monotonic()
+
+    def start(self, label: str) -> None:
+        elapsed = time.monotonic() - self.t0
+        rest = (f", about {_duration(elapsed / self.done * (self.total - self.done))} left"
+                if self.done else "")
+        self.done += 1
+        self.echo(f"-- run {self.done} of {self.total} ({label}): {_duration(elapsed)} so far{rest}")
+
+
+def _duration(seconds: float) -> str:
+    m, s = divmod(int(round(seconds)), 60)
+    return f"{m} min {s:02d} s" if m else f"{s} s"
+
+
+def run(s: BenchSettings, echo=print, stack: dict | None = None, runner: Runner | None = None,
+        progress: Progress | None = None) -> Outcome:
+    """One combination (`s`, with all its process counts and repeats): its place's view of
+    it (lab.host.places.for_request, unless a `runner` is given: the caller's), its plan
+    (lab.host.request.plan.plan_of, the checks that need nothing but the request), then its jobs."""
+    options = None
+    if runner is None:
+        try:
+            s, options = for_request(s, echo=echo)
+        except RunnerError as e:
+            raise BenchError(str(e)) from None
+    plan = dataclasses.replace(plan_of(s), place_options=options)
+    return run_jobs(plan, plan.jobs, echo, stack, runner, progress)
+
+
+def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
+             runner: Runner | None = None, progress: Progress | None = None,
+             skipped: set | None = None) -> Outcome:
+    """Jobs of one combination of a plan (lab.host.request.plan.Job: the combination's settings,
+    a process count, a repeat) into the plan's results directory, in the plan's order:
+    the runner chosen and the stack probed once, the request checked against that stack.
+    The counts that stack cannot run (request.refused_counts: more GPU ranks than GPUs)
+    are skipped and recorded (plan.skip_refused), the rest run; `skipped`: the sweep's
+    (combination, np) set of what it skipped, which this adds to."""
+    s = jobs[0].settings
+    if runner is None:      # else the sweep chose it and marked "runner", "probe" (sweep.Places)
+        runner, where_note = select_runner(s, plan.place_options, echo)
+        if where_note:
+            echo(where_note)
+        CLOCK.mark("runner")
+    else:
+        where_note = None
+    fixed = runner.results_folder()
+    if fixed:
+        # The ranks write to one folder (the cluster's nodes: the one compose.yaml mounts):
+        # one results folder for the whole request (skipped records and --resume read the
+        # one given), or a refusal.
+        if os.path.realpath(s.results_dir) != os.path.realpath(fixed):
+            raise BenchError(f"the ranks here write their records to {fixed} (the folder they "
+                             f"mount): give --results-dir {fixed}, or leave --results-dir out "
+                             f"when running from the checkout")
+        given = s.data_dir not in (None, "", RunConfig.data_dir)
+        if given and runner.data_dir and os.path.realpath(s.data_dir) != os.path.realpath(runner.data_dir):
+            raise BenchError(f"the ranks here read their data from {runner.data_dir} (the folder "
+                             f"they mount): give --data-dir {runner.data_dir}, or leave it out")
+        s = dataclasses.replace(s, data_dir=runner.data_dir or s.data_dir)
+    if stack is None:
+        stack = probe_stack(runner)
+        CLOCK.mark("probe")
+    try:
+        framework, notes = check_request(s, stack)
+    except BenchError as e:
+        # `where: auto` means wherever the request can run: when the image's stack
+        # refuses it (CI's CPU image has no torchvision, say) and this machine's accepts
+        # it, the ranks run here, and the output says why.
+        if not (runner.falls_back_to_local and s.where == "auto" and not s.image
+                and not s.frozen):
+            raise
+        local = LocalRunner(s.results_dir, s.data_dir)
+        local_stack = probe_stack(local)
+        try:
+            framework, notes = check_request(s, local_stack)
+        except BenchError:
+            raise e from None
+        where_note = (f"running as local processes: the image {runner.tag} cannot run this "
+                      f"({e}), this machine can")
+        runner, stack = local, local_stack
+        echo(where_note)
+    for n in notes:
+        echo(n)
+    if where_note and runner.records_where_note:
+        notes.insert(0, where_note)
+    progress = progress or Progress(len(jobs), echo)
+    jobs = skip_refused(plan, jobs, refused_counts(s, stack, framework), progress, echo, skipped)
+    nps = list(dict.fromkeys(j.np for j in jobs))
+    check_steps(s, framework, nps)
+    run_id = s.run_id           # fixed by the plan
+    rdir = results.run_dir(s.results_dir, run_id)
+    rfile = rdir / results.RESULTS_FILE
+    os.makedirs(rdir, exist_ok=True)
+    CLOCK.mark("checks")
+    runner.prepare(str(rdir))
+    shaped, cpusets = bool(s.link), None
+    failed = 0
+    try:        # inside: nodes given cores or shaped before one that fails are given back
+        try:
+            cpusets = runner.own_cores(echo)
+            if shaped:
+                runner.shape_links(s.link, echo)
+        except RunnerError as e:
+            raise BenchError(str(e)) from None
+        # The plan's order: every process count once, then every one again (a drift of
+        # the machine's speed falls on all of them alike).
+        for job in jobs:
+            np, rep = job.np, job.repeat
+            cfg = dataclasses.replace(base_config(s, framework), run_id=run_id, expected_np=np,
+                                      attempt=job.attempt(framework), link=s.link, repeat=rep)
+            if s.strategy == "dataparallel":   # one process over np GPUs
+                cfg = dataclasses.replace(cfg, expected_np=1, devices=np)
+            progress.start((f"{s.strategy}, " if s.strategy != "ddp" else "")
+                           + f"{framework} over {s.backend}, {s.compression}, np {np}"
+                           + (f", {s.precision}" if s.precision != "fp32" else "")
+                           + (f", repeat {rep + 1} of at most {s.repeat_max}" if s.repeat_max else
+                              f", repeat {rep + 1} of {s.repeat}" if s.repeat > 1 else ""))
+            load, line = oversubscription(runner.machines(cfg.expected_np, stack), s.threads)
+            load.update(place=runner.kind, **({"node_cores": cpusets} if cpusets else {}))
+            if line:
+                echo(line)
+            failed += restart.run(run_one, s, cfg, np, runner, rfile, echo, load, stack.get("torch"))
+    finally:
+        runner.share_cores()        # never raises
+        if shaped:
+            runner.unshape_links()
+        try:
+            runner.hand_back(str(rdir))
+        except RunnerError as e:
+            echo(f"note: {e}")
+    records = [r for r in results.read_records(rfile)[0] if r.get("run_id") == run_id]
+    return Outcome(str(rdir), records, failed, notes)
+
+
+def oversubscription(machines: list[tuple[str, int, int]], threads: int) -> tuple[dict, str | None]:
+    """The record's world.cores and world.oversubscribed for ranks placed on machines
+    (name, ranks, cores), and the one line to print when the ranks' threads exceed a
+    machine's cores: its "efficiency" would measure the scheduler, not the scaling."""
+    worst = max(machines, key=lambda m: m[1] * threads / max(m[2], 1))
+    name, ranks, cores = worst
+    over = ranks * threads > cores
+    line = None
+    if over:
+        where = f" on {name}" if name else ""
+        line = (f"oversubscribed: {ranks} rank(s) x {threads} thread(s){where} share {cores} core(s); "
+                f"their time per step measures the scheduler as much as the training, and the "
+                f"report will not read this row as scaling (lower --np or --threads, or add nodes)")
+    return {"cores": cores, "oversubscribed": over}, line
+
+
+def add_world(rfile, before: int, fields: dict) -> None:
+    """Facts only bench knows (where the ranks ran), onto the records this launch wrote."""
+    def update(rec):
+        rec.setdefault("world", {}).update(fields)
+        return rec
+    results.update_records(rfile, before, update)
+
+
+def check_steps(s: BenchSettings, framework: str, nps: list[int]) -> None:
+    """Before any rank starts: MNIST fetched once (here, not by every rank) and its files
+    checked, and every process count left with at least one timed step."""
+    cfg = base_config(s, framework)
+    try:
+        size = mnist_train_size(ensure_mnist(s.data_dir)) if s.data == "mnist" else cfg.train_size()
+        for np in nps:
+            cfg.check_timing(size, np)
+    except (ConfigError, DataUnavailable) as e:
+        raise BenchError(str(e)) from None
+
+
+def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, echo,
+            load: dict | None = None, torch_version: str | None = None) -> int:
+    """One launch of `np` ranks; 0 when it wrote its record, 1 when it failed (recorded).
+    `torch_version`: the ranks' torch (the stack probe), for the Flight Recorder's names."""
+    ceiling_before = ceiling.measure(s, np, runner) if s.ceiling else None
+    # The launch time goes to the ranks, which measure their start-up against it.
+    cfg = dataclasses.replace(cfg, launched_at=round(time.time(), 3))
+    inside = dataclasses.replace(cfg, results_dir=runner.results_in,
+                                 data_dir=runner.data_in or cfg.data_dir)
+    # A resumed run's launch has the name of the one that failed before: that launch's
+    # rank failures are not this one's.
+    shutil.rmtree(rfile.parent / "failures" / cfg.attempt, ignore_errors=True)
+    # The ranks' heartbeats reach the stall watch over the place's channel.
+    env = {**job_env(s), heartbeat.CHANNEL_VAR: runner.heartbeat_channel}
+    env, flight = flight_recorder(cfg, s.backend, env, inside.results_dir, rfile.parent, torch_version)
+    try:
+        commands = runner.commands(Launch(cfg.framework, s.backend, cfg.expected_np,
+                                          tuple(inside.to_args()), tuple(env.items()),
+                                          s.timeout_s, cfg.run_id, cfg.attempt, cfg.device, inside))
+    except (RunnerError, HostsError) as e:
+        raise BenchError(str(e)) from None
+    echo(f"== {cfg.framework} over {s.backend}, {np} process(es): "
+         f"{' '.join(next(iter(commands.values())))}")
+    before = len(results.read_records(rfile)[0])
+    started = results.now_iso()
+    t0 = time.monotonic()
+    # Under Slurm, Horovod over MPI runs every rank as an srun task.
+    launch = Launch(cfg.framework, s.backend, cfg.expected_np, (), run_id=cfg.run_id,
+                    attempt=cfg.attempt)
+    watch = StreamWatches(echo, srun_tasks_are_ranks=runner.srun_tasks_are_ranks(launch))
+    # The stall watch (lab.host.watch.stall) reads the ranks' heartbeats beside the runner and
+    # ends a job in which no rank advances with the runner's own stop(); its bound starts
+    # when the ranks do, and the heartbeats' marker lines are its alone.
+    stall = StallWatch(heartbeat.folder(rfile.parent, cfg.attempt), cfg.expected_np, s.stall_s,
+                       cfg.launched_at, runner.stop, echo, flight=flight,
+                       started=runner.ranks_started, channel=runner.heartbeat_channel).start()
+
+    def line(text: str) -> None:
+        own = stall.line(text)
+        if own is not None:
+            watch.line(own)
+    try:
+        try:
+            res = runner.run(commands, env, s.timeout_s, line,
+                             name=f"lab-bench-{cfg.run_id}-{cfg.attempt}")
+        finally:
+            stall.close()
+            watch.close()
+    except KeyboardInterrupt as e:
+        runner.stop()
+        error = {"reason": "stopped by SIGTERM" if isinstance(e, Terminated) else "interrupted by the user"}
+        job = runner.cancelled_job()     # a scheduler's job: which one was cancelled, under its name
+        if job:
+            name = job.get("name", "scheduler")
+            error[name] = {**{k: v for k, v in job.items() if k != "name"},
+                           "state": f"CANCELLED ({job.get('cancel', 'cancelled')} by bench)"}
+        _record_failure(rfile, cfg, np, s.nodes, started, error)
+        if load:
+            add_world(rfile, before, load)
+        raise
+    except RunnerError as e:
+        res = JobResult(1, [str(e)], str(e))
+    host = CLOCK.phases(cfg.launched_at)
+    CLOCK.restart()         # the next launch of a sweep: its host phases start here
+    wrote = len(results.read_records(rfile)[0]) > before
+    if wrote and host:
+        add_startup(rfile, before, host)
+    if wrote and load:
+        add_world(rfile, before, load)
+    if wrote and res.scheduler and res.scheduler.get("job_id"):
+        add_scheduler_state(rfile, before, res.scheduler)
+    if wrote and stall.launcher_ended:
+        add_world(rfile, before, {"launcher_ended": stall.launcher_ended})
+    if (res.returncode == 0 or stall.launcher_ended) and wrote:
+        if s.ceiling:
+            add_ceiling(rfile, before, cfg, ceiling.around(s, np, ceiling_before, runner))
+        return 0
+    if stall.error:
+        echo(f"!! run stalled and was stopped after {time.monotonic() - t0:.1f} s "
+             f"(no rank advanced for {stall.stalled_after:.0f} s)")
+        _record_failure(rfile, cfg, np, s.nodes, started,
+                        {**stall.error, "log_tail": "\n".join(list(watch.tail)[-20:])})
+        if load:
+            add_world(rfile, before, load)
+        return 1
+    info, reason = attribute_failure(res, rfile.parent / "failures" / cfg.attempt,
+                                     runner.dead(), watch.first, stall.beats())
+    echo(f"!! run failed after {time.monotonic() - t0:.1f} s: {reason}")
+    error = {**{k: info.get(k) for k in ("rank", "host", "exit_code", "signal") if k in info},
+             "reason": reason, "log_tail": "\n".join(list(watch.tail)[-20:])}
+    if res.scheduler:
+        error[res.scheduler.get("name", "scheduler")] = {k: v for k, v in res.scheduler.items() if k != "name"}
+    _record_failure(rfile, cfg, np, s.nodes, started, error)
+    if load:
+        add_world(rfile, before, load)
+    return 1
+
+
+def add_startup(rfile, before: int, host: dict) -> None:
+    """The host's start-up phases (lab.host.run.startup) onto the records this launch wrote,
+    and the whole start-up: from the command (or, in a sweep, the previous launch's end)
+    to the first timed step."""
+    def update(rec):
+        f = rec.get("figures")
+        if rec.get("status") != "ok" or f is None:
+            return None
+        f["startup_host_s"] = host
+        if f.get("startup_s") is not None:
+            f["startup_total_s"] = round(sum(host.values()) + f["startup_s"], 3)
+        return rec
+    results.update_records(rfile, before, update)
+
+
+def add_ceiling(rfile, before: int, cfg: RunConfig, measured: dict) -> None:
+    """The ceiling measured around a run, into that run's record (figures.ceiling)."""
+    def update(rec):
+        if rec.get("status") != "ok" or rec.get("config", {}).get("repeat") != cfg.repeat:
+            return None
+        rec.setdefault("figures", {})["ceiling"] = measured
+        return rec
+    results.update_records(rfile, before, update)
+
+
+def add_scheduler_state(rfile, before: int, facts: dict) -> None:
+    """Slurm's final state and exit code onto the records its job's ranks wrote (they
+    write before the job ends, so only bench knows them)."""
+    def update(rec):
+        sched = rec.get("world", {}).get("scheduler")
+        if not sched or sched.get("job_id") != facts["job_id"]:
+            return None
+        sched.update(state=facts.get("state"), exit_code=facts.get("exit_code"))
+        return rec
+    results.update_records(rfile, before, update)
+
+
+def _record_failure(rfile, cfg: RunConfig, np: int, nodes: int, started: str, error: dict) -> None:
+    results.append_record(rfile, results.make_record(
+        "failed", run_id=cfg.run_id, config=cfg.as_record(), np=np, nodes=nodes,
+        started_at=started, error=error))

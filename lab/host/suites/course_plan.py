@@ -1,0 +1,244 @@
+"""The plan of `invoke lab`, pure: the classic distributed-training lab as the kit's own
+`invoke bench` runs, sized to what this machine has, with an estimate for each. Nothing
+here starts a process or asks an engine (lab.host.suites.course runs the plan).
+
+The lab's parts, in the order its report presents them: time per step, throughput and
+speedup within one server for every back end that can run here; the same across two
+servers (the simulated cluster, each node's link shaped to 1 Gbit/s), for the CNN and
+ResNet-50; a recurrent model
+(the LSTM); gradient compression (accuracy and speed of fp16 and 8-bit codecs); the
+parallel strategies on ResNet-50. Each part is one bench run id under the lab's results
+folder, so `--resume` continues exactly where a stopped lab ended."""
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+
+# ------------------------------------------------------------------ the cost model
+# Every estimate of `invoke lab` comes from these numbers, read from the records of an
+# `invoke lab --quick` on the kit's CI machine (2 vCPUs, no GPU, other work beside it):
+# figures.startup_s and the step times of its report. A machine with more cores is faster.
+# Seconds a run costs besides its timed steps (launcher, imports, rendezvous, data, model,
+# warm-up, evaluation, the record): 4-13 s for the CNN and the LSTM, 15-25 s for ResNet-50.
+RUN_START_S = {"mnist": 8.0, "lstm": 8.0, "resnet50": 18.0}
+CLUSTER_EXTRA_S = 5.0           # a run on the simulated cluster's nodes: ssh, the containers
+# Seconds per training step at 1 and at 2 workers on the two cores, at the batch the plan
+# gives (MNIST CNN at 32 and 64 images: 15-32 ms; LSTM at 64: 73 and 174 ms; ResNet-50 at
+# 16: 1.24-2.14 s at 2 workers, the one-worker step assumed 0.8 s).
+STEP_S = {"mnist": (0.02, 0.03), "lstm": (0.073, 0.174), "resnet50": (0.8, 1.5)}
+CLUSTER_UP_S = 20.0             # `invoke up --nodes 2` with the image built, and down
+REPORT_S = 15.0
+BUDGET_MIN = {False: 30, True: 5}   # what the default and the --quick plan must fit here
+DIGITS = 1797                   # scikit-learn's digits: the lab's data (offline)
+TRAIN_SHARE = 0.8               # ASSUMED split; only the step count depends on it
+
+
+@dataclass
+class Part:
+    """One part of the lab: a bench request (its flags as `invoke bench` takes them)."""
+    name: str                   # its run id: lab-<name>
+    title: str                  # the report section it fills
+    flags: dict
+    place: str = "local"        # "local" or "cluster"
+    estimate_s: float = 0.0
+    skipped: str = ""           # why the part does not run here ("" : it runs)
+    devices: str = "CPU processes"  # what its runs measure, as the plan says it
+
+    @property
+    def gpu(self) -> bool:
+        return self.flags.get("device") == "cuda"
+
+    @property
+    def run_id(self) -> str:
+        return self.flags["run_id"]
+
+    def command(self) -> str:
+        """The part as the `invoke bench` command a user would type."""
+        words = ["invoke", "bench"]
+        for k, v in self.flags.items():
+            flag = "--" + k.replace("_", "-")
+            if v is True:
+                words.append(flag)
+            elif v not in (None, False, ""):
+                words += [flag, str(v)]
+        return shlex.join(words)
+
+
+@dataclass
+class Plan:
+    results_dir: str
+    quick: bool
+    parts: list[Part]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def estimate_s(self) -> float:
+        ran = [p for p in self.parts if not p.skipped]
+        return (sum(p.estimate_s for p in ran) + REPORT_S
+                + (CLUSTER_UP_S if any(p.place == "cluster" for p in ran) else 0.0))
+
+    @property
+    def report_dir(self) -> str:
+        return f"{self.results_dir.rstrip('/')}/lab-report"
+
+    def render(self) -> str:
+        lines = [f"the lab ({'--quick, ' if self.quick else ''}estimated "
+                 f"{minutes(self.estimate_s)} on this machine), {len(self.parts)} parts:"]
+        for i, p in enumerate(self.parts, 1):
+            if p.skipped:
+                lines.append(f"  {i}. {p.title}: skipped: {p.skipped}")
+                continue
+            lines.append(f"  {i}. {p.title}, on {p.devices}: about {minutes(p.estimate_s)}")
+            lines.append(f"     {p.command()}")
+        lines.append(f"  then: invoke report (Markdown and HTML) into {self.report_dir}")
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def steps_per_epoch(batch: int, np: int) -> int:
+    return max(1, int(DIGITS * TRAIN_SHARE) // (batch * np))
+
+
+def estimate(model: str, nps: list[int], runs_each: int, steps_at, place: str = "local") -> float:
+    """Seconds for `runs_each` runs at each of `nps`, `steps_at(np)` steps each."""
+    extra = CLUSTER_EXTRA_S if place == "cluster" else 0.0
+    return sum(runs_each * (RUN_START_S[model] + extra + steps_at(np) * STEP_S[model][min(np, 2) - 1])
+               for np in nps)
+
+
+def plan(results_dir: str = "results", *, quick: bool = False, gpus: int = 0,
+         backends: tuple[str, ...] = ("gloo", "mpi"), cluster: str = "", horovod: str = "") -> Plan:
+    """The lab for this machine. `gpus`: GPUs the ranks may use (0: a CPU lab);
+    `backends`: the back ends that can run here (nccl only with GPUs); `cluster`: why the
+    simulated cluster cannot run ("" : it can); `horovod`: why Horovod cannot run on this
+    machine ("": it can; the cluster's image has its own). Combinations bench cannot run
+    here (DDP over MPI with pip's torch, which has no MPI back end; Horovod's without
+    Horovod) are skipped by bench with the reason and cost nothing; the estimate assumes
+    pip's torch. Without Horovod the quick lab's gradient compression, Horovod's alone
+    otherwise, runs over DDP (its communication hook has the same codecs).
+
+    No GPU part asks for more ranks than there are GPUs (each rank needs one of its own):
+    a part whose process counts do not all fit runs at the counts that fit on the GPUs
+    (np 1 on one GPU; ResNet-50's strategies at np 1 with ddp alone) and at all of them
+    as CPU processes beside it (a part of its own, `<name>-cpu`, in the same report
+    section; the report tells the rows apart by their device). The simulated cluster is
+    the CPU image: the cross-server parts are CPU processes on any machine."""
+    nps = [1, 2] if gpus < 2 else sorted({1, 2, gpus} | ({4} if gpus >= 4 else set()))
+    cpu_backends = tuple(b for b in backends if b != "nccl")
+    common = {"results_dir": results_dir, "data": "digits", "batch_size": 32}
+    epochs = 3 if quick else 8
+
+    def combos(bes, here: bool = True) -> int:  # Horovod over each, DDP over each but MPI
+        return (len(bes) if not (here and horovod) else 0) + len(bes) - ("mpi" in bes)
+
+    def epochs_of(n):
+        return lambda np: n * steps_per_epoch(32, np)
+
+    parts: list[Part] = []
+
+    def local(name, title, flags, cost, **extra):
+        """The part on this machine's GPUs where its counts fit (all of them: one part),
+        else at the counts that fit and, beside it, all of them on CPU processes.
+        cost(flags, counts) -> its estimate; `extra`: flags over the common ones."""
+        counts = [int(n) for n in str(flags["np"]).split(",")]
+        run_id = flags.pop("run_id")
+        flags = {**flags, "local": True, **common, **extra}
+        if not gpus:
+            flags["run_id"] = run_id
+            parts.append(Part(name, title, flags, estimate_s=cost(flags, counts)))
+            return
+        fit = [n for n in counts if n <= gpus]
+        on_gpus = "the GPU" if gpus == 1 else "the GPUs, one per rank"
+        if fit or "strategy" in flags:
+            g = {**flags, "np": ",".join(map(str, fit or [1])), "device": "cuda", "run_id": run_id}
+            if not fit:         # ResNet-50 on the GPU: one process, ddp alone
+                g["strategy"] = "ddp"
+            parts.append(Part(name, title, g, estimate_s=cost(g, fit or [1]), devices=on_gpus))
+        if fit != counts:
+            c = {**flags, "run_id": f"{run_id}-cpu"}
+            if "backend" in c:
+                c["backend"] = ",".join(b for b in c["backend"].split(",") if b != "nccl")
+            parts.append(Part(f"{name}-cpu", title, c, estimate_s=cost(c, counts),
+                              devices=f"CPU processes beside {on_gpus} (more ranks than GPUs)"))
+
+    # Within one server: every back end that runs here, Horovod and DDP, 1 and 2 workers
+    # (1..N GPUs): the CNN on the digits (offline; MNIST itself is a download away).
+    repeat = 1 if quick else 3
+    local("within", "results within one server",
+          {"np": ",".join(map(str, nps)), "framework": "horovod,ddp", "backend": ",".join(backends),
+           "epochs": epochs, "repeat": repeat, "run_id": "lab-within"},
+          lambda f, c: estimate("mnist", c, combos(f["backend"].split(",")) * repeat, epochs_of(epochs)))
+
+    # Across servers: the simulated cluster (the CPU image), each link shaped to 1 Gbit/s
+    # between its two nodes; one node (unshaped: no link to shape) runs 1 and 2 ranks, the
+    # baseline of the speedups and the same two ranks within one server; np 1 over 2 nodes
+    # is refused (uneven) and costs nothing.
+    bes = ["gloo"] if quick else list(cpu_backends)
+    repeat = 1 if quick else 2
+    per_place = (estimate("mnist", [1, 2], combos(bes, False) * repeat, epochs_of(epochs), "cluster")
+                 + estimate("mnist", [2], combos(bes, False) * repeat, epochs_of(epochs), "cluster"))
+    cluster_cpus = "CPU processes in the simulated cluster's CPU image"
+    parts.append(Part(
+        "across", "results across servers",
+        {"nodes": "1,2", "np": "1,2", "framework": "horovod,ddp", "backend": ",".join(bes),
+         "link": "1gbit", **common, "epochs": epochs, "repeat": repeat, "run_id": "lab-across"},
+        place="cluster", skipped=cluster, estimate_s=per_place, devices=cluster_cpus))
+
+    # ResNet-50 across the same shaped link (the full plan): a payload of about 100 MB a
+    # step against the CNN's 0.09 MB, short runs (its step takes seconds on a CPU).
+    if not quick:
+        r_steps = 8
+        parts.append(Part(
+            "across-resnet50", "results across servers (ResNet-50)",
+            {"nodes": "1,2", "np": "1,2", "framework": "horovod,ddp", "backend": "gloo",
+             "link": "1gbit", "model": "resnet50", **common, "batch_size": 16, "epochs": 1,
+             "max_steps": r_steps, "warmup_steps": 2, "repeat": 1, "run_id": "lab-across-resnet50"},
+            place="cluster", skipped=cluster, devices=cluster_cpus,
+            estimate_s=(estimate("resnet50", [1, 2], 2, lambda np: r_steps, "cluster")
+                        + estimate("resnet50", [2], 2, lambda np: r_steps, "cluster"))))
+
+    # The recurrent model: the LSTM reading each image row by row.
+    repeat, lstm_epochs = (1, 1) if quick else (2, 4)
+    local("lstm", "a recurrent model (LSTM)",
+          {"np": "1,2", "framework": "ddp", "backend": backends[0], "model": "lstm",
+           "epochs": lstm_epochs, "repeat": repeat, "run_id": "lab-lstm"},
+          lambda f, c: estimate("lstm", c, repeat, lambda np: lstm_epochs * steps_per_epoch(64, np)),
+          batch_size=64)
+
+    # Gradient compression: long enough for accuracy to tell the codecs apart (a plain
+    # 8-bit cast does not learn; fp16 and the scaled 8-bit codec do). Two ranks at least:
+    # one has nothing to exchange.
+    frameworks, comp_epochs = ("horovod" if not horovod else "ddp", 2) if quick else ("horovod,ddp", epochs)
+    comp_runs = 4 * len([f for f in frameworks.split(",") if f == "ddp" or not horovod])
+    local("compression", "gradient compression",
+          {"np": "2", "framework": frameworks, "backend": backends[0],
+           "compression": "none,fp16,int8,int8-naive",
+           "epochs": comp_epochs, "repeat": 1, "run_id": "lab-compression"},
+          lambda f, c: estimate("mnist", c, comp_runs, epochs_of(comp_epochs)))
+
+    # Parallel strategies on ResNet-50, short runs: the table compares throughput and
+    # the memory each strategy holds per rank (accuracy needs far longer runs on CPUs).
+    strategies = "ddp,zero1" if quick else "ddp,zero1,fsdp,pipeline,model-parallel,deepspeed,rpc-pipeline"
+    steps, repeat = (4 if quick else 8), (1 if quick else 2)
+    local("strategies", "parallel strategies (ResNet-50)",
+          {"np": "2", "strategy": strategies, "framework": "ddp", "model": "resnet50",
+           "epochs": 1, "max_steps": steps, "warmup_steps": 2, "repeat": repeat,
+           "run_id": "lab-strategies"},
+          lambda f, c: estimate("resnet50", c, len(f["strategy"].split(",")) * repeat, lambda np: steps),
+          batch_size=16)
+
+    notes = []
+    if horovod:
+        notes.append(f"{horovod}: its runs on this machine are skipped, each with the reason"
+                     + (", and the gradient compression part runs over DDP" if quick else ""))
+    if not gpus:
+        notes.append("no GPU here: the within-server table is of CPU processes; NCCL needs GPUs")
+    elif gpus == 1:
+        notes.append("one GPU here: every model, framework and back end runs at np 1 on it, and "
+                     "the runs of 2 ranks as CPU processes beside it (each rank needs a GPU of its "
+                     "own); each table of the report says which devices its rows measured")
+    return Plan(results_dir, quick, parts, notes)
