@@ -38,7 +38,6 @@ from pathlib import Path
 
 from lab.common.link import rate_gbs
 from lab.report import model_check
-from lab.report.model_check import _summary
 from lab.report.model_inputs import ceilings
 
 PARTS = ("within", "across", "predict", "leftout", "across-resnet50", "table")
@@ -89,10 +88,6 @@ def _invoke(argv: list[str], dry: bool) -> int:
     return rc
 
 
-def _summary(errors: list[float], what: str = "error") -> str:
-    return _summary(errors, what)
-
-
 def table(results: str) -> list[str]:
     """Every predicted row (lab.report.model_check's table), then the errors' median and
     largest: all rows, within one server, across servers; the rows not predicted, why."""
@@ -102,11 +97,11 @@ def table(results: str) -> list[str]:
     for label, pick in (("within one server", lambda n: " 1 server(s)" in n),
                         ("across servers", lambda n: " 1 server(s)" not in n)):
         errors = [p / m - 1 for n, p, m in rows if m and pick(n)]
-        out.append(f"{label}: {_summary(errors)}")
+        out.append(f"{label}: {model_check.summary_line(errors)}")
     out += [f"- not predicted: {w}" for w in why]
     spread = model_check.repeat_spread(records)
     out.append("the measurement's own spread, each run's step against its configuration's other runs "
-               f"(--repeat 2 or more): {_summary(spread, 'difference')}")
+               f"(--repeat 2 or more): {model_check.summary_line(spread, 'difference')}")
     return out + speed_by_link(records)
 
 

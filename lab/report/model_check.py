@@ -210,13 +210,13 @@ def lines(cases: list[tuple[str, float, float | None]], what: str = "predicted",
             far += 1
             inside += bool(steps and len(steps) > 1 and steps[0] <= pred <= steps[-1])
     if errors:
-        out.append("\n" + _summary(errors))
+        out.append("\n" + summary_line(errors))
         if spans:
             out.append(f"off by more than {100 * FAR:.0f}%: {far} case(s), {inside} of them predicted within "
                        f"the span of their own runs (the fastest to the slowest)")
     apart = [pred / meas - 1 for name, pred, meas in cases if SELF not in name and meas is not None]
     if len(apart) < len(errors):
-        out.append(f"without the cases fitted on themselves: {_summary(apart)}")
+        out.append(f"without the cases fitted on themselves: {summary_line(apart)}")
     return out
 
 
@@ -234,7 +234,7 @@ def repeat_spread(records: list[dict]) -> list[float]:
     return out
 
 
-def _summary(errors: list[float], what: str = "error") -> str:
+def summary_line(errors: list[float], what: str = "error") -> str:
     if not errors:
         return "no case"
     return (f"median absolute {what} {100 * statistics.median(abs(e) for e in errors):.0f}%, "
