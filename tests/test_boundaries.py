@@ -17,9 +17,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def modules(package: str) -> list[str]:
+    """Every module of the package, its subpackages' included (lab.host.run.bench)."""
     path = REPO.joinpath(*package.split("."))
-    return [f"{package}.{m.name}" for m in pkgutil.iter_modules([str(path)])
-            if not m.name.startswith("__")]
+    return [m.name for m in pkgutil.walk_packages([str(path)], package + ".")
+            if not m.name.rsplit(".", 1)[-1].startswith("__")]
 
 
 def imported_after(mods: list[str]) -> set:
@@ -65,7 +66,7 @@ def test_model_specs_are_facts_read_without_torch():
     assert kit_parts(mods) <= {"lab.models"} and not {"torch", "numpy"} & mods
 
 
-PACKAGES = ("lab.common", "lab.models", "lab.worker", "lab.host", "lab.report", "envcheck")
+PACKAGES = ("lab.common", "lab.models", "lab.worker", "lab.host", "lab.report", "lab.benchmarks", "envcheck")
 
 
 def package_of(module: str) -> str | None:
@@ -115,6 +116,8 @@ def test_no_package_cycle():
             reach.add(q)
             todo.append(q)
     assert "lab.host" not in reach and "lab.report" not in reach, reach
+    # the kit's benchmarks of itself sit above the product: nothing imports them
+    assert not any("lab.benchmarks" in deps for deps in graph.values()), graph
 
 
 def test_the_cycle_check_finds_a_cycle(tmp_path):
@@ -183,3 +186,107 @@ def test_the_circle_check_sees_subpackages(tmp_path):
     (host / "bench.py").write_text("from lab.host.places import choose_runner\n")
     assert cycles(module_imports("lab.host", tmp_path)) != []
     assert module_imports("lab.host.places", tmp_path)["__init__"] == {"local"}
+
+
+# lab.host's parts, from the one that talks to the user down to the shared vocabulary: a
+# part imports only the parts below it (request and watch are side by side and import
+# neither each other). tasks.py composes them all from above; lab.common is under all.
+LAYERS = ("cli", "suites", "run", "request|watch", "places", "images", "settings", "errors")
+RANK = {part: i for i, group in enumerate(LAYERS) for part in group.split("|")}
+
+
+def kit_imports(path: Path):
+    """(line, the kit module named, inside a function?) for each import of the kit in a
+    file (`from lab.host import places` names lab.host.places); `if TYPE_CHECKING:` blocks
+    left out (they never run)."""
+    tree = ast.parse(path.read_text(), str(path))
+    skip = {id(x) for node in ast.walk(tree) if isinstance(node, ast.If)
+            and getattr(node.test, "id", "") == "TYPE_CHECKING" for x in ast.walk(node)}
+    inner = {id(x) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+             for x in ast.walk(f) if x is not f}
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names = [f"{node.module}.{a.name}" if node.module in ("lab", "lab.host", "lab.report")
+                     else node.module for a in node.names]
+        else:
+            continue
+        for name in names:
+            if name.split(".")[0] in ("lab", "envcheck", "tasks"):
+                yield node.lineno, name, id(node) in inner
+
+
+def host_part(module: str) -> str | None:
+    """lab.host.run.bench -> run; lab.host.settings -> settings; anything else None."""
+    bits = module.split(".")
+    return bits[2] if bits[:2] == ["lab", "host"] and len(bits) > 2 else None
+
+
+def upward_imports(root: Path = REPO) -> list[str]:
+    found = []
+    for path in sorted(root.joinpath("lab", "host").rglob("*.py")):
+        me = host_part(".".join(path.relative_to(root).with_suffix("").parts))
+        for line, name, _ in kit_imports(path):
+            other = host_part(name)
+            if me in RANK and other in RANK and other != me and RANK[other] <= RANK[me]:
+                found.append(f"{path.relative_to(root)}:{line} ({me}) imports {name} ({other})")
+    return found
+
+
+def test_lab_host_parts_are_exactly_the_layers():
+    folder = REPO / "lab" / "host"
+    parts = {p.stem for p in folder.glob("*.py") if p.stem != "__init__"} | \
+        {d.name for d in folder.iterdir() if (d / "__init__.py").is_file()}
+    assert parts == set(RANK), parts ^ set(RANK)
+
+
+def test_lab_host_imports_go_one_way_down_its_layers():
+    assert upward_imports() == []
+
+
+def test_the_layer_check_finds_an_import_upward(tmp_path):
+    """The check itself works: a place that imports the request (above it) is found, a
+    run that imports the places (below it) is not."""
+    for part, text in {"places": "from lab.host.request import checks\n",
+                       "run": "from lab.host.places import launch\n"}.items():
+        tmp_path.joinpath("lab", "host", part).mkdir(parents=True)
+        tmp_path.joinpath("lab", "host", part, "m.py").write_text(text)
+    assert upward_imports(tmp_path) == [
+        "lab/host/places/m.py:1 (places) imports lab.host.request (request)"]
+
+
+# Imports of the kit's own modules are at the top of each file in lab.host and lab.report:
+# a function-local one hides a cycle or an upward call. The exceptions, each with its
+# reason (module, imported module). Optional heavy libraries that are not the kit's
+# (docker, kubernetes, matplotlib, pynvml, tqdm, yaml) may stay lazy: a host without them
+# still lists its tasks and answers --help.
+LOCAL_KIT_IMPORTS: dict[tuple[str, str], str] = {}
+
+
+def local_kit_imports(root: Path = REPO) -> list[tuple[str, str]]:
+    found = []
+    for package in ("host", "report"):
+        for path in sorted(root.joinpath("lab", package).rglob("*.py")):
+            module = ".".join(path.relative_to(root).with_suffix("").parts)
+            found += [(module, name) for _, name, inner in kit_imports(path) if inner]
+    return found
+
+
+def test_no_function_local_import_of_the_kit_in_host_and_report():
+    assert [i for i in local_kit_imports() if i not in LOCAL_KIT_IMPORTS] == []
+    # every exception still exists (a stale entry would let the next one through unseen)
+    assert set(LOCAL_KIT_IMPORTS) <= set(local_kit_imports())
+
+
+def test_the_local_import_check_finds_one(tmp_path):
+    """The check itself works: an import inside a function is found, one at the top and
+    one under `if TYPE_CHECKING:` are not."""
+    tmp_path.joinpath("lab", "report").mkdir(parents=True)
+    tmp_path.joinpath("lab", "host").mkdir(parents=True)
+    tmp_path.joinpath("lab", "host", "a.py").write_text(
+        "from typing import TYPE_CHECKING\nfrom lab.common import kit\nif TYPE_CHECKING:\n"
+        "    from lab.host import b\n\ndef f():\n    from lab.host.places import launch\n")
+    assert local_kit_imports(tmp_path) == [("lab.host.a", "lab.host.places")]
