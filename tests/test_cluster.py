@@ -407,7 +407,7 @@ def test_a_run_across_the_nodes_gives_each_its_own_cores_and_then_all_of_them_ba
     see only those), the record says which, and afterwards every node has them all."""
     from lab.host.places.compose import cores
     from lab.host.places.compose.runner import ClusterRunner
-    from lab.host.run.bench import oversubscription
+    from lab.host.run.records import oversubscription
     mine = cores.machine_cpus()
     if len(cores.physical_cores(mine, cores._siblings)) < 2:
         pytest.skip("one core: the nodes can only share it")

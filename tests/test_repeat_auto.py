@@ -10,7 +10,7 @@ import pytest
 from lab.common import results
 from lab.host.errors import BenchError
 from lab.host.request import plan as plans
-from lab.host.run import repeat_auto
+from lab.host.run import repeat_auto, sweep
 from lab.host.settings import base_config
 
 DEFAULTS = {"np": "2", "timeout_s": 3600}
@@ -107,24 +107,26 @@ def _sweep_writing(tmp_path, status, values):
     return run_sweep, ran
 
 
-def test_a_round_whose_runs_all_fail_ends_the_repeats(tmp_path):
+def test_a_round_whose_runs_all_fail_ends_the_repeats(tmp_path, monkeypatch):
     p = make(tmp_path, framework="ddp,horovod", repeat="auto")
     write(p, tmp_path, {0: [100, 105, 110], 1: [112, 117, 122]})
     run_sweep, ran = _sweep_writing(tmp_path, "failed", iter(()))
     lines = []
-    repeat_auto.repeat_until_apart(p, run_sweep, lines.append)
+    monkeypatch.setattr(sweep, "run_sweep", run_sweep)
+    sweep.repeat_until_apart(p, lines.append)
     assert ran == [(0, 3), (1, 3)]                                    # one more each
     assert lines[-1] == "--repeat auto: stopped: no run of the last round finished (their records say why)"
 
 
-def test_rounds_go_on_until_the_intervals_part(tmp_path):
+def test_rounds_go_on_until_the_intervals_part(tmp_path, monkeypatch):
     """Not apart at 3 repeats (means 102 and 108, spread 2); a fourth run of each narrows
     the interval of their difference until it leaves out 0."""
     p = make(tmp_path, framework="ddp,horovod", repeat="auto")
     write(p, tmp_path, {0: [100, 102, 104], 1: [106, 108, 110]})
     run_sweep, ran = _sweep_writing(tmp_path, "ok", iter([102, 108]))
     lines = []
-    repeat_auto.repeat_until_apart(p, run_sweep, lines.append)
+    monkeypatch.setattr(sweep, "run_sweep", run_sweep)
+    sweep.repeat_until_apart(p, lines.append)
     assert ran == [(0, 3), (1, 3)]
     assert lines[-1] == "--repeat auto: every compared configuration is told apart after 4 repeats"
 
@@ -158,7 +160,7 @@ def test_auto_runs_real_ranks_until_the_two_separate_or_its_maximum(tmp_path):
     assert rounds <= 3 and ("told apart" in said[-1] or "stopped" in said[-1]), said
 
 
-def test_a_configuration_repeated_first_in_a_later_round_goes_on_from_its_own_last_repeat(tmp_path):
+def test_a_configuration_repeated_first_in_a_later_round_goes_on_from_its_own_last_repeat(tmp_path, monkeypatch):
     """Repeat indices run on per configuration: one with 3 repeats, now compared with one
     that already has 6, gets repeats 3, 4, ... (not 6, 7, ...: the sweep's highest)."""
     p = make(tmp_path, framework="ddp", compression="none,fp16,int8", repeat="auto")
@@ -166,6 +168,7 @@ def test_a_configuration_repeated_first_in_a_later_round_goes_on_from_its_own_la
                         2: [103, 108, 112]})
     run_sweep, ran = _sweep_writing(tmp_path, "failed", iter(()))
     lines = []
-    repeat_auto.repeat_until_apart(p, run_sweep, lines.append)
+    monkeypatch.setattr(sweep, "run_sweep", run_sweep)
+    sweep.repeat_until_apart(p, lines.append)
     assert lines[0].startswith("--repeat auto: up to 7 repeats"), lines
     assert sorted(ran) == [(1, 6), (2, 3), (2, 4), (2, 5), (2, 6)]

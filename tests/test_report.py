@@ -881,13 +881,13 @@ def test_a_report_of_gpu_and_cpu_runs_says_under_each_table_which_devices_it_mea
     assert "Devices:" not in report.render(RECORDS, [], "fixed")
 
 
-def test_a_run_that_restarted_has_its_line(tmp_path):
+def test_a_run_that_restarted_has_its_line(tmp_path, monkeypatch):
     """A job --max-restarts relaunched, recorded by bench's own relaunch loop: the report
     names it with what failed, where it resumed and the time lost; a report without one
     has no such section."""
     from lab.common import restarts
     from lab.host.places.local import LocalRunner
-    from lab.host.run import restart
+    from lab.host.run import bench
     from lab.host.settings import BenchSettings
     run = tmp_path / "fixed"
     rfile = run / results.RESULTS_FILE
@@ -902,8 +902,9 @@ def test_a_run_that_restarted_has_its_line(tmp_path):
                                    from_step=30, checkpoint="step-00000030.pt", saved_at=1.0, resumed_at=2.0)
         results.append_record(rf, launches[cfg.restart])
         return 0 if cfg.restart else 1
-    assert restart.run(run_one, BenchSettings(np=[2], max_restarts=1, checkpoint_every=10),
-                       RunConfig(attempt="000-job"), 2, LocalRunner(str(tmp_path)), rfile, print) == 0
+    monkeypatch.setattr(bench, "run_one", run_one)
+    assert bench.run_job(BenchSettings(np=[2], max_restarts=1, checkpoint_every=10),
+                         RunConfig(attempt="000-job"), 2, LocalRunner(str(tmp_path)), rfile, print) == 0
     text = report.write(str(run)).read_text()
     part = section(text, "Runs that restarted")
     assert "ddp over gloo, np=2: ok after 1 relaunch(es): rank 1 was killed (signal 9), resumed from step 30" in part

@@ -21,8 +21,8 @@ from lab.host.errors import BenchError
 from lab.host.places.hosts import HostsRunner
 from lab.host.places.local import LocalRunner
 from lab.host.places.scripts import script_config
-from lab.host.request.checks import settings_from_flags
-from lab.host.run import bench, restart
+from lab.host.request.checks import check_settings, settings_from_flags
+from lab.host.run import bench
 from lab.host.settings import BenchSettings, base_config
 from lab.report.bench_output import checkpoint_line, render, restart_line
 from lab.worker import checkpoint
@@ -146,24 +146,24 @@ def fake_job(outcomes, seen, rfile):
     return run_one
 
 
-def relaunched(tmp_path, outcomes, **settings):
+def relaunched(tmp_path, monkeypatch, outcomes, **settings):
     rfile = tmp_path / "r" / results.RESULTS_FILE
     s = BenchSettings(np=[2], **settings)
     cfg = RunConfig(attempt="000-job")
     seen, lines = [], []
-    failed = restart.run(fake_job(outcomes, seen, rfile), s, cfg, 2, LocalRunner(str(tmp_path)),
-                         rfile, lines.append)
+    monkeypatch.setattr(bench, "run_one", fake_job(outcomes, seen, rfile))
+    failed = bench.run_job(s, cfg, 2, LocalRunner(str(tmp_path)), rfile, lines.append)
     return failed, seen, results.read_records(rfile)[0], lines
 
 
-def test_without_max_restarts_a_failed_job_is_recorded_failed_once(tmp_path):
-    failed, seen, records, _ = relaunched(tmp_path, [False, True])
+def test_without_max_restarts_a_failed_job_is_recorded_failed_once(tmp_path, monkeypatch):
+    failed, seen, records, _ = relaunched(tmp_path, monkeypatch, [False, True])
     assert failed == 1 and seen == [(0, "000-job")]
     assert [r["status"] for r in records] == ["failed"] and "restarts" not in records[0]
 
 
-def test_a_relaunch_that_ends_ok_is_one_ok_record_with_its_restart(tmp_path):
-    failed, seen, records, lines = relaunched(tmp_path, [False, True], max_restarts=2,
+def test_a_relaunch_that_ends_ok_is_one_ok_record_with_its_restart(tmp_path, monkeypatch):
+    failed, seen, records, lines = relaunched(tmp_path, monkeypatch, [False, True], max_restarts=2,
                                               checkpoint_every=10)
     assert failed == 0 and seen == [(0, "000-job"), (1, "000-job-restart1")]
     assert [r["status"] for r in records] == ["ok"]
@@ -177,14 +177,14 @@ def test_a_relaunch_that_ends_ok_is_one_ok_record_with_its_restart(tmp_path):
                                         f"from step 10 ({entry['lost_s']:.1f} s lost)")
 
 
-def test_a_job_failing_every_launch_is_recorded_failed_with_its_restarts(tmp_path):
-    failed, seen, records, lines = relaunched(tmp_path, [False, False], max_restarts=1)
+def test_a_job_failing_every_launch_is_recorded_failed_with_its_restarts(tmp_path, monkeypatch):
+    failed, seen, records, lines = relaunched(tmp_path, monkeypatch, [False, False], max_restarts=1)
     assert failed == 1 and len(seen) == 2
     assert [r["status"] for r in records] == ["failed"] and len(records[0]["restarts"]) == 1
     assert any("without --checkpoint-every: a relaunch starts again from step 0" in line for line in lines)
 
 
-def test_a_relaunch_that_raises_keeps_the_failed_launchs_record_with_its_restart(tmp_path):
+def test_a_relaunch_that_raises_keeps_the_failed_launchs_record_with_its_restart(tmp_path, monkeypatch):
     """A relaunch refused or interrupted before it records anything: the failed launch's
     record stays (it is taken out only once a later launch recorded), with the restart."""
     rfile = tmp_path / "r" / results.RESULTS_FILE
@@ -195,9 +195,10 @@ def test_a_relaunch_that_raises_keeps_the_failed_launchs_record_with_its_restart
         if cfg.restart:
             raise KeyboardInterrupt
         return first(s, cfg, *a, **k)
+    monkeypatch.setattr(bench, "run_one", run_one)
     with pytest.raises(KeyboardInterrupt):
-        restart.run(run_one, BenchSettings(np=[2], max_restarts=1, checkpoint_every=10),
-                    RunConfig(attempt="000-job"), 2, LocalRunner(str(tmp_path)), rfile, print)
+        bench.run_job(BenchSettings(np=[2], max_restarts=1, checkpoint_every=10),
+                      RunConfig(attempt="000-job"), 2, LocalRunner(str(tmp_path)), rfile, print)
     (record,) = results.read_records(rfile)[0]
     assert record["status"] == "failed" and record["error"]["rank"] == 1
     (entry,) = record["restarts"]
@@ -248,12 +249,12 @@ def test_the_flags_reach_bench_and_the_ranks():
 def test_a_place_that_cannot_relaunch_refuses_in_one_sentence():
     hosts = HostsRunner.__new__(HostsRunner)
     with pytest.raises(BenchError, match=r"^--max-restarts 1 is not honoured by your servers over SSH") as e:
-        restart.run(None, BenchSettings(np=[2], max_restarts=1), RunConfig(), 2, hosts, None, print)
+        bench.run_job(BenchSettings(np=[2], where="auto", max_restarts=1), RunConfig(), 2, hosts, None, print)
     assert "--local" not in str(e.value) and str(e.value).endswith(  # --local with --hosts is refused too
-        "leave it out, or run where it is (local processes, the lab image, or the simulated cluster, "
-        "also with --launcher slurm)")
-    assert restart.refusal(BenchSettings(np=[2], max_restarts=-1), LocalRunner()).startswith(
-        "--max-restarts counts relaunches")
+        "leave it out, or run where it is (local processes, the lab image, the simulated cluster, "
+        "Slurm on the simulated cluster or Kubernetes)")
+    with pytest.raises(BenchError, match="^--max-restarts counts relaunches: 0 or more, not -1"):
+        check_settings(BenchSettings(np=[2], max_restarts=-1))
 
 
 class _Ranks:

@@ -248,7 +248,7 @@ def test_srun_names_the_rank_that_died_first():
 
 
 def test_the_final_state_is_added_to_the_records_of_that_job(tmp_path):
-    from lab.host.run.bench import add_scheduler_state
+    from lab.host.run.records import add_scheduler_state
     rfile = tmp_path / results.RESULTS_FILE
     common = dict(run_id="r", config={}, np=2, nodes=2, started_at=results.now_iso(),
                   figures={"throughput_img_s": 1.0})

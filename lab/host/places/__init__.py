@@ -80,15 +80,23 @@ def shown(s, o: opts.Option) -> str:
     return f"--{o.flag} {getattr(s, o.name)}"
 
 
-def refusal(s, name: str | None) -> str | None:
+def refusal(s, where) -> str | None:
     """The one sentence refusing the first option of reach "place" that request `s` asks
-    for and its place (`name`; None: where: auto, local processes or the image) does not
-    honour (Runner.honours); None when it honours all it is asked."""
-    classes = [place(name)] if name else [place(n) for n in AUTO]
+    for and where it runs does not honour (Runner.honours), naming the places that do;
+    None when it honours all it is asked. `where`: a place's name; None for `where: auto`
+    before the engine picks (local processes or the image: refused only what neither
+    honours); or the Runner class the engine picked (bench asks again, lab.host.run.bench)."""
+    classes = ([where] if isinstance(where, type) else [place(where)] if where
+               else [place(n) for n in AUTO])
     for o in opts.OPTIONS:
         if o.reach == "place" and asked(s, o) and not any(o.name in c.honours for c in classes):
             title = " or ".join(c.title for c in classes)
-            return f"{shown(s, o)} is not honoured by {title}, where this request runs: leave it out"
+            line = f"{shown(s, o)} is not honoured by {title}, where this request runs: leave it out"
+            there = [place(n).title.split(" (")[0] for n in PLACES if o.name in place(n).honours]
+            if there:
+                line += (f", or run where it is ({', '.join(there[:-1])} or {there[-1]})" if len(there) > 1
+                         else f", or run where it is ({there[0]})")
+            return line
     return None
 
 

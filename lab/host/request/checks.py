@@ -182,7 +182,8 @@ def check_settings(s: BenchSettings) -> None:
         raise BenchError(f"--repeat is how many times each combination runs, at least 1: not {s.repeat}")
     if s.timeout_s < 0:
         raise BenchError(f"--timeout-s is seconds per run, 0 for no limit: not {s.timeout_s:g}")
-
+    if s.max_restarts < 0:
+        raise BenchError(f"--max-restarts counts relaunches: 0 or more, not {s.max_restarts}")
     check_run_id(s.run_id)
     try:
         results.check_folder(s.results_dir)

@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import os
 from dataclasses import dataclass
 
 from lab.common import options, results, stats
 from lab.common.config import FRAMEWORKS
 from lab.host.errors import BenchError, RunnerError
 from lab.host.places import for_request, place, place_of
-from lab.host.places.launch import HostsError, ranks_per_node, resolve_framework
+from lab.host.places.launch import HostsError, ranks_per_node
 from lab.host.request.checks import SWEEP_FIELDS, check_settings, settings_from_flags
-from lab.host.settings import BenchSettings, attempt_name, base_config
+from lab.host.settings import BenchSettings, attempt_name
 
 
 @dataclass(frozen=True)
@@ -203,40 +202,3 @@ def check_link(s: BenchSettings) -> None:
             raise BenchError(str(e)) from None
 
 
-def skip(plan: Plan, left: list, reason: str, skipped: set, progress, echo) -> None:
-    """The runs `left` (one combination's, from this repeat on) skipped: said once, and
-    recorded once per process count (`progress`: bench's Progress, its total lowered)."""
-    base, s = plan.settings, left[0].settings
-    rfile = results.run_dir(base.results_dir, base.run_id) / results.RESULTS_FILE
-    nps = list(dict.fromkeys(j.np for j in left))
-    skipped.update((left[0].combination, n) for n in nps)
-    progress.total -= len(left)
-    counts = "" if nps == list(s.np) else f" (np {', '.join(map(str, nps))})"
-    echo(f"-- skipped {label(s)}{counts}: {reason}")
-    os.makedirs(rfile.parent, exist_ok=True)
-    for n in nps:      # --resume: not those recorded ok
-        # a skipped run's ranks never ran: auto as for a stack not known (ddp)
-        framework = resolve_framework(s.framework, {}, s.strategy)[0]
-        cfg = dataclasses.replace(base_config(s, framework),
-                                  run_id=base.run_id, expected_np=n, link=s.link)
-        results.append_record(rfile, results.make_record(
-            "skipped", run_id=base.run_id, config=cfg.as_record(), np=n, nodes=s.nodes,
-            started_at=results.now_iso(), error={"reason": reason}))
-
-
-def skip_refused(plan, jobs, refused: dict, progress, echo, skipped: set | None) -> list:
-    """`jobs` less the process counts `refused` names: those skipped, said and recorded
-    with their reason by the plan's writer (lab.host.request.plan.skip), for this repeat and
-    the plan's later ones."""
-    if not refused:
-        return jobs
-    skipped = set() if skipped is None else skipped
-    first = jobs[0]
-    by_reason: dict[str, set] = {}
-    for np in dict.fromkeys(j.np for j in jobs):
-        if np in refused:
-            by_reason.setdefault(refused[np], set()).add(np)
-    for reason, nps in by_reason.items():
-        skip(plan, [j for j in plan.jobs if j.combination == first.combination and j.np in nps
-                    and j.repeat >= first.repeat], reason, skipped, progress, echo)
-    return [j for j in jobs if j.np not in refused]

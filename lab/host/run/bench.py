@@ -18,13 +18,13 @@ from lab.common import heartbeat, results
 from lab.common.config import ConfigError, RunConfig
 from lab.common.fetch import DataUnavailable, ensure_mnist, mnist_train_size
 from lab.host.errors import BenchError
-from lab.host.places import for_request, runner_for
+from lab.host.places import for_request, refusal, runner_for
 from lab.host.places.base import JobResult, Launch, Runner, RunnerError
 from lab.host.places.launch import HostsError, job_env
 from lab.host.places.local import LocalRunner
 from lab.host.request.checks import check_request, refused_counts
-from lab.host.request.plan import plan_of, skip_refused
-from lab.host.run import ceiling, restart
+from lab.host.request.plan import plan_of
+from lab.host.run import ceiling, records, restart
 from lab.host.run.startup import CLOCK
 from lab.host.settings import BenchSettings, base_config
 from lab.host.watch.failures import attribute_failure
@@ -121,7 +121,7 @@ def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
     a process count, a repeat) into the plan's results directory, in the plan's order:
     the runner chosen and the stack probed once, the request checked against that stack.
     The counts that stack cannot run (request.refused_counts: more GPU ranks than GPUs)
-    are skipped and recorded (plan.skip_refused), the rest run; `skipped`: the sweep's
+    are skipped and recorded (records.skip_refused), the rest run; `skipped`: the sweep's
     (combination, np) set of what it skipped, which this adds to."""
     s = jobs[0].settings
     if runner is None:      # else the sweep chose it and marked "runner", "probe" (sweep.Places)
@@ -172,7 +172,7 @@ def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
     if where_note and runner.records_where_note:
         notes.insert(0, where_note)
     progress = progress or Progress(len(jobs), echo)
-    jobs = skip_refused(plan, jobs, refused_counts(s, stack, framework), progress, echo, skipped)
+    jobs = records.skip_refused(plan, jobs, refused_counts(s, stack, framework), progress, echo, skipped)
     nps = list(dict.fromkeys(j.np for j in jobs))
     check_steps(s, framework, nps)
     run_id = s.run_id           # fixed by the plan
@@ -203,11 +203,11 @@ def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
                            + (f", {s.precision}" if s.precision != "fp32" else "")
                            + (f", repeat {rep + 1} of at most {s.repeat_max}" if s.repeat_max else
                               f", repeat {rep + 1} of {s.repeat}" if s.repeat > 1 else ""))
-            load, line = oversubscription(runner.machines(cfg.expected_np, stack), s.threads)
+            load, line = records.oversubscription(runner.machines(cfg.expected_np, stack), s.threads)
             load.update(place=runner.kind, **({"node_cores": cpusets} if cpusets else {}))
             if line:
                 echo(line)
-            failed += restart.run(run_one, s, cfg, np, runner, rfile, echo, load, stack.get("torch"))
+            failed += run_job(s, cfg, np, runner, rfile, echo, load, stack.get("torch"))
     finally:
         runner.share_cores()        # never raises
         if shaped:
@@ -216,32 +216,8 @@ def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
             runner.hand_back(str(rdir))
         except RunnerError as e:
             echo(f"note: {e}")
-    records = [r for r in results.read_records(rfile)[0] if r.get("run_id") == run_id]
-    return Outcome(str(rdir), records, failed, notes)
-
-
-def oversubscription(machines: list[tuple[str, int, int]], threads: int) -> tuple[dict, str | None]:
-    """The record's world.cores and world.oversubscribed for ranks placed on machines
-    (name, ranks, cores), and the one line to print when the ranks' threads exceed a
-    machine's cores: its "efficiency" would measure the scheduler, not the scaling."""
-    worst = max(machines, key=lambda m: m[1] * threads / max(m[2], 1))
-    name, ranks, cores = worst
-    over = ranks * threads > cores
-    line = None
-    if over:
-        where = f" on {name}" if name else ""
-        line = (f"oversubscribed: {ranks} rank(s) x {threads} thread(s){where} share {cores} core(s); "
-                f"their time per step measures the scheduler as much as the training, and the "
-                f"report will not read this row as scaling (lower --np or --threads, or add nodes)")
-    return {"cores": cores, "oversubscribed": over}, line
-
-
-def add_world(rfile, before: int, fields: dict) -> None:
-    """Facts only bench knows (where the ranks ran), onto the records this launch wrote."""
-    def update(rec):
-        rec.setdefault("world", {}).update(fields)
-        return rec
-    results.update_records(rfile, before, update)
+    written = [r for r in results.read_records(rfile)[0] if r.get("run_id") == run_id]
+    return Outcome(str(rdir), written, failed, notes)
 
 
 def check_steps(s: BenchSettings, framework: str, nps: list[int]) -> None:
@@ -254,6 +230,28 @@ def check_steps(s: BenchSettings, framework: str, nps: list[int]) -> None:
             cfg.check_timing(size, np)
     except (ConfigError, DataUnavailable) as e:
         raise BenchError(str(e)) from None
+
+
+def run_job(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, echo,
+            load: dict | None = None, torch_version: str | None = None) -> int:
+    """One job: its launch (run_one), relaunched after a failure up to --max-restarts
+    times, each from the job's last checkpoint (lab.host.run.restart); 0 when the job
+    ended with its record, 1 when it failed (recorded)."""
+    line = refusal(s, type(runner))
+    if line:
+        raise BenchError(line)
+    if not s.max_restarts or type(runner).retries_in_place:
+        return run_one(s, cfg, np, runner, rfile, echo, load, torch_version=torch_version)
+    job = restart.Relaunches(s, cfg, rfile, echo)
+    for launch in job.launches():
+        try:
+            failed = run_one(s, launch, np, runner, rfile, echo, load, torch_version=torch_version)
+        except BaseException:
+            job.interrupted()
+            raise
+        if job.ended(failed):
+            return failed
+    return 1        # not reached: the last launch ends the job
 
 
 def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, echo,
@@ -312,9 +310,9 @@ def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, ec
             name = job.get("name", "scheduler")
             error[name] = {**{k: v for k, v in job.items() if k != "name"},
                            "state": f"CANCELLED ({job.get('cancel', 'cancelled')} by bench)"}
-        _record_failure(rfile, cfg, np, s.nodes, started, error)
+        records.record_failure(rfile, cfg, np, s.nodes, started, error)
         if load:
-            add_world(rfile, before, load)
+            records.add_world(rfile, before, load)
         raise
     except RunnerError as e:
         res = JobResult(1, [str(e)], str(e))
@@ -322,24 +320,24 @@ def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, ec
     CLOCK.restart()         # the next launch of a sweep: its host phases start here
     wrote = len(results.read_records(rfile)[0]) > before
     if wrote and host:
-        add_startup(rfile, before, host)
+        records.add_startup(rfile, before, host)
     if wrote and load:
-        add_world(rfile, before, load)
+        records.add_world(rfile, before, load)
     if wrote and res.scheduler and res.scheduler.get("job_id"):
-        add_scheduler_state(rfile, before, res.scheduler)
+        records.add_scheduler_state(rfile, before, res.scheduler)
     if wrote and stall.launcher_ended:
-        add_world(rfile, before, {"launcher_ended": stall.launcher_ended})
+        records.add_world(rfile, before, {"launcher_ended": stall.launcher_ended})
     if (res.returncode == 0 or stall.launcher_ended) and wrote:
         if s.ceiling:
-            add_ceiling(rfile, before, cfg, ceiling.around(s, np, ceiling_before, runner))
+            records.add_ceiling(rfile, before, cfg, ceiling.around(s, np, ceiling_before, runner))
         return 0
     if stall.error:
         echo(f"!! run stalled and was stopped after {time.monotonic() - t0:.1f} s "
              f"(no rank advanced for {stall.stalled_after:.0f} s)")
-        _record_failure(rfile, cfg, np, s.nodes, started,
+        records.record_failure(rfile, cfg, np, s.nodes, started,
                         {**stall.error, "log_tail": "\n".join(list(watch.tail)[-20:])})
         if load:
-            add_world(rfile, before, load)
+            records.add_world(rfile, before, load)
         return 1
     info, reason = attribute_failure(res, rfile.parent / "failures" / cfg.attempt,
                                      runner.dead(), watch.first, stall.beats())
@@ -348,50 +346,9 @@ def run_one(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, ec
              "reason": reason, "log_tail": "\n".join(list(watch.tail)[-20:])}
     if res.scheduler:
         error[res.scheduler.get("name", "scheduler")] = {k: v for k, v in res.scheduler.items() if k != "name"}
-    _record_failure(rfile, cfg, np, s.nodes, started, error)
+    records.record_failure(rfile, cfg, np, s.nodes, started, error)
     if load:
-        add_world(rfile, before, load)
+        records.add_world(rfile, before, load)
     return 1
 
 
-def add_startup(rfile, before: int, host: dict) -> None:
-    """The host's start-up phases (lab.host.run.startup) onto the records this launch wrote,
-    and the whole start-up: from the command (or, in a sweep, the previous launch's end)
-    to the first timed step."""
-    def update(rec):
-        f = rec.get("figures")
-        if rec.get("status") != "ok" or f is None:
-            return None
-        f["startup_host_s"] = host
-        if f.get("startup_s") is not None:
-            f["startup_total_s"] = round(sum(host.values()) + f["startup_s"], 3)
-        return rec
-    results.update_records(rfile, before, update)
-
-
-def add_ceiling(rfile, before: int, cfg: RunConfig, measured: dict) -> None:
-    """The ceiling measured around a run, into that run's record (figures.ceiling)."""
-    def update(rec):
-        if rec.get("status") != "ok" or rec.get("config", {}).get("repeat") != cfg.repeat:
-            return None
-        rec.setdefault("figures", {})["ceiling"] = measured
-        return rec
-    results.update_records(rfile, before, update)
-
-
-def add_scheduler_state(rfile, before: int, facts: dict) -> None:
-    """Slurm's final state and exit code onto the records its job's ranks wrote (they
-    write before the job ends, so only bench knows them)."""
-    def update(rec):
-        sched = rec.get("world", {}).get("scheduler")
-        if not sched or sched.get("job_id") != facts["job_id"]:
-            return None
-        sched.update(state=facts.get("state"), exit_code=facts.get("exit_code"))
-        return rec
-    results.update_records(rfile, before, update)
-
-
-def _record_failure(rfile, cfg: RunConfig, np: int, nodes: int, started: str, error: dict) -> None:
-    results.append_record(rfile, results.make_record(
-        "failed", run_id=cfg.run_id, config=cfg.as_record(), np=np, nodes=nodes,
-        started_at=started, error=error))

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 
-from lab.common import repeat_stats, results
+from lab.common import repeat_stats
 from lab.common.options import AUTO_FIRST
 from lab.host.request.plan import Job, label, record_key, run_keys
 
@@ -118,28 +118,24 @@ def next_round(plan, records: list[dict], most: int) -> tuple[dict[tuple[int, in
     return todo, line
 
 
-def repeat_until_apart(plan, run_sweep, echo) -> list:
-    """Further rounds after the plan's own, while `next_round` names configurations: each
-    configuration's missing repeats, interleaved (every one once, then again). A round in
-    which no run finishes ends it (its records say why)."""
-    s = plan.settings
-    rfile = results.run_dir(s.results_dir, s.run_id) / results.RESULTS_FILE
-    outcomes = []
-    while True:
-        records = results.read_records(rfile)[0] if rfile.exists() else []
-        todo, line = next_round(plan, records, s.repeat_max)
-        echo(line)
-        if not todo:
-            return outcomes
-        have = {(r.combination, r.np): len(r.values) for r in rows(plan, records)}
-        last = last_repeats(plan, records)
-        jobs = []
-        for k in range(max(target - have.get(key, 0) for key, target in todo.items())):
-            jobs += [Job(plan.combinations[i], i, np, last.get((i, np), -1) + 1 + k)
-                     for (i, np), target in sorted(todo.items()) if target - have.get((i, np), 0) > k]
-        ok_before = sum(have.values())
-        outcomes += run_sweep(dataclasses.replace(plan, jobs=tuple(jobs), already=()), echo=echo)
-        after = results.read_records(rfile)[0] if rfile.exists() else []
-        if sum(len(r.values) for r in rows(plan, after)) == ok_before:
-            echo("--repeat auto: stopped: no run of the last round finished (their records say why)")
-            return outcomes
+def round_jobs(plan, records: list[dict]) -> tuple[list, str]:
+    """The next round after the plan's own (the jobs, and the line that says why), while
+    `next_round` names configurations: each configuration's missing repeats, interleaved
+    (every one once, then again), each going on from its own last repeat; no jobs when
+    every compared configuration is told apart or repeating cannot help."""
+    todo, line = next_round(plan, records, plan.settings.repeat_max)
+    if not todo:
+        return [], line
+    have = {(r.combination, r.np): len(r.values) for r in rows(plan, records)}
+    last = last_repeats(plan, records)
+    jobs = []
+    for k in range(max(target - have.get(key, 0) for key, target in todo.items())):
+        jobs += [Job(plan.combinations[i], i, np, last.get((i, np), -1) + 1 + k)
+                 for (i, np), target in sorted(todo.items()) if target - have.get((i, np), 0) > k]
+    return jobs, line
+
+
+def finished_runs(plan, records: list[dict]) -> int:
+    """How many of the plan's runs have a finished (ok) measurement so far: a round that
+    adds none ends the repeats."""
+    return sum(len(r.values) for r in rows(plan, records))

@@ -27,63 +27,56 @@ import shutil
 import time
 
 from lab.common import restarts, results
-from lab.host.errors import BenchError
 
 ERROR_KEYS = ("rank", "host", "exit_code", "signal", "reason")
 
 
-def refusal(s, runner) -> str | None:
-    """The one sentence refusing --checkpoint-every or --max-restarts where the ranks run
-    in a place that does not honour them (`where: auto` can choose the image)."""
-    for name in ("checkpoint_every", "max_restarts"):
-        value = getattr(s, name)
-        if value and name not in type(runner).honours:
-            flag = name.replace("_", "-")
-            return (f"--{flag} {value} is not honoured by {runner.title}, where this request runs: "
-                    f"leave it out, or run where it is (local processes, the lab image, or the "
-                    f"simulated cluster, also with --launcher slurm)")
-    if s.max_restarts < 0:
-        return f"--max-restarts counts relaunches: 0 or more, not {s.max_restarts}"
-    return None
+class Relaunches:
+    """One job's launches under --max-restarts, as bench's job loop makes them
+    (lab.host.run.bench.run_job): `launches()` gives each launch's configuration in turn,
+    `ended(failed)` after each says whether the job is over (its one record kept, with
+    its restarts), `interrupted()` keeps what ran when a launch raises."""
 
+    def __init__(self, s, cfg, rfile, echo):
+        self.s, self.cfg, self.rfile, self.echo = s, cfg, rfile, echo
+        self.folder = restarts.folder(rfile.parent, cfg.attempt)
+        shutil.rmtree(self.folder, ignore_errors=True)     # a first launch never resumes another's
+        if not s.checkpoint_every:
+            echo(f"note: --max-restarts {s.max_restarts} without --checkpoint-every: a relaunch "
+                 f"starts again from step 0")
+        self.failures: list[dict] = []
+        self.first = len(results.read_records(rfile)[0])   # this job's launches write from here on
+        self.n, self.before, self.launched = 0, self.first, 0.0
 
-def run(run_one, s, cfg, np, runner, rfile, echo, load=None, torch_version=None) -> int:
-    """bench.run_one for one job, relaunched after a failure up to s.max_restarts times;
-    0 when the job ended with its record, 1 when it failed (recorded)."""
-    line = refusal(s, runner)
-    if line:
-        raise BenchError(line)
-    if not s.max_restarts or type(runner).retries_in_place:
-        return run_one(s, cfg, np, runner, rfile, echo, load, torch_version=torch_version)
-    folder = restarts.folder(rfile.parent, cfg.attempt)
-    shutil.rmtree(folder, ignore_errors=True)     # a first launch never resumes another's
-    if not s.checkpoint_every:
-        echo(f"note: --max-restarts {s.max_restarts} without --checkpoint-every: a relaunch "
-             f"starts again from step 0")
-    failures: list[dict] = []
-    first = len(results.read_records(rfile)[0])     # this job's launches write from here on
-    for n in range(s.max_restarts + 1):
-        c = dataclasses.replace(cfg, restart=n, attempt=restarts.attempt_of(cfg.attempt, n))
-        before = len(results.read_records(rfile)[0])
-        launched = time.time()
-        try:
-            failed = run_one(s, c, np, runner, rfile, echo, load, torch_version=torch_version)
-        except BaseException:   # interrupted (recorded by run_one) or refused: what ran is kept
-            _keep_last(rfile, first, _resumed(folder, n, failures))
-            raise
+    def launches(self):
+        for n in range(self.s.max_restarts + 1):
+            self.n = n
+            self.before = len(results.read_records(self.rfile)[0])
+            self.launched = time.time()
+            yield dataclasses.replace(self.cfg, restart=n, attempt=restarts.attempt_of(self.cfg.attempt, n))
+
+    def interrupted(self) -> None:
+        """A launch interrupted (recorded by bench) or refused: what ran is kept."""
+        _keep_last(self.rfile, self.first, _resumed(self.folder, self.n, self.failures))
+
+    def ended(self, failed: int) -> bool:
+        """After launch n: True when the job is over (ok, out of relaunches, or the launch
+        wrote no record), its records folded into one; else the failure kept for the
+        next launch's record, and the relaunch said."""
         ended = time.time()
-        failures = _resumed(folder, n, failures)
-        new = results.read_records(rfile)[0][before:]
-        if not failed or n == s.max_restarts or not new:
-            _keep_last(rfile, first, failures)
-            return failed
+        self.failures = _resumed(self.folder, self.n, self.failures)
+        new = results.read_records(self.rfile)[0][self.before:]
+        if not failed or self.n == self.s.max_restarts or not new:
+            _keep_last(self.rfile, self.first, self.failures)
+            return True
         error = new[-1].get("error") or {}
-        failures.append({"attempt": c.attempt, "started_at": new[-1].get("started_at"),
-                         "error": {k: error.get(k) for k in ERROR_KEYS if k in error},
-                         "launched_at": launched, "ended_at": ended})
-        echo(f"!! relaunching the job ({n + 1} of at most {s.max_restarts}) after: "
-             f"{error.get('reason', 'a failure')}")
-    return 1        # not reached
+        self.failures.append({"attempt": restarts.attempt_of(self.cfg.attempt, self.n),
+                              "started_at": new[-1].get("started_at"),
+                              "error": {k: error.get(k) for k in ERROR_KEYS if k in error},
+                              "launched_at": self.launched, "ended_at": ended})
+        self.echo(f"!! relaunching the job ({self.n + 1} of at most {self.s.max_restarts}) after: "
+                  f"{error.get('reason', 'a failure')}")
+        return False
 
 
 def _keep_last(rfile, first: int, failures: list[dict]) -> None:

@@ -3,6 +3,7 @@ directory; what cannot run here skipped with the reason recorded. Also what `inv
 benchmark` runs, and `run_request`, what `invoke bench` calls with its plan."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import shutil
 
@@ -10,9 +11,10 @@ from lab.common import results
 from lab.host.errors import BenchError, RunnerError
 from lab.host.places import place, place_of
 from lab.host.places.local import LocalRunner
-from lab.host.request.plan import Plan, skip
+from lab.host.request.plan import Plan
+from lab.host.run import repeat_auto
 from lab.host.run.bench import Outcome, Progress, probe_stack, run_jobs
-from lab.host.run.repeat_auto import repeat_until_apart
+from lab.host.run.records import skip
 from lab.host.run.startup import CLOCK
 from lab.host.settings import BenchSettings
 
@@ -24,12 +26,32 @@ def run_request(plan: Plan, echo=print) -> Outcome:
         return run_jobs(plan, plan.jobs, echo)
     outcomes = run_sweep(plan, echo=echo)
     if plan.settings.repeat_max:
-        outcomes += repeat_until_apart(plan, run_sweep, echo)
+        outcomes += repeat_until_apart(plan, echo)
     rfile = results.run_dir(plan.settings.results_dir, plan.settings.run_id) / results.RESULTS_FILE
     if not rfile.exists():
         raise BenchError("the sweep recorded nothing; see the reasons above")
     return Outcome(str(rfile.parent), results.read_records(rfile)[0],
                    sum(o.failed for o in outcomes), [])
+
+
+def repeat_until_apart(plan: Plan, echo=print) -> list[Outcome]:
+    """--repeat auto: further rounds after the plan's own, while lab.host.run.repeat_auto
+    names configurations not yet told apart. A round in which no run finishes ends it
+    (its records say why)."""
+    rfile = results.run_dir(plan.settings.results_dir, plan.settings.run_id) / results.RESULTS_FILE
+    outcomes = []
+    while True:
+        records = results.read_records(rfile)[0] if rfile.exists() else []
+        jobs, line = repeat_auto.round_jobs(plan, records)
+        echo(line)
+        if not jobs:
+            return outcomes
+        before = repeat_auto.finished_runs(plan, records)
+        outcomes += run_sweep(dataclasses.replace(plan, jobs=tuple(jobs), already=()), echo=echo)
+        after = results.read_records(rfile)[0] if rfile.exists() else []
+        if repeat_auto.finished_runs(plan, after) == before:
+            echo("--repeat auto: stopped: no run of the last round finished (their records say why)")
+            return outcomes
 
 
 def benchmark_plans(stack: dict, results_dir: str = "results") -> tuple[list[BenchSettings], list[str]]:
