@@ -16,35 +16,43 @@ from envcheck.probes import (
 
 @probe("gpus")
 def probe_gpus(timeout: float = 15) -> Result:
-    """GPUs and the driver through NVML; nvidia-smi when nvidia-ml-py is missing."""
+    """GPUs and the driver through NVML; nvidia-smi's table when nvidia-ml-py is missing or
+    NVML cannot be started. The kit's one look at the host's GPUs: doctor, the image
+    choice (lab.host.images.choice) and the GPU count of the lab and acceptance
+    (lab.host.suites.gpus) read it."""
     try:
         import pynvml
     except ImportError:
         pynvml = None
+    nvml_error = None
     if pynvml is not None:
         try:
             pynvml.nvmlInit()
         except Exception as e:
-            return Result("gpus", SKIP, None, f"no NVIDIA driver on this host (NVML: {e}); GPU checks are skipped")
-        try:
-            def s(v):
-                return v.decode() if isinstance(v, bytes) else v
-            devs = []
-            for i in range(pynvml.nvmlDeviceGetCount()):
-                h = pynvml.nvmlDeviceGetHandleByIndex(i)
-                major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
-                devs.append({"index": i, "name": s(pynvml.nvmlDeviceGetName(h)),
-                             "memory_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
-                             "compute_capability": f"{major}.{minor}",
-                             "brand": _brand(pynvml, h), "uuid": _uuid(pynvml, h, s),
-                             "c2c": _c2c(pynvml, h)})
-            return Result("gpus", PASS, {"driver": s(pynvml.nvmlSystemGetDriverVersion()),
-                                         "count": len(devs), "devices": devs, "source": "NVML"})
-        finally:
-            pynvml.nvmlShutdown()
+            nvml_error = e         # no driver or no libnvidia-ml: nvidia-smi below
+        else:
+            try:
+                def s(v):
+                    return v.decode() if isinstance(v, bytes) else v
+                devs = []
+                for i in range(pynvml.nvmlDeviceGetCount()):
+                    h = pynvml.nvmlDeviceGetHandleByIndex(i)
+                    major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
+                    devs.append({"index": i, "name": s(pynvml.nvmlDeviceGetName(h)),
+                                 "memory_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
+                                 "compute_capability": f"{major}.{minor}",
+                                 "brand": _brand(pynvml, h), "uuid": _uuid(pynvml, h, s),
+                                 "mig_uuids": _mig_uuids(pynvml, h, s), "c2c": _c2c(pynvml, h)})
+                return Result("gpus", PASS, {"driver": s(pynvml.nvmlSystemGetDriverVersion()),
+                                             "count": len(devs), "devices": devs, "source": "NVML"})
+            finally:
+                pynvml.nvmlShutdown()
     try:
         out = run_command(["nvidia-smi"], timeout=timeout)
     except ProbeError as e:
+        if nvml_error is not None:
+            return Result("gpus", SKIP, None, f"no NVIDIA driver on this host (NVML: {nvml_error}); "
+                                              f"GPU checks are skipped")
         if "not found" in str(e):
             return Result("gpus", SKIP, None, "no NVIDIA driver on this host (no NVML, no nvidia-smi); GPU checks are skipped")
         raise
@@ -85,6 +93,22 @@ def _uuid(pynvml, h, s) -> str | None:
         return s(pynvml.nvmlDeviceGetUUID(h))
     except Exception:
         return None
+
+
+def _mig_uuids(pynvml, h, s) -> list[str]:
+    """The UUIDs of a GPU's MIG devices (nvmlDeviceGetMaxMigDeviceCount,
+    nvmlDeviceGetMigDeviceHandleByIndex, nvmlDeviceGetUUID); [] without MIG, or where NVML
+    or the bindings cannot say. CUDA_VISIBLE_DEVICES may name them."""
+    out = []
+    try:
+        for j in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(h)):
+            try:
+                out.append(s(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, j))))
+            except Exception:
+                continue            # no MIG device at that index
+    except Exception:
+        pass                        # no MIG on this GPU or these bindings
+    return out
 
 
 def _topology_level(pynvml, a, b) -> str:

@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from envcheck.gpu import probe_gpus
 from lab.common import versions
 from lab.host.places import image as container
 from lab.host.suites import acceptance, acceptance_plan
+from lab.host.suites import gpus as gpu_count
 from tests.conftest import REPO, FakeImage
 
 FIX = Path(__file__).parent / "fixtures"
@@ -44,6 +46,12 @@ def fake_nvml(monkeypatch, count, fail_init=False):
     nvml.nvmlInit, nvml.nvmlShutdown = init, lambda: None
     nvml.nvmlDeviceGetCount = lambda: count
     nvml.nvmlSystemGetDriverVersion = lambda: DRIVER
+    # each GPU as nvidia-smi-8x-h100.txt shows them (compute capability 9.0 from NVIDIA's
+    # table of compute capabilities: H100)
+    nvml.nvmlDeviceGetHandleByIndex = lambda i: i
+    nvml.nvmlDeviceGetName = lambda h: "NVIDIA H100 80GB HBM3"
+    nvml.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(total=81559 * 2**20)
+    nvml.nvmlDeviceGetCudaComputeCapability = lambda h: (9, 0)
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
 
 
@@ -234,7 +242,7 @@ def test_dataparallel_is_one_process_over_all_the_gpus_the_container_gets(monkey
     # devices the count was capped to
     assert container.visible_gpus({}) is None
     assert len(container.visible_gpus({"CUDA_VISIBLE_DEVICES": "0,1,2,3"})) == \
-        acceptance_plan.visible_count(8, "0,1,2,3") == 4
+        gpu_count.visible_count(8, "0,1,2,3") == 4
     # and the step's process inherits CUDA_VISIBLE_DEVICES as it was (nothing narrows it)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
     (tmp_path / "logs").mkdir()
@@ -251,26 +259,32 @@ def test_dataparallel_is_one_process_over_all_the_gpus_the_container_gets(monkey
 def test_the_gpu_count_is_nvmls_capped_by_cuda_visible_devices(monkeypatch, value, seen):
     fake_nvml(monkeypatch, 8)
     env = {} if value is None else {"CUDA_VISIBLE_DEVICES": value}
-    count = acceptance.count_gpus(env)
+    count = gpu_count.count_gpus(env)
     assert (count.host, count.visible, count.driver, count.source) == (8, seen, DRIVER, "NVML")
     assert count.mode().startswith("GPU mode" if seen else "CPU mode")
     if value is not None and seen == 0:
         assert "hides the 8 GPU(s)" in count.mode()
 
 
+def host_gpus() -> tuple[int, str, str]:
+    count = gpu_count.count_gpus({})
+    return count.host, count.driver, count.source
+
+
 def test_without_nvml_the_count_is_nvidia_smis(monkeypatch):
+    from envcheck import gpu as nvml_probe
     from envcheck import probes
     fake_nvml(monkeypatch, 8, fail_init=True)
     smi = (FIX / "nvidia-smi-8x-h100.txt").read_text()
-    monkeypatch.setattr(probes, "run_command", lambda argv, timeout=10: smi)
-    assert acceptance.host_gpus() == (8, DRIVER, "nvidia-smi")
+    monkeypatch.setattr(nvml_probe, "run_command", lambda argv, timeout=10: smi)
+    assert host_gpus() == (8, DRIVER, "nvidia-smi")
     monkeypatch.setitem(sys.modules, "pynvml", None)          # nvidia-ml-py not installed
 
     def missing(argv, timeout=10):
         raise probes.ProbeError("nvidia-smi not found on the PATH")
-    assert acceptance.host_gpus() == (8, DRIVER, "nvidia-smi")
-    monkeypatch.setattr(probes, "run_command", missing)
-    assert acceptance.host_gpus() == (0, "", "none")
+    assert host_gpus() == (8, DRIVER, "nvidia-smi")
+    monkeypatch.setattr(nvml_probe, "run_command", missing)
+    assert host_gpus() == (0, "", "none")
 
 
 def _quick(monkeypatch, doctor_argv, doctor_timeout=30):
@@ -417,11 +431,11 @@ def test_uuid_entries_are_checked_against_nvmls_uuids(monkeypatch, value, seen):
     pynvml.nvmlDeviceGetHandleByIndex = lambda i: i
     pynvml.nvmlDeviceGetUUID = lambda h: UUIDS[h]
     assert UUIDS[0].startswith("GPU-1db6b1cf") and UUIDS[1].startswith("GPU-1b724e78")
-    assert acceptance.host_gpu_uuids() == UUIDS
-    count = acceptance.count_gpus({"CUDA_VISIBLE_DEVICES": value})
+    assert [d["uuid"] for d in probe_gpus().value["devices"]] == UUIDS
+    count = gpu_count.count_gpus({"CUDA_VISIBLE_DEVICES": value})
     assert (count.host, count.visible) == (2, seen)
     # without NVML's UUIDs (nvidia-smi only), a UUID entry is taken as written
-    assert acceptance_plan.visible_count(2, "GPU-00000000") == 1
+    assert gpu_count.visible_count(2, "GPU-00000000") == 1
 
 
 def test_a_results_dir_that_is_a_file_is_one_sentence(tmp_path):

@@ -18,10 +18,9 @@ from lab.common import heartbeat, results
 from lab.common.config import ConfigError, RunConfig
 from lab.common.fetch import DataUnavailable, ensure_mnist, mnist_train_size
 from lab.host.errors import BenchError
-from lab.host.places import for_request, refusal, runner_for
+from lab.host.places import choose_runner, for_request, refusal, runner_for
 from lab.host.places.base import JobResult, Launch, Runner, RunnerError
 from lab.host.places.launch import HostsError, job_env
-from lab.host.places.local import LocalRunner
 from lab.host.request.checks import check_request, refused_counts
 from lab.host.request.plan import plan_of
 from lab.host.run import ceiling, records, restart
@@ -40,19 +39,10 @@ class Outcome:
     notes: list[str]
 
 
-def select_runner(s: BenchSettings, options=None, echo=print) -> tuple[Runner, str | None]:
-    """Where the ranks of `s` run (lab.host.places.runner_for, with the options the plan's
-    place made: Plan.place_options); a refusal as a BenchError."""
-    try:
-        return runner_for(s, options, echo)
-    except RunnerError as e:
-        raise BenchError(str(e)) from None
-
-
 def probe_stack(runner: Runner | None = None) -> dict:
-    """What the ranks' Python can run, where they will run (default: locally)."""
+    """What the ranks' Python can run, where they will run (default: local processes)."""
     try:
-        return (runner or LocalRunner()).probe_stack()
+        return (runner or choose_runner(where="local")[0]).probe_stack()
     except RunnerError as e:
         raise BenchError(str(e)) from None
 
@@ -125,7 +115,10 @@ def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
     (combination, np) set of what it skipped, which this adds to."""
     s = jobs[0].settings
     if runner is None:      # else the sweep chose it and marked "runner", "probe" (sweep.Places)
-        runner, where_note = select_runner(s, plan.place_options, echo)
+        try:
+            runner, where_note = runner_for(s, plan.place_options, echo)
+        except RunnerError as e:
+            raise BenchError(str(e)) from None
         if where_note:
             echo(where_note)
         CLOCK.mark("runner")
@@ -157,7 +150,7 @@ def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
         if not (runner.falls_back_to_local and s.where == "auto" and not s.image
                 and not s.frozen):
             raise
-        local = LocalRunner(s.results_dir, s.data_dir)
+        local, _ = runner_for(dataclasses.replace(s, where="local"))
         local_stack = probe_stack(local)
         try:
             framework, notes = check_request(s, local_stack)

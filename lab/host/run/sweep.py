@@ -9,8 +9,7 @@ import shutil
 
 from lab.common import results
 from lab.host.errors import BenchError, RunnerError
-from lab.host.places import place, place_of
-from lab.host.places.local import LocalRunner
+from lab.host.places import place, place_of, runner_for
 from lab.host.request.plan import Plan
 from lab.host.run import repeat_auto
 from lab.host.run.bench import Outcome, Progress, probe_stack, run_jobs
@@ -119,7 +118,7 @@ class Places:
     the sweep's 1-node combinations that `where: auto` would run in the image (the same
     image and network as the rest, not a container of their own). Any other place (the
     image, --hosts, Slurm, Kubernetes) is bench's choice, per combination (None:
-    lab.host.run.bench.select_runner)."""
+    lab.host.places.runner_for, in bench)."""
 
     def __init__(self, plan: Plan, echo=print):
         self.plan, self.echo = plan, echo
@@ -142,7 +141,7 @@ class Places:
         if place_of(s) == "local":
             key = "local"
             if key not in self.made:
-                local = LocalRunner(self.plan.settings.results_dir, self.plan.settings.data_dir)
+                local, _ = runner_for(s)
                 CLOCK.mark("runner")
                 self.made[key] = (local, probe_stack(local))
                 CLOCK.mark("probe")

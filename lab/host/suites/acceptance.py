@@ -17,110 +17,19 @@ import sys
 import tarfile
 import threading
 import time
-from dataclasses import dataclass
 
 from envcheck.nccl_tests import NCCL_TESTS_ROW, parse_nccl_tests
-from envcheck.probes import ProbeError, parse_nvidia_smi, run_command
 from lab.common import docker_api, kit, proc, results, versions
 from lab.host.errors import RunnerError
 from lab.host.images.build import BuildSettings, tags
 from lab.host.images.choice import candidate_images, gpu_image, host_gpu_capabilities, matrix_cudas
 from lab.host.places import choose_runner
-from lab.host.suites import acceptance_plan
+from lab.host.suites import acceptance_plan, gpus
 from lab.host.suites.acceptance_plan import Plan, Step
 
 
 class AcceptanceError(Exception):
     """Something missing before anything runs: one sentence that says what to do."""
-
-
-@dataclass
-class GpuCount:
-    host: int                   # what NVML (or nvidia-smi) sees
-    visible: int                # what CUDA will show: host capped by CUDA_VISIBLE_DEVICES
-    driver: str
-    source: str                 # NVML, nvidia-smi, or none
-    limit: str | None           # CUDA_VISIBLE_DEVICES as found (None: unset)
-
-    def mode(self) -> str:
-        if self.visible:
-            capped = (f"; CUDA_VISIBLE_DEVICES={self.limit} leaves {self.visible} of {self.host}"
-                      if self.visible != self.host else "")
-            return f"GPU mode, {self.visible} GPU(s) ({self.source}, driver {self.driver}{capped})"
-        if self.host:
-            return (f"CPU mode (CUDA_VISIBLE_DEVICES={self.limit!r} hides the {self.host} GPU(s) "
-                    f"{self.source} sees: the CPU equivalent instead)")
-        return "CPU mode (no GPU on this machine: the CPU equivalent instead)"
-
-
-def host_gpus(timeout: float = 15) -> tuple[int, str, str]:
-    """(GPUs, driver, source) from NVML (pynvml's nvmlDeviceGetCount); nvidia-smi's
-    table (envcheck's parser) when NVML cannot be read; (0, "", "none") without either."""
-    try:
-        import pynvml
-    except ImportError:
-        pynvml = None
-    if pynvml is not None:
-        try:
-            pynvml.nvmlInit()
-        except Exception:
-            pass                       # no driver or no libnvidia-ml: nvidia-smi below
-        else:
-            try:
-                n, driver = pynvml.nvmlDeviceGetCount(), pynvml.nvmlSystemGetDriverVersion()
-                return int(n), driver.decode() if isinstance(driver, bytes) else str(driver), "NVML"
-            except Exception:
-                pass
-            finally:
-                pynvml.nvmlShutdown()
-    try:
-        value = parse_nvidia_smi(run_command(["nvidia-smi"], timeout=timeout))
-    except (ProbeError, ValueError):
-        return 0, "", "none"
-    return value["count"], value["driver"], "nvidia-smi"
-
-
-def host_gpu_uuids() -> list[str] | None:
-    """The UUIDs NVML gives for this host's GPUs and their MIG devices (nvmlDeviceGetUUID;
-    MIG devices through nvmlDeviceGetMaxMigDeviceCount and
-    nvmlDeviceGetMigDeviceHandleByIndex), None when NVML cannot be asked. Never raises."""
-    try:
-        import pynvml
-        pynvml.nvmlInit()
-    except Exception:
-        return None
-    def s(v):
-        return v.decode() if isinstance(v, bytes) else str(v)
-    try:
-        out = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            out.append(s(pynvml.nvmlDeviceGetUUID(h)))
-            try:
-                for j in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(h)):
-                    try:
-                        out.append(s(pynvml.nvmlDeviceGetUUID(
-                            pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, j))))
-                    except Exception:
-                        continue            # no MIG device at that index
-            except Exception:
-                pass                        # no MIG on this GPU or these bindings
-        return out
-    except Exception:
-        return None
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
-
-
-def count_gpus(environ=None) -> GpuCount:
-    environ = os.environ if environ is None else environ
-    n, driver, source = host_gpus()
-    limit = environ.get("CUDA_VISIBLE_DEVICES")
-    uuids = host_gpu_uuids() if source == "NVML" and limit is not None else None
-    return GpuCount(n, acceptance_plan.visible_count(n, limit, uuids), driver, source, limit)
 
 
 def check_images() -> tuple[dict[str, str], list[str]]:
@@ -170,11 +79,11 @@ def host_has(tool: str) -> bool:
 
 
 def make_plan(out: str, full: bool = False, environ=None,
-              local: bool = False) -> tuple[Plan, list[str], GpuCount]:
+              local: bool = False) -> tuple[Plan, list[str], gpus.GpuCount]:
     """(the plan for this machine, the images it needs and has not got, the GPU count).
     Without a Docker engine (or with `local`) the plan is the same steps as local
     processes on this host's own stack, which needs no image."""
-    count = count_gpus(environ)
+    count = gpus.count_gpus(environ)
     mode, missing = count.mode(), []
     if not local:
         why = no_engine()

@@ -111,38 +111,6 @@ def process_counts(n: int, full: bool = False) -> list[int]:
     return counts + ([n] if counts[-1] != n else [])
 
 
-def visible_count(total: int, value: str | None, uuids: list[str] | None = None) -> int:
-    """How many of the `total` GPUs NVML sees CUDA will show under CUDA_VISIBLE_DEVICES
-    `value` (None: unset, all of them). CUDA's documentation (CUDA C++ Programming
-    Guide, "CUDA Environment Variables"): a comma list of indices or UUIDs; UUIDs "in the
-    same format as given by nvidia-smi" (GPU-..., MIG-...; compared here as written, case
-    included), abbreviated to as many leading characters as identify one device; only those
-    devices are visible, and an entry that is not a valid device hides it and every one
-    after it; so "", "-1" or "none" leave none. `uuids`: the UUIDs NVML gives
-    (nvmlDeviceGetUUID: the GPUs', and their MIG devices'); a UUID entry counts only when it
-    is the prefix of exactly one of them. None (no NVML): UUID entries are taken as valid."""
-    if value is None:
-        return total
-    seen = []
-    for entry in (e.strip() for e in value.split(",")):
-        key = None
-        if entry.isdigit():
-            key = int(entry) if int(entry) < total else None
-        elif entry.startswith(("GPU-", "MIG-")):
-            if uuids is None:
-                key = entry
-            else:
-                # the older MIG form, MIG-GPU-<uuid>/<gi>/<ci>, is checked by its GPU part
-                target = entry[4:].split("/")[0] if entry.startswith("MIG-GPU-") else entry
-                hits = [u for u in uuids if u.startswith(target)]
-                key = (hits[0] + entry[len(target) + 4:] if target != entry else hits[0]) \
-                    if len(hits) == 1 else None
-        if key is None or key in seen:
-            break
-        seen.append(key)
-    return min(len(seen), total)
-
-
 def nccl_tests_estimate(counts: list[int], max_bytes: int) -> float:
     """Seconds for all_reduce_perf -b 8 -e MAX -f 2 at each -g count (the cost model)."""
     moved = sum(NCCL_ITERS * (2 ** k) / NCCL_ALGBW_BPS for k in range(3, max_bytes.bit_length()))

@@ -19,8 +19,8 @@ from lab.host.request.plan import make_plan
 from lab.host.run.bench import probe_stack
 from lab.host.run.sweep import run_request
 from lab.host.suites import course_plan
-from lab.host.suites.acceptance import count_gpus
 from lab.host.suites.course_plan import Part, Plan, minutes
+from lab.host.suites.gpus import count_gpus
 from lab.report.lab_report import ReportError, write_files
 
 
