@@ -10,7 +10,7 @@ import pytest
 from lab.common import results
 from lab.host.request.checks import settings_from_flags
 from lab.host.request.plan import make_plan
-from lab.host.suites import course, course_plan
+from lab.host.suites import course, course_plan, estimate
 from tests.conftest import requires_horovod
 
 REPO = Path(__file__).resolve().parent.parent
@@ -35,7 +35,7 @@ def test_the_estimate_fits_the_promise_on_a_two_core_machine(quick):
     p = cpu_plan(quick)
     assert 0 < p.estimate_s <= course_plan.BUDGET_MIN[quick] * 60
     assert p.estimate_s == pytest.approx(
-        sum(x.estimate_s for x in p.parts) + course_plan.REPORT_S + course_plan.CLUSTER_UP_S)
+        sum(x.estimate_s for x in p.parts) + estimate.LAB_REPORT_S + estimate.CLUSTER_UP_S)
 
 
 def test_every_section_of_the_lab_is_a_part():
@@ -150,7 +150,7 @@ def test_a_cluster_that_cannot_run_is_said_in_the_plan_and_costs_nothing():
     assert p.parts[1].skipped == p.parts[2].skipped == why
     assert f"results across servers: skipped: {why}" in p.render()
     assert p.estimate_s == pytest.approx(sum(x.estimate_s for x in p.parts if not x.skipped)
-                                         + course_plan.REPORT_S)
+                                         + estimate.LAB_REPORT_S)
 
 
 def test_an_earlier_lab_is_not_mixed_into(tmp_path):

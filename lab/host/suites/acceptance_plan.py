@@ -13,52 +13,16 @@ import sys
 from dataclasses import dataclass, field
 
 from lab.host.images.build import BuildSettings, tags
+from lab.host.suites.estimate import (
+    ACCEPTANCE_REPORT_S,
+    DOCTOR_S,
+    GPU,
+    HOROVOD_BUILD_S,
+    MPI_GPU_FACTOR,
+    nccl_tests_s,
+    run_s,
+)
 
-# ------------------------------------------------------------------ the cost model
-# Every estimate comes from these numbers; nothing else in the kit estimates time.
-#
-# Two ends, each estimate given at both: the slow end (what the budget is checked at)
-# and the fast end, measured.
-#
-# Measured (the fast end): the kit's run on one NVIDIA H100 80GB HBM3, driver 580.159.04,
-# torch 2.11.0+cu130, local processes, 2026-11-26: ResNet-50 in fp32 at batch 128, 75 ms
-# a step (1,701 img/s); the MNIST CNN, 2.1-2.5 ms a step; 7-10 s from the launch to
-# the first timed step; Horovod 0.28.1's build (docker/install-horovod.sh, NCCL GPU
-# operations) 147 s on 16 cores.
-#
-# The slow end: a bench run's fixed cost (the container, the launcher, torch's import,
-# CUDA and NCCL set-up, the model built) taken as 25 s: the kit's CPU acceptance on a
-# 2-vCPU machine took 13.5 min for 39 runs, training included (docs/pages/doctor.md,
-# "Collecting a GPU machine's evidence"), about 21 s a run. ResNet-50: NVIDIA
-# DeepLearningExamples, PyTorch/Classification/ConvNets/resnet50v1.5 README, "Training
-# performance: NVIDIA DGX-1 16GB (8x V100 16GB)": 367 img/s on one V100 in FP32, the
-# slowest GPU and precision the kit's images run (the CUDA 12.6 image is for Volta);
-# 7.76x at 8 GPUs, so a step of a fixed per-rank batch barely lengthens with the process
-# count, which this model ignores. MNIST: the H100's 2.5 ms, four times over (its step
-# is bounded by Python's and the kernel launches' overhead, which a slower host's CPU
-# lengthens; an assumption).
-RUN_START_S = {"slow": 25.0, "fast": 10.0}
-# Seconds per training step of one rank on one GPU, at the batch the plan gives (64
-# images for ResNet-50: the H100's 75 ms at 128 halved, the step taken as proportional
-# to the batch; the V100's 64 / 367 s).
-STEP_S = {"slow": {"resnet50": 64 / 367, "mnist": 0.010},
-          "fast": {"resnet50": 0.075 * 64 / 128, "mnist": 0.0025}}
-HOROVOD_BUILD_S = 147.0     # docker/install-horovod.sh on 16 cores (measured, above)
-# Horovod with MPI GPU operations all-reduces through CUDA-aware Open MPI instead of
-# NCCL; its steps are assumed to take twice as long (an assumption, to be replaced by
-# the first archive's numbers).
-MPI_GPU_FACTOR = 2.0
-# nccl-tests: all_reduce_perf's defaults are 5 warm-up and 20 timed iterations per size,
-# out-of-place and in-place (nccl-tests README); sizes double from 8 B to the largest.
-# A bandwidth of 10 GB/s (algbw; about a PCIe 3.0 x16 link) is assumed, the slow end of
-# machines with several GPUs. Plus a fixed cost per -g count like a bench run's.
-NCCL_ITERS = 5 + 2 * 20
-NCCL_ALGBW_BPS = 10e9
-NCCL_START_S = 15.0
-# doctor (the host, the stack in each GPU image, its own short all_reduce_perf) and the
-# report: assumptions, both minutes at most on the kit's CPU machine.
-DOCTOR_S = 180.0
-REPORT_S = 60.0
 BUDGET_MIN = 45          # what the default plan must fit on 1, 4 and 8 GPUs
 
 # Run lengths: (--max-steps, --warmup-steps, --batch-size or None) per model.
@@ -111,15 +75,10 @@ def process_counts(n: int, full: bool = False) -> list[int]:
     return counts + ([n] if counts[-1] != n else [])
 
 
-def nccl_tests_estimate(counts: list[int], max_bytes: int) -> float:
-    """Seconds for all_reduce_perf -b 8 -e MAX -f 2 at each -g count (the cost model)."""
-    moved = sum(NCCL_ITERS * (2 ** k) / NCCL_ALGBW_BPS for k in range(3, max_bytes.bit_length()))
-    return len(counts) * (NCCL_START_S + moved)
-
-
 def bench_estimate(model: str, runs: int, steps: int, mpi: bool = False, end: str = "slow") -> float:
-    step = STEP_S[end][model] * (MPI_GPU_FACTOR if mpi else 1.0)
-    return runs * (RUN_START_S[end] + steps * step)
+    """Seconds for `runs` bench runs of `steps` steps on one GPU machine, at the model's
+    slow or fast end (lab.host.suites.estimate)."""
+    return runs * run_s(GPU[end], model, 1, steps, step_factor=MPI_GPU_FACTOR if mpi else 1.0)
 
 
 def _invoke(python: str, *args: str) -> list[str]:
@@ -140,7 +99,7 @@ def gpu_plan(gpus: int, out: str, full: bool, images: dict[str, str] | None,
     steps = [Step("nccl-tests", f"nccl-tests all_reduce_perf -g {nps}, 8 B to {size_name}",
                   [python, "-m", "lab.host.suites.acceptance", "nccl-tests", "--counts", nps,
                    "--max-size", size_name, *(["--image", images["nccl"]] if images else [])],
-                  image=images["nccl"] if images else "", estimate_s=nccl_tests_estimate(counts, size_bytes))]
+                  image=images["nccl"] if images else "", estimate_s=nccl_tests_s(counts, size_bytes))]
 
     def bench(name, what, model, ops, np_list, *flags, runs):
         max_steps, warmup, batch = SIZES[full][model]
@@ -188,16 +147,16 @@ def cpu_plan(out: str, cpus: int, python: str, local: bool = False) -> tuple[lis
     for fw, be in (("horovod", "gloo"), ("horovod", "mpi"), ("ddp", "gloo")):
         bench(f"mnist-{fw}-{be}", f"mnist: {fw} over {be} on CPUs, np {nps}", "--model", "mnist",
               "--device", "cpu", "--framework", fw, "--backend", be, "--np", nps, *short,
-              estimate_s=n * CPU_REPEAT * RUN_START_S["slow"])
+              estimate_s=n * CPU_REPEAT * GPU["slow"].run_start_s["mnist"])
     tiny = ("--data", "synthetic", "--epochs", "1", "--max-steps", "2", "--warmup-steps", "1",
             "--batch-size", "8", "--threads", "1")
     for fw, be in (("ddp", "gloo"), ("horovod", "mpi")):
         bench(f"resnet50-{fw}-{be}", f"resnet50: {fw} over {be} on CPUs, np {nps}", "--model",
               "resnet50", "--device", "cpu", "--framework", fw, "--backend", be, "--np", nps, *tiny,
-              estimate_s=n * CPU_REPEAT * RUN_START_S["slow"])
+              estimate_s=n * CPU_REPEAT * GPU["slow"].run_start_s["mnist"])
     bench("strategies", f"mnist: ddp, zero1, fsdp on CPUs, np {n}", "--model", "mnist", "--device",
           "cpu", "--framework", "ddp", "--backend", "gloo", "--np", str(n), "--strategy",
-          "ddp,zero1,fsdp", *short, estimate_s=3 * CPU_REPEAT * RUN_START_S["slow"])
+          "ddp,zero1,fsdp", *short, estimate_s=3 * CPU_REPEAT * GPU["slow"].run_start_s["mnist"])
     return steps, ["anything on a GPU: there is none here, so the CPU equivalent ran",
                    "nccl-tests (needs GPUs)", "NCCL, and Horovod's NCCL and MPI GPU operations",
                    "DataParallel and GPU memory per device"]
@@ -221,7 +180,7 @@ def plan(gpus: int, out: str, *, full: bool = False, images: dict[str, str] | No
     if local:
         steps, missing = local_steps(steps, has), local_missing(steps, has) + missing
     report = Step("report", "invoke report over every run above",
-                  _invoke(python, "report", f"{out}/results"), estimate_s=REPORT_S, timeout_s=600)
+                  _invoke(python, "report", f"{out}/results"), estimate_s=ACCEPTANCE_REPORT_S, timeout_s=600)
     every = [doctor, *steps, report]
     for s in every:
         s.timeout_s = max(s.timeout_s, 600 + 4 * s.estimate_s)

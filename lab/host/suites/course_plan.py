@@ -14,20 +14,8 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
-# ------------------------------------------------------------------ the cost model
-# Every estimate of `invoke lab` comes from these numbers, read from the records of an
-# `invoke lab --quick` on the kit's CI machine (2 vCPUs, no GPU, other work beside it):
-# figures.startup_s and the step times of its report. A machine with more cores is faster.
-# Seconds a run costs besides its timed steps (launcher, imports, rendezvous, data, model,
-# warm-up, evaluation, the record): 4-13 s for the CNN and the LSTM, 15-25 s for ResNet-50.
-RUN_START_S = {"mnist": 8.0, "lstm": 8.0, "resnet50": 18.0}
-CLUSTER_EXTRA_S = 5.0           # a run on the simulated cluster's nodes: ssh, the containers
-# Seconds per training step at 1 and at 2 workers on the two cores, at the batch the plan
-# gives (MNIST CNN at 32 and 64 images: 15-32 ms; LSTM at 64: 73 and 174 ms; ResNet-50 at
-# 16: 1.24-2.14 s at 2 workers, the one-worker step assumed 0.8 s).
-STEP_S = {"mnist": (0.02, 0.03), "lstm": (0.073, 0.174), "resnet50": (0.8, 1.5)}
-CLUSTER_UP_S = 20.0             # `invoke up --nodes 2` with the image built, and down
-REPORT_S = 15.0
+from lab.host.suites.estimate import CLUSTER_UP_S, CPU, LAB_REPORT_S, run_s
+
 BUDGET_MIN = {False: 30, True: 5}   # what the default and the --quick plan must fit here
 DIGITS = 1797                   # scikit-learn's digits: the lab's data (offline)
 TRAIN_SHARE = 0.8               # ASSUMED split; only the step count depends on it
@@ -74,7 +62,7 @@ class Plan:
     @property
     def estimate_s(self) -> float:
         ran = [p for p in self.parts if not p.skipped]
-        return (sum(p.estimate_s for p in ran) + REPORT_S
+        return (sum(p.estimate_s for p in ran) + LAB_REPORT_S
                 + (CLUSTER_UP_S if any(p.place == "cluster" for p in ran) else 0.0))
 
     @property
@@ -104,10 +92,9 @@ def steps_per_epoch(batch: int, np: int) -> int:
 
 
 def estimate(model: str, nps: list[int], runs_each: int, steps_at, place: str = "local") -> float:
-    """Seconds for `runs_each` runs at each of `nps`, `steps_at(np)` steps each."""
-    extra = CLUSTER_EXTRA_S if place == "cluster" else 0.0
-    return sum(runs_each * (RUN_START_S[model] + extra + steps_at(np) * STEP_S[model][min(np, 2) - 1])
-               for np in nps)
+    """Seconds for `runs_each` runs at each of `nps`, `steps_at(np)` steps each (the one
+    cost model, lab.host.suites.estimate, at this machine's kind: CPU)."""
+    return sum(runs_each * run_s(CPU, model, np, steps_at(np), place) for np in nps)
 
 
 def plan(results_dir: str = "results", *, quick: bool = False, gpus: int = 0,
