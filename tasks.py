@@ -185,7 +185,8 @@ def build(c, flavor=None, gpu_ops=None, cuda=None, base_image=None, extra_ca=Non
 DOCTOR_HELP = {
     "np": "ranks of the MPI hello and the all-reduce measurements",
     "json": "print JSON (for scripts and CI) instead of the table",
-    "wide": "print every value and fix in full on its row (default: 120 columns, long ones as notes)",
+    "wide": "print every value and fix in full on its row (default: the terminal's width, else "
+            "$COLUMNS, else 120 columns; long ones as notes)",
     "local": "check the stack as local processes even when a lab image is built",
     "image": "the lab image to check (default: the one bench would use)",
     "frozen": "in the image (and with --nodes on the cluster's nodes), check its own copy of the kit instead of the checkout's",
@@ -203,6 +204,7 @@ def doctor(c, np=None, json=False, local=False, image=None, frozen=False, wide=F
     """Diagnose the host and the lab image: what is wrong and how to fix it."""
     from envcheck import report
     from envcheck.stack import DEFAULT_NP
+    from lab.common import display
     from lab.host.errors import BenchError
     from lab.host.places.base import RunnerError
     from lab.host.request.checks import whole
@@ -220,7 +222,7 @@ def doctor(c, np=None, json=False, local=False, image=None, frozen=False, wide=F
             raise BenchError("--link shapes the links between the cluster's nodes: add --nodes 2 or more")
         # before the probes: one sentence, at once; the collectives across run on it
         cluster = doc.check_across(across, link or "", frozen) if across > 1 else None
-        width = None if wide else report.WIDTH
+        width = None if wide else display.width()
         checks, seconds, notes = doc.run(ranks, where=where, image=image or "", frozen=frozen,
                                          echo=(lambda line: None) if json else
                                          (lambda line: print(report.line(line, width))),
@@ -240,7 +242,7 @@ def doctor(c, np=None, json=False, local=False, image=None, frozen=False, wide=F
         print(report.table(shown, width=width))
         for line in folded:
             print(report.line(line, width))
-        print(report.summary(checks, seconds))
+        print(report.summary(checks, seconds, width))
     if any(ch["status"] == "FAIL" for ch in checks):
         raise Exit(code=1)
 

@@ -9,6 +9,7 @@ import time
 
 from envcheck import findings, host, report, stack
 from envcheck.probes import FAIL
+from lab.common import display
 
 
 def main(argv=None) -> int:
@@ -17,8 +18,8 @@ def main(argv=None) -> int:
     p.add_argument("--np", type=int, default=stack.DEFAULT_NP, help="ranks of the MPI and all-reduce probes")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--wide", action="store_true",
-                   help=f"every value and fix in full on its row (default: {report.WIDTH} columns, "
-                        f"long ones as notes)")
+                   help="every value and fix in full on its row (default: the terminal's width, "
+                        "else $COLUMNS, else 120 columns; long ones as notes)")
     a = p.parse_args(argv)
     if a.np < 1:
         p.error("--np must be at least 1")
@@ -38,7 +39,7 @@ def main(argv=None) -> int:
     if a.json:
         print(report.as_json(checks, seconds, []))
     else:
-        print(report.table(checks, None if a.wide else report.WIDTH))
+        print(report.table(checks, None if a.wide else display.width()))
         print(report.summary(checks, seconds))
     return 1 if any(c["status"] == FAIL for c in checks) else 0
 

@@ -1,7 +1,8 @@
 """Rendering the doctor's results: a table (where, check, status, value, fix), a
 one-line summary, or JSON. Nothing here measures anything.
 
-The table fits WIDTH (120) columns: a check's name wraps within its column, a value or a
+The table fits the columns lab.common.display.width decides (the terminal's, else
+$COLUMNS, else WIDTH, 120): a check's name wraps within its column, a value or a
 fix wraps over two lines of its column, and one longer than that is a numbered note under
 the table (its cell says `[n]`), wrapped to the same width; `width=None` (doctor --wide) puts everything on its
 row, however long. JSON always carries everything."""
@@ -12,6 +13,7 @@ import re
 import textwrap
 
 from envcheck.probes import FAIL, PASS, SKIP, WARN
+from lab.common import display
 
 ORDER = (PASS, WARN, FAIL, SKIP)
 
@@ -101,7 +103,7 @@ def collectives_line(value: dict) -> str:
 
 
 HEADERS = ["where", "check", "status", "value", "fix"]
-WIDTH = 120          # the table's default width: an 80-column terminal wraps, 120 does not
+WIDTH = display.DEFAULT  # where there is no terminal and no $COLUMNS: 120
 GAP = "  "           # between columns
 CHECK_MAX = 30       # a longer check name wraps within this
 CELL_LINES = 2       # a value or fix wraps over this many lines at most, else it is a note
@@ -206,14 +208,15 @@ def counts(checks: list[dict]) -> dict:
 SLOW_CHECK_S = 1.0     # a check this long is named in the summary line
 
 
-def summary(checks: list[dict], seconds: float) -> str:
+def summary(checks: list[dict], seconds: float, width: int | None = None) -> str:
+    """The one-line verdict under the table, wrapped to `width` (None: one line)."""
     n = counts(checks)
     verdict = "problems found" if n[FAIL] else "nothing failed"
     slow = sorted((c for c in checks if (c.get("seconds") or 0) >= SLOW_CHECK_S),
                   key=lambda c: -c["seconds"])[:3]
     took = "; slowest: " + ", ".join(f"{c['name']} {c['seconds']:.1f} s" for c in slow) if slow else ""
-    return (f"doctor: {len(checks)} checks in {seconds:.1f} s: {n[PASS]} PASS, {n[WARN]} WARN, "
-            f"{n[FAIL]} FAIL, {n[SKIP]} SKIP; {verdict}{took}")
+    return display.wrap(f"doctor: {len(checks)} checks in {seconds:.1f} s: {n[PASS]} PASS, {n[WARN]} WARN, "
+                        f"{n[FAIL]} FAIL, {n[SKIP]} SKIP; {verdict}{took}", width)
 
 
 def as_json(checks: list[dict], seconds: float, notes: list[str]) -> str:

@@ -1,19 +1,24 @@
 """envcheck and `invoke doctor`: parsers on real captured outputs, probes made to fail
 on purpose (a missing binary, a non-zero exit, garbage output, a timeout, a crash)
 with the report still complete, and the doctor's run on this machine (no GPU)."""
+import fcntl
 import gzip
+import io
 import json
 import os
+import pty
 import re
+import struct
 import subprocess
 import sys
+import termios
 from pathlib import Path
 
 import pytest
 
 from envcheck import findings, horovod_build, host, nccl_tests, probes, report, stack
 from envcheck.probes import FAIL, PASS, SKIP, WARN, Result
-from lab.common import collectives
+from lab.common import collectives, display
 from tests.conftest import FakeImage, requires_horovod
 
 FIX = Path(__file__).parent / "fixtures"
@@ -357,6 +362,39 @@ def test_the_table_fits_120_columns_and_moves_long_fixes_to_notes():
     note = "the stack is checked as local processes: " + LONG_FIX
     assert max(map(len, report.line(note).splitlines())) <= 120 < len(note)
     assert " ".join(report.line(note).split()) == note and report.line(note, None) == note
+
+
+def test_the_width_is_the_terminals_else_columns_else_120():
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+        def fileno(self):
+            raise OSError("no descriptor")     # a terminal whose size cannot be read
+    assert display.width(io.StringIO(), {}) == 120 == display.DEFAULT
+    assert display.width(io.StringIO(), {"COLUMNS": "80"}) == 80
+    assert display.width(io.StringIO(), {"COLUMNS": "wide"}) == 120
+    assert display.width(io.StringIO(), {"COLUMNS": "20"}) == display.NARROWEST
+    assert display.width(Tty(), {"COLUMNS": "90"}) == 90
+    # a real terminal's own width wins over $COLUMNS
+    parent, child = pty.openpty()
+    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 97, 0, 0))
+    with os.fdopen(child, "w") as tty:
+        assert display.width(tty, {"COLUMNS": "80"}) == 97
+    os.close(parent)
+
+
+@pytest.mark.parametrize("columns", [120, 80])
+def test_doctors_table_and_summary_fit_the_width(columns):
+    """Every line doctor prints fits: the table narrowed by column, the summary (145
+    columns with three slow checks) wrapped, nothing of it lost."""
+    checks = _checks() + [dict(Result(f"collectives_across_{i}", PASS, None).as_dict(), where="both",
+                               seconds=40.0 + i) for i in range(3)]
+    text = report.table(checks, width=columns) + "\n" + report.summary(checks, 123.4, columns)
+    assert max(map(len, text.splitlines())) <= columns
+    one = report.summary(checks, 123.4)
+    assert len(one) > 120 and "\n" not in one
+    assert " ".join(report.summary(checks, 123.4, columns).split()) == one
 
 
 def test_doctor_wide_and_help_name_the_flag():
