@@ -33,3 +33,12 @@ def wrap(text: str, columns: int | None, indent: str = "  ") -> str:
         return text
     return "\n".join(textwrap.wrap(text, columns, subsequent_indent=indent, break_on_hyphens=False,
                                    break_long_words=False)) or text
+
+
+def duration(seconds: float, rough: bool = False) -> str:
+    """A time as the user reads it: "1 min 05 s", "45 s"; `rough` (an estimate): whole
+    minutes from 90 s on ("5 min"), else seconds ("75 s")."""
+    if rough:
+        return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+    m, s = divmod(int(round(seconds)), 60)
+    return f"{m} min {s:02d} s" if m else f"{s} s"

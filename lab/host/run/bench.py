@@ -14,7 +14,7 @@ import signal
 import time
 from dataclasses import dataclass
 
-from lab.common import heartbeat, results
+from lab.common import display, heartbeat, results
 from lab.common.config import ConfigError, RunConfig
 from lab.common.fetch import DataUnavailable, ensure_mnist, mnist_train_size
 from lab.host.errors import BenchError
@@ -78,15 +78,10 @@ class Progress:
 
     def start(self, label: str) -> None:
         elapsed = time.monotonic() - self.t0
-        rest = (f", about {_duration(elapsed / self.done * (self.total - self.done))} left"
+        rest = (f", about {display.duration(elapsed / self.done * (self.total - self.done))} left"
                 if self.done else "")
         self.done += 1
-        self.echo(f"-- run {self.done} of {self.total} ({label}): {_duration(elapsed)} so far{rest}")
-
-
-def _duration(seconds: float) -> str:
-    m, s = divmod(int(round(seconds)), 60)
-    return f"{m} min {s:02d} s" if m else f"{s} s"
+        self.echo(f"-- run {self.done} of {self.total} ({label}): {display.duration(elapsed)} so far{rest}")
 
 
 def run(s: BenchSettings, echo=print, stack: dict | None = None, runner: Runner | None = None,

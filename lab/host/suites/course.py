@@ -12,14 +12,14 @@ import shutil
 import time
 from dataclasses import dataclass, field
 
-from lab.common import docker_api, results
+from lab.common import display, docker_api, results
 from lab.host.errors import BenchError
 from lab.host.places.compose import cluster
 from lab.host.request.plan import make_plan
 from lab.host.run.bench import probe_stack
 from lab.host.run.sweep import run_request
 from lab.host.suites import course_plan
-from lab.host.suites.course_plan import Part, Plan, minutes
+from lab.host.suites.course_plan import Part, Plan
 from lab.host.suites.gpus import count_gpus
 from lab.report.lab_report import ReportError, write_files
 
@@ -137,8 +137,8 @@ def run(plan: Plan, *, resume: bool = False, defaults: dict | None = None, build
                 echo(f"== lab part {i}/{len(plan.parts)}: {part.title}: skipped: {part.skipped}")
                 continue
             left = sum(p.estimate_s for p in todo[todo.index(part):])
-            echo(f"== lab part {i}/{len(plan.parts)}: {part.title} (about {minutes(part.estimate_s)}; "
-                 f"{minutes(time.monotonic() - t0)} so far, about {minutes(left)} to go)")
+            echo(f"== lab part {i}/{len(plan.parts)}: {part.title} (about {display.duration(part.estimate_s, rough=True)}; "
+                 f"{display.duration(time.monotonic() - t0, rough=True)} so far, about {display.duration(left, rough=True)} to go)")
             echo(f"   {part.command()}")
             t_part = time.monotonic()
             try:
@@ -150,12 +150,12 @@ def run(plan: Plan, *, resume: bool = False, defaults: dict | None = None, build
             except (BenchError, CourseError) as e:
                 outcome[part.name] = f"error: {e}"
                 echo(f"!! {part.title}: {e}")
-            echo(f"== {part.title}: {outcome[part.name]}, took {minutes(time.monotonic() - t_part)} "
-                 f"(estimated {minutes(part.estimate_s)})")
+            echo(f"== {part.title}: {outcome[part.name]}, took {display.duration(time.monotonic() - t_part, rough=True)} "
+                 f"(estimated {display.duration(part.estimate_s, rough=True)})")
     finally:
         if started_cluster:
             take_down(echo)
-    echo(f"== the report ({minutes(time.monotonic() - t0)} so far)")
+    echo(f"== the report ({display.duration(time.monotonic() - t0, rough=True)} so far)")
     outcome["report"] = report(plan)
     for f in outcome["report"]:
         echo(f"wrote {f}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
+from lab.common import display
 from lab.host.suites.estimate import CLUSTER_UP_S, CPU, LAB_REPORT_S, run_s
 
 BUDGET_MIN = {False: 30, True: 5}   # what the default and the --quick plan must fit here
@@ -71,20 +72,16 @@ class Plan:
 
     def render(self) -> str:
         lines = [f"the lab ({'--quick, ' if self.quick else ''}estimated "
-                 f"{minutes(self.estimate_s)} on this machine), {len(self.parts)} parts:"]
+                 f"{display.duration(self.estimate_s, rough=True)} on this machine), {len(self.parts)} parts:"]
         for i, p in enumerate(self.parts, 1):
             if p.skipped:
                 lines.append(f"  {i}. {p.title}: skipped: {p.skipped}")
                 continue
-            lines.append(f"  {i}. {p.title}, on {p.devices}: about {minutes(p.estimate_s)}")
+            lines.append(f"  {i}. {p.title}, on {p.devices}: about {display.duration(p.estimate_s, rough=True)}")
             lines.append(f"     {p.command()}")
         lines.append(f"  then: invoke report (Markdown and HTML) into {self.report_dir}")
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
-
-
-def minutes(seconds: float) -> str:
-    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
 def steps_per_epoch(batch: int, np: int) -> int:
