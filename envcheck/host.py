@@ -223,7 +223,7 @@ def probe_lab_images() -> Result:
 
 
 def image_cuda(tag: str, labels: dict) -> str | None:
-    """The CUDA a lab image was built for: its cuda_version label (lab.host.images.labels),
+    """The CUDA a lab image was built for: its cuda_version label (lab.host.images.build.labels),
     else the tag's -cuXY suffix (images.tags names every CUDA but the default: -cu126)."""
     if labels.get("cuda_version"):
         return labels["cuda_version"]
@@ -234,7 +234,7 @@ def image_cuda(tag: str, labels: dict) -> str | None:
 @probe("driver_for_image_cuda")
 def probe_driver_for_image(gpus: Result, images: Result) -> Result:
     """Whether this driver runs a lab GPU image: it passes when any built one runs (bench
-    takes the one it runs: lab.host.images.gpu_image); with none built, whether it runs
+    takes the one it runs: lab.host.images.choice.gpu_image); with none built, whether it runs
     what `invoke build` makes (the matrix's default CUDA), and if not, which --cuda to
     build, for this driver and these GPUs (lab.common.versions.cuda_entry_for_driver)."""
     if gpus.status != PASS or not gpus.value.get("count"):

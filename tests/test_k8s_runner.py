@@ -388,7 +388,7 @@ def restarted(status: dict, container: str, count: int, waiting: str = "") -> di
 
 def test_max_restarts_the_operator_reruns_the_launcher_and_its_log_is_read_again(tmp_path, cluster):
     """--max-restarts 2: the MPIJob carries backoffLimit 2 and an OnFailure launcher; bench
-    launches it once (the operator retries, lab.host.run.restart.run does not); the rerun
+    launches it once (the operator retries, lab.host.run.bench.run_job does not); the rerun
     container's log is read as well, and the record it prints again (the same emptyDir)
     is appended once."""
     printed: list[list[str]] = []

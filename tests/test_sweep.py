@@ -10,22 +10,24 @@ from pathlib import Path
 import pytest
 
 from lab.common import results
+from lab.host.errors import BenchError
 from lab.host.request import checks as request
 from lab.host.request import plan
+from lab.host.settings import BenchSettings
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def test_lists_are_checked_before_anything_runs():
     assert request.parse_list("backend", "gloo, mpi,gloo", ("gloo", "mpi", "nccl")) == ["gloo", "mpi"]
-    with pytest.raises(request.BenchError, match="unknown --compression 'zip'"):
+    with pytest.raises(BenchError, match="unknown --compression 'zip'"):
         request.parse_list("compression", "none,zip", ("none", "fp16"))
-    with pytest.raises(request.BenchError, match="--nodes takes whole numbers"):
+    with pytest.raises(BenchError, match="--nodes takes whole numbers"):
         request.parse_list("nodes", "1,two")
 
 
 def test_the_plan_is_the_cross_product():
-    plans = plan.combinations(request.BenchSettings(np=[1, 2]), {
+    plans = plan.combinations(BenchSettings(np=[1, 2]), {
         "framework": ["horovod", "ddp"], "backend": ["gloo", "mpi", "nccl"], "compression": ["none", "int8"]})
     assert len(plans) == 12 and all(p.np == [1, 2] for p in plans)
     assert {(p.framework, p.backend, p.compression) for p in plans} == {
@@ -35,7 +37,7 @@ def test_the_plan_is_the_cross_product():
 def test_a_sweep_crosses_the_strategy_first_and_the_nodes_last():
     """The order the runs happen in (and the report's rows first appear): the strategy varies
     slowest, then the framework, back end, compression, and the nodes fastest."""
-    plans = plan.combinations(request.BenchSettings(np=[1]), {
+    plans = plan.combinations(BenchSettings(np=[1]), {
         "nodes": [1, 2], "compression": ["none", "fp16"], "strategy": ["ddp", "zero1"]})
     assert [(p.strategy, p.compression, p.nodes) for p in plans] == [
         (s, c, n) for s in ("ddp", "zero1") for c in ("none", "fp16") for n in (1, 2)]

@@ -86,7 +86,7 @@ class Runner:
     # (lab.host.places.refusal; tests/test_places.py walks every option x every place).
     honours: frozenset[str] = frozenset()
     # --max-restarts honoured by the place's own scheduler, which retries the failed job's
-    # processes (Kubernetes' operators): bench launches it once (lab.host.run.restart.run)
+    # processes (Kubernetes' operators): bench launches it once (lab.host.run.bench.run_job)
     retries_in_place = False
     title = "this place"            # the place, as a refusal names it
     python = "python"

@@ -221,7 +221,7 @@ def local_missing(steps: list[Step], has) -> list[str]:
 
 def default_images() -> dict[str, str]:
     """The GPU images of the version matrix's default CUDA: HOROVOD_GPU_OPERATIONS NCCL
-    and MPI (lab.host.images.tags): dl-lab-kit:gpu-nccl, dl-lab-kit:gpu-mpi."""
+    and MPI (lab.host.images.build.tags): dl-lab-kit:gpu-nccl, dl-lab-kit:gpu-mpi."""
     return {ops.lower(): tags(BuildSettings(flavor="gpu", gpu_ops=ops), "")[0]
             for ops in ("NCCL", "MPI")}
 

@@ -127,7 +127,7 @@ def _where_checked(where: str, image: str, frozen: bool, gpus: bool, scratch: st
     no image named, one runner per kind of GPU image that is built: Horovod's GPU data
     path is fixed when it is built (HOROVOD_GPU_OPERATIONS, docker/install-horovod.sh), so
     a gpu-nccl image says nothing of a gpu-mpi one's CUDA-aware MPI, and the reverse.
-    bench asks for the image by back end (lab.host.images.candidate_images: nccl gives gpu-nccl*,
+    bench asks for the image by back end (lab.host.images.choice.candidate_images: nccl gives gpu-nccl*,
     mpi gpu-mpi*); doctor asks for both and checks each one found."""
     def choose(backend):
         return choose_runner(where=where, image=image, frozen=frozen,

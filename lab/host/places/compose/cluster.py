@@ -163,7 +163,7 @@ def nodes(client) -> dict[str, object]:
 
 def _gpu_image(client) -> str | None:
     """For `up --gpu`: the GPU image bench would take on this host (code for its GPUs, a
-    CUDA its driver runs: lab.host.images.gpu_image), None when no GPU image is built."""
+    CUDA its driver runs: lab.host.images.choice.gpu_image), None when no GPU image is built."""
     try:
         img = gpu_image(client, candidate_images("cuda", "ddp", "nccl", matrix_cudas()))
     except RunnerError as e:

@@ -79,7 +79,7 @@ def choose_api(api: str, framework: str, strategy: str) -> str:
 
 
 def image_ref(device: str, framework: str, backend: str, registry: str, image: str) -> tuple[str, str]:
-    """The kit's image for the run, from the version matrix's tags (lab.host.images.tags)
+    """The kit's image for the run, from the version matrix's tags (lab.host.images.build.tags)
     under the user's registry (a cluster cannot see this machine's images), and the local
     tag it is pushed from."""
     if image:
