@@ -26,6 +26,7 @@ def bench(c, **flags):
     resume, profile_startup = flags.pop("resume"), flags.pop("profile_startup")
     from lab.host.run.startup import CLOCK
     CLOCK.begin()       # the command's start-up clock (figures.startup_host_s)
+    from lab.common.display import width
     from lab.host.cli.progress import Display
     from lab.host.errors import BenchError
     from lab.host.request.plan import make_plan
@@ -49,7 +50,7 @@ def bench(c, **flags):
         raise Exit("interrupted: the runs that finished are kept in the results directory", code=130)
     finally:
         display.close()
-    print(render(outcome.records, outcome.run_dir))
+    print(render(outcome.records, outcome.run_dir, width()))
     if profile_startup:
         from lab.report.bench_output import startup_table
         print(startup_table(outcome.records))
@@ -130,6 +131,7 @@ def k8s(c, nodes=None, timeout_s=None, api=None, registry=None, image=None, gpus
 @task(help={"results-dir": "where the benchmark's records go"})
 def benchmark(c, results_dir="results"):
     """Measure MNIST and ResNet-50 throughput at np 1 and 2 beside the compute ceiling."""
+    from lab.common.display import width
     from lab.host.errors import BenchError
     from lab.host.run.bench import probe_stack, run
     from lab.host.run.sweep import benchmark_plans
@@ -143,7 +145,7 @@ def benchmark(c, results_dir="results"):
         for s in plans:
             print(f"\n## {s.model}, {s.framework} over {s.backend}, np {s.np}")
             outcome = run(s, echo=lambda line: None, stack=stack)
-            print(render(outcome.records, outcome.run_dir))
+            print(render(outcome.records, outcome.run_dir, width()))
     except BenchError as e:
         raise Exit(f"error: {e}", code=2)
 

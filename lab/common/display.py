@@ -4,6 +4,7 @@ number (shells export it, and a user can set it); otherwise 120 columns."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 import textwrap
 
@@ -42,3 +43,58 @@ def duration(seconds: float, rough: bool = False) -> str:
         return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
     m, s = divmod(int(round(seconds)), 60)
     return f"{m} min {s:02d} s" if m else f"{s} s"
+
+
+def table(headers: list[str], rows: list[list[str]], columns: int | None) -> str:
+    """A table of plain cells as pipes and dashes, at most `columns` wide (None: each
+    column as wide as its widest cell): narrowed column by column, the widest first, down
+    to its longest word (a range such as 0.98-1.26 breaks after its hyphen), then, where
+    that is still too wide, down to the longest word of its values (a header's word then
+    breaks within its column); a cell wraps over more lines of its row, and a row is
+    never cut in two. Wider than `columns` only where even that cannot fit."""
+    cells = [[str(c) for c in headers]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    if columns is not None:
+        def longest(texts):
+            return max((len(w) for x in texts for w in _words(x)), default=1)
+        words = [longest(r[i] for r in cells) for i in range(len(headers))]
+        values = [max(3, longest(r[i] for r in cells[1:])) for i in range(len(headers))]
+        for least in (words, values):
+            while 3 * len(widths) + 1 + sum(widths) > columns:
+                room = [(w - m, i) for i, (w, m) in enumerate(zip(widths, least)) if w > m]
+                if not room:
+                    break
+                widths[max(room)[1]] -= 1
+
+    def lines(row):
+        parts = [_wrap(c, w) for c, w in zip(row, widths)]
+        return ["| " + " | ".join((p[k] if k < len(p) else "").ljust(w) for p, w in zip(parts, widths)) + " |"
+                for k in range(max(len(p) for p in parts))]
+    return "\n".join([*lines(cells[0]), "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+                      *(ln for r in cells[1:] for ln in lines(r))])
+
+
+def _words(text: str) -> list[str]:
+    """The pieces textwrap keeps whole: words, and a word's parts after each hyphen."""
+    return [piece for word in text.split() for piece in re.findall(r"[^-]*-|[^-]+", word)]
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    """A cell's lines at most `width` long: its words (and a word's parts after each
+    hyphen) filled greedily, a space between words, none after a hyphen; a piece longer
+    than the width broken where it must be."""
+    lines, line = [], ""
+    for word in text.split():
+        pieces = re.findall(r"[^-]*-|[^-]+", word)
+        for k, piece in enumerate(pieces):
+            sep = " " if line and k == 0 else ""
+            if len(line) + len(sep) + len(piece) <= width:
+                line += sep + piece
+                continue
+            if line:
+                lines.append(line)
+            while len(piece) > width:
+                lines.append(piece[:width])
+                piece = piece[width:]
+            line = piece
+    return lines + [line] if line or not lines else lines

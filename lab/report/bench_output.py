@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from lab.common import results
+from lab.common import display, results
 from lab.report import summary, tables
 
 
@@ -55,12 +55,12 @@ def checkpoint_line(r: dict) -> str | None:
             + f": checkpoints{last}: {n} written, {each}{share}")
 
 
-def render(records: list[dict], run_dir: str) -> str:
+def render(records: list[dict], run_dir: str, width: int | None = None) -> str:
     """The table of the runs that ran (a failed one with its reason as a numbered note),
     then what did not run, once per reason (lab.report.tables.not_run), the ceilings and
-    where the records are."""
+    where the records are; fitted to a terminal's `width` (None: as wide as they are)."""
     ran = [r for r in records if r.get("status") != "skipped"]
-    lines = [summary.render(summary.rows(ran))] if ran else []
+    lines = [summary.render(summary.rows(ran), width)] if ran else []
     skipped = tables.not_run(records)
     if skipped:
         lines.append("not run:\n" + "\n".join(f"- {line}" for line in skipped))
@@ -68,7 +68,8 @@ def render(records: list[dict], run_dir: str) -> str:
     lines += [line for line in map(checkpoint_line, records) if line]
     lines += [line for line in map(ceiling_line, records) if line]
     lines.append(f"records: {os.path.join(run_dir, results.RESULTS_FILE)}")
-    return "\n".join(lines)
+    table = lines[:1] if ran else []
+    return "\n".join(table + [display.wrap(ln, width) for text in lines[len(table):] for ln in text.split("\n")])
 
 
 def startup_table(records: list[dict]) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 
-from lab.common import metrics, options, stats
+from lab.common import display, metrics, options, stats
 from lab.report import markdown
 
 COLUMNS = ("model", "framework", "back end", "compression", "servers", "devices per server", "np",
@@ -175,7 +175,9 @@ def footnotes(table_rows: list[dict]) -> list[str]:
     return out
 
 
-def render(table_rows: list[dict]) -> str:
+def render(table_rows: list[dict], width: int | None = None) -> str:
+    """The results table in Markdown (the report's), or, given a terminal's `width`
+    (lab.common.display.width), narrowed by column to fit it, its notes wrapped."""
     repeated = any(r.get("runs", 1) > 1 for r in table_rows)
     strategies = any(r.get("strategy", "ddp") != "ddp" for r in table_rows)
     columns = (("strategy",) if strategies else ()) + COLUMNS + (("runs",) if repeated else ())
@@ -206,7 +208,8 @@ def render(table_rows: list[dict]) -> str:
             return f"{v:.1%}"
         return str(v)
 
-    table = markdown.table(columns, [[cell(r, c) for c in columns] for r in table_rows])
+    cells = [[cell(r, c) for c in columns] for r in table_rows]
+    table = markdown.table(columns, cells) if width is None else display.table(list(columns), cells, width)
     notes = [f"[{reasons[id(r)]}] {r['failed']}" for r in table_rows if "failed" in r]
     notes += footnotes(table_rows)
-    return table + ("\n\n" + "\n".join(notes) if notes else "")
+    return table + ("\n\n" + "\n".join(display.wrap(n, width) for n in notes) if notes else "")
