@@ -363,14 +363,13 @@ def test_nccl_tests_go_to_4g_from_four_gpus(gpus, size, monkeypatch):
     step = acceptance_plan.plan(gpus, "/x", images=IMAGES).steps[1]
     assert _flags(step)["--max-size"] == size
     # and the step's command passes it to all_reduce_perf's -e, in the image named
-    from lab.host import places as where
     ran = []
 
     class Runner:
         def output(self, argv, timeout_s):
             ran.append(argv)
             return 0, (FIX / "nccl-tests-all-reduce-8x-gh200.txt").read_text()
-    monkeypatch.setattr(where, "choose_runner", lambda **kw: (ran.append(kw["image"]) or Runner(), None))
+    monkeypatch.setattr(acceptance, "choose_runner", lambda **kw: (ran.append(kw["image"]) or Runner(), None))
     assert acceptance.main(step.argv[3:]) == 0
     assert ran[0] == IMAGES["nccl"]
     assert [a[a.index("-e") + 1] for a in ran[1:]] == [size] * len(acceptance_plan.process_counts(gpus))

@@ -133,11 +133,10 @@ def test_the_lab_finds_this_machines_horovod():
 def test_the_lab_looks_for_horovod_where_its_local_ranks_run(monkeypatch):
     """From the stack probe bench makes of the local ranks: not installed, or installed
     and not importing (bench would skip every Horovod run either way)."""
-    from lab.host.run import bench
     stacks = iter([{"torch": "2.13.0"},
                    {"torch": "2.13.0", "horovod_error": "ImportError: undefined symbol: _ZN3c10"},
                    {"torch": "2.13.0", "horovod": {"gloo": True, "mpi": False}}])
-    monkeypatch.setattr(bench, "probe_stack", lambda runner=None: next(stacks))
+    monkeypatch.setattr(course, "probe_stack", lambda runner=None: next(stacks))
     assert course.horovod_here().startswith("Horovod is not installed here")
     assert course.horovod_here() == ("Horovod does not import here (ImportError: undefined symbol: "
                                      "_ZN3c10; rebuild it with docker/install-horovod.sh)")

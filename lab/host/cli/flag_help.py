@@ -11,6 +11,7 @@ from invoke import Task
 from invoke.parser import Argument
 
 from lab.common import options
+from lab.common.kit import REPO_ROOT
 
 BENCH_HELP = {o.flag: o.help for o in options.of_task("bench")}
 
@@ -125,13 +126,12 @@ def with_defaults(helps: dict[str, str]) -> dict[str, str]:
     """Each help line with its default, where the run has one: invoke.yaml's `bench:`
     section (the kit's), else the option table's."""
     import dataclasses
-    from pathlib import Path
 
     import yaml
 
     given = {}
     try:
-        config = yaml.safe_load((Path(__file__).resolve().parents[2] / "invoke.yaml").read_text())
+        config = yaml.safe_load((REPO_ROOT / "invoke.yaml").read_text())
         given = dict((config or {}).get("bench") or {})
     except (OSError, yaml.YAMLError):
         pass

@@ -21,8 +21,8 @@ import time
 from envcheck.nccl_tests import NCCL_TESTS_ROW, parse_nccl_tests
 from lab.common import docker_api, kit, proc, results, versions
 from lab.host.errors import RunnerError
+from lab.host.images import choice
 from lab.host.images.build import BuildSettings, tags
-from lab.host.images.choice import candidate_images, gpu_image, host_gpu_capabilities, matrix_cudas
 from lab.host.places import choose_runner
 from lab.host.suites import acceptance_plan, gpus
 from lab.host.suites.acceptance_plan import Plan, Step
@@ -42,12 +42,12 @@ def check_images() -> tuple[dict[str, str], list[str]]:
     except docker_api.DockerUnavailable as e:
         return images, [f"{e}: {docker_api.START_HINT}; the GPU steps run in the lab images"]
     matrix = versions.read()
-    entries = {versions.cuda_entry_for(matrix, c) for c in host_gpu_capabilities()}
+    entries = {versions.cuda_entry_for(matrix, c) for c in choice.host_gpu_capabilities()}
     cuda = next((c for c in entries if c and c != matrix["CUDA_DEFAULT"]), "")
     for ops in ("nccl", "mpi"):
-        candidates = candidate_images("cuda", "horovod", ops, matrix_cudas())
+        candidates = choice.candidate_images("cuda", "horovod", ops, choice.matrix_cudas())
         try:
-            img = gpu_image(cli, candidates)
+            img = choice.gpu_image(cli, candidates)
         except RunnerError as e:
             missing.append(str(e))
             continue

@@ -40,7 +40,8 @@ def count_gpus(environ=None) -> GpuCount:
     limit = environ.get("CUDA_VISIBLE_DEVICES")
     uuids = None
     if source == "NVML" and limit is not None:
-        uuids = [u for d in value.get("devices", []) for u in [d.get("uuid"), *d.get("mig_uuids", [])] if u]
+        # None where NVML gave no UUID: the entries are then taken as written
+        uuids = [u for d in value.get("devices", []) for u in [d.get("uuid"), *d.get("mig_uuids", [])] if u] or None
     return GpuCount(n, visible_count(n, limit, uuids), driver, source, limit)
 
 
