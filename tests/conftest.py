@@ -30,6 +30,10 @@ else:
 # LAB_RESULTS). Set once, here, so xdist's workers and every `invoke` a test starts
 # inherit them.
 os.environ.setdefault("COMPOSE_PROJECT_NAME", f"labtest{os.getpid()}")
+# What the kit prints is fitted to the terminal (lab.common.display.width): the tests read
+# its content, one line a row, as wide as it is; the widths themselves are tests/test_display.py's
+# and tests/test_doctor.py's, which give COLUMNS where they run a command.
+os.environ["COLUMNS"] = "1000"
 if "LAB_RESULTS" not in os.environ:
     os.environ["LAB_RESULTS"] = tempfile.mkdtemp(prefix="lab-test-results-")
     _MADE_RESULTS = os.environ["LAB_RESULTS"]

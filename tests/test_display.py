@@ -65,3 +65,22 @@ def test_the_markdown_table_of_the_report_is_unchanged_by_the_width():
     rows = summary.rows(results.read_records(RUNS)[0][:6])
     assert summary.render(rows).splitlines()[0].startswith("| model | framework | back end |")
     assert summary.render(rows) == summary.render(rows, None)
+
+
+def test_invoke_bench_fits_the_columns_it_is_given(tmp_path):
+    """Real ranks; the table and the lines under it as `invoke bench` prints them, within
+    $COLUMNS (no terminal here); the rows the records hold, all there."""
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "COLUMNS": "100"}
+    cp = subprocess.run([sys.executable, "-m", "invoke", "bench", "--local", "--np", "1,2", "--framework",
+                         "ddp", "--backend", "gloo", "--data", "synthetic", "--max-steps", "6",
+                         "--warmup-steps", "1", "--ceiling", "--run-id", "fit", "--results-dir", str(tmp_path)],
+                        capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
+    assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-2000:]
+    out = cp.stdout[cp.stdout.index("| model"):]
+    assert max(map(len, out.splitlines())) <= 100, out
+    recs = results.read_records(tmp_path / "fit" / results.RESULTS_FILE)[0]
+    body = columns_of(out.split("\n\n")[0].splitlines())
+    assert [c[0] for c in body if c[0] and c[0] != "model"] == ["mnist"] * len(recs) == ["mnist", "mnist"]

@@ -408,7 +408,8 @@ def test_python_m_envcheck_fits_120_columns_unless_wide():
     default, every value on its row with --wide."""
     def run(*flags):
         cp = subprocess.run([sys.executable, "-m", "envcheck", "--part", "host", *flags], cwd=REPO,
-                            capture_output=True, text=True, timeout=300)
+                            capture_output=True, text=True, timeout=300,
+                            env={k: v for k, v in os.environ.items() if k != "COLUMNS"})
         assert cp.returncode in (0, 1) and "Traceback" not in cp.stderr, cp.stderr
         return [ln for ln in cp.stdout.splitlines()[:-1]]
     narrow, wide = run(), run("--wide")
