@@ -253,7 +253,7 @@ def test_a_place_that_cannot_relaunch_refuses_in_one_sentence():
     assert "--local" not in str(e.value) and str(e.value).endswith(  # --local with --hosts is refused too
         "leave it out, or run where it is (local processes, the lab image, the simulated cluster, "
         "Slurm on the simulated cluster or Kubernetes)")
-    with pytest.raises(BenchError, match="^--max-restarts counts relaunches: 0 or more, not -1"):
+    with pytest.raises(BenchError, match="^--max-restarts counts retries: 0 or more, not -1"):
         check_settings(BenchSettings(np=[2], max_restarts=-1))
 
 

@@ -57,3 +57,10 @@ def attempt_name(s: BenchSettings, framework: str, np: int, index: int = 0, repe
     '000-fsdp-ddp-gloo-none-n1-np2-r0'."""
     what = framework if s.strategy == "ddp" else f"{s.strategy}-{framework}"
     return f"{index:03d}-{what}-{s.backend}-{s.compression}-n{s.nodes}-np{np}-r{repeat}"
+
+
+def check_max_restarts(s) -> None:
+    """--max-restarts counts retries: the one check of its value (bench, invoke sbatch,
+    invoke k8s)."""
+    if s.max_restarts < 0:
+        raise BenchError(f"--max-restarts counts retries: 0 or more, not {s.max_restarts}")

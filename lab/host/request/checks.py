@@ -13,7 +13,7 @@ from lab.common.options import AUTO_FIRST, AUTO_MAX
 from lab.common.stats import fewest_to_separate
 from lab.host.errors import BenchError
 from lab.host.places.launch import resolve_framework
-from lab.host.settings import BENCH_FLAGS, BenchSettings, base_config, check_run_id
+from lab.host.settings import BENCH_FLAGS, BenchSettings, base_config, check_max_restarts, check_run_id
 
 SWEEP_FIELDS = options.SWEEP_FIELDS
 
@@ -182,8 +182,7 @@ def check_settings(s: BenchSettings) -> None:
         raise BenchError(f"--repeat is how many times each combination runs, at least 1: not {s.repeat}")
     if s.timeout_s < 0:
         raise BenchError(f"--timeout-s is seconds per run, 0 for no limit: not {s.timeout_s:g}")
-    if s.max_restarts < 0:
-        raise BenchError(f"--max-restarts counts relaunches: 0 or more, not {s.max_restarts}")
+    check_max_restarts(s)
     check_run_id(s.run_id)
     try:
         results.check_folder(s.results_dir)

@@ -18,7 +18,7 @@ from lab.common import display, heartbeat, results
 from lab.common.config import ConfigError, RunConfig
 from lab.common.fetch import DataUnavailable, ensure_mnist, mnist_train_size
 from lab.host.errors import BenchError
-from lab.host.places import choose_runner, for_request, refusal, runner_for
+from lab.host.places import choose_runner, for_request, place_of, refusal, runner_for
 from lab.host.places.base import JobResult, Launch, Runner, RunnerError
 from lab.host.places.launch import HostsError, job_env
 from lab.host.request.checks import check_request, refused_counts
@@ -225,7 +225,10 @@ def run_job(s: BenchSettings, cfg: RunConfig, np: int, runner: Runner, rfile, ec
     """One job: its launch (run_one), relaunched after a failure up to --max-restarts
     times, each from the job's last checkpoint (lab.host.run.restart); 0 when the job
     ended with its record, 1 when it failed (recorded)."""
-    line = refusal(s, type(runner))
+    # where: auto: the engine picked the runner (local processes or the image); what the
+    # request asks of where it runs is asked again of the one picked (a place the request
+    # names was asked before anything ran: places.for_request)
+    line = refusal(s, type(runner)) if place_of(s) is None else None
     if line:
         raise BenchError(line)
     if not s.max_restarts or type(runner).retries_in_place:

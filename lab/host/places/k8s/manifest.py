@@ -33,6 +33,7 @@ from lab.host.places.k8s.jobs import (  # noqa: F401 (the job objects' facts, us
 from lab.host.places.launch import framework_for_backend, resolve_framework
 from lab.host.places.launch import job_env as bench_env
 from lab.host.places.scripts import gpus_per_node, script_config
+from lab.host.settings import check_max_restarts
 
 APIS = ("auto", "mpijob", "trainjob", "pytorchjob")
 RUN_ID_LABEL = LABEL_PREFIX + "run-id"
@@ -217,8 +218,7 @@ def check_restarts(s, api: str, pvc: str) -> None:
     trainingRuntimeSpec.template.spec holds replicatedJobs alone, each job's spec its
     template alone), not the JobSet's failurePolicy. A checkpoint a retried pod can read
     must outlive the pod and be seen by every node: a PVC (an emptyDir goes with its pod)."""
-    if s.max_restarts < 0:
-        raise BenchError(f"--max-restarts counts retries: 0 or more, not {s.max_restarts}")
+    check_max_restarts(s)
     if s.max_restarts and api == "trainjob":
         raise BenchError(f"--max-restarts {s.max_restarts} is not honoured by a TrainJob (Kubeflow "
                          f"Trainer v2.3.0 offers no backoffLimit or restart policy in it): leave it "

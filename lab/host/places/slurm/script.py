@@ -44,6 +44,7 @@ from lab.host.places.base import RunnerError
 from lab.host.places.launch import resolve_framework
 from lab.host.places.scripts import gpus_per_node as gpus_for
 from lab.host.places.scripts import script_config
+from lab.host.settings import check_max_restarts
 
 RDZV_PORT = 29500
 # Slurm's job states that do not change any more (squeue(1), JOB STATE CODES).
@@ -343,8 +344,7 @@ def script_for_request(s, partition: str = "", gpus_per_node: int | None = None,
                            f"(the folder must exist on shared storage); then: "
                            f"invoke report {results_dir}/{run_id}",
                    retries=s.max_restarts)
-    if s.max_restarts < 0:
-        raise BenchError(f"--max-restarts counts retries: 0 or more, not {s.max_restarts}")
+    check_max_restarts(s)
     if s.max_restarts and not s.checkpoint_every:
         notes.append(f"--max-restarts {s.max_restarts} without --checkpoint-every: a retried step "
                      f"starts again from step 0")
