@@ -26,8 +26,7 @@ def bench(c, **flags):
     resume, profile_startup = flags.pop("resume"), flags.pop("profile_startup")
     from lab.host.run.startup import CLOCK
     CLOCK.begin()       # the command's start-up clock (figures.startup_host_s)
-    from lab.common.display import width
-    from lab.host.cli.progress import Display
+    from lab.common.display import Display, width
     from lab.host.errors import BenchError
     from lab.host.request.plan import make_plan
     from lab.host.run.bench import Terminated, terminate_as_interrupt

@@ -7,7 +7,7 @@ import sys
 from conftest import REPO
 
 from lab.common import progress
-from lab.host.cli.progress import PLAIN_EVERY_S, Display
+from lab.common.display import PLAIN_EVERY_S, Display
 
 
 def test_the_line_rank_0_prints_is_the_line_the_host_reads():

@@ -84,7 +84,7 @@ HOST_RUN = textwrap.dedent("""
     import sys
     from lab.host.run.bench import Terminated, terminate_as_interrupt
     from lab.host.request.plan import make_plan
-    from lab.host.cli.progress import Display
+    from lab.common.display import Display
     from lab.host.errors import BenchError
     from lab.host.run.sweep import run_request
     from lab.report.bench_output import render, startup_table

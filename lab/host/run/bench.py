@@ -69,23 +69,8 @@ def terminate_as_interrupt():
         signal.signal(signal.SIGTERM, before)
 
 
-class Progress:
-    """"run k of N" before each run, with the time so far and an estimate of the rest
-    (the mean time of the runs so far, times the runs left)."""
-
-    def __init__(self, total: int, echo=print):
-        self.total, self.done, self.echo, self.t0 = total, 0, echo, time.monotonic()
-
-    def start(self, label: str) -> None:
-        elapsed = time.monotonic() - self.t0
-        rest = (f", about {display.duration(elapsed / self.done * (self.total - self.done))} left"
-                if self.done else "")
-        self.done += 1
-        self.echo(f"-- run {self.done} of {self.total} ({label}): {display.duration(elapsed)} so far{rest}")
-
-
 def run(s: BenchSettings, echo=print, stack: dict | None = None, runner: Runner | None = None,
-        progress: Progress | None = None) -> Outcome:
+        progress: display.Progress | None = None) -> Outcome:
     """One combination (`s`, with all its process counts and repeats): its place's view of
     it (lab.host.places.for_request, unless a `runner` is given: the caller's), its plan
     (lab.host.request.plan.plan_of, the checks that need nothing but the request), then its jobs."""
@@ -100,7 +85,7 @@ def run(s: BenchSettings, echo=print, stack: dict | None = None, runner: Runner 
 
 
 def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
-             runner: Runner | None = None, progress: Progress | None = None,
+             runner: Runner | None = None, progress: display.Progress | None = None,
              skipped: set | None = None) -> Outcome:
     """Jobs of one combination of a plan (lab.host.request.plan.Job: the combination's settings,
     a process count, a repeat) into the plan's results directory, in the plan's order:
@@ -159,7 +144,7 @@ def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
         echo(n)
     if where_note and runner.records_where_note:
         notes.insert(0, where_note)
-    progress = progress or Progress(len(jobs), echo)
+    progress = progress or display.Progress(len(jobs), echo)
     jobs = records.skip_refused(plan, jobs, refused_counts(s, stack, framework), progress, echo, skipped)
     nps = list(dict.fromkeys(j.np for j in jobs))
     check_steps(s, framework, nps)

@@ -7,12 +7,12 @@ import dataclasses
 import itertools
 import shutil
 
-from lab.common import results
+from lab.common import display, results
 from lab.host.errors import BenchError, RunnerError
 from lab.host.places import place, place_of, runner_for
 from lab.host.request.plan import Plan
 from lab.host.run import repeat_auto
-from lab.host.run.bench import Outcome, Progress, probe_stack, run_jobs
+from lab.host.run.bench import Outcome, probe_stack, run_jobs
 from lab.host.run.records import skip
 from lab.host.run.startup import CLOCK
 from lab.host.settings import BenchSettings
@@ -82,7 +82,7 @@ def run_sweep(plan: Plan, echo=print) -> list[Outcome]:
     for line in plan.already:
         echo(line)
     refused = dict(plan.refused)
-    progress = Progress(len(plan.jobs), echo)
+    progress = display.Progress(len(plan.jobs), echo)
     outcomes, skipped = [], set()
     places = Places(plan, echo)
     groups = [list(g) for _, g in itertools.groupby(plan.jobs, key=lambda j: (j.repeat, j.combination))]
