@@ -159,6 +159,8 @@ def run(plan: Plan, *, resume: bool = False, defaults: dict | None = None, build
     outcome["report"] = report(plan)
     for f in outcome["report"]:
         echo(f"wrote {f}")
+    echo(f"== the lab took {display.duration(time.monotonic() - t0)} "
+         f"(estimated {display.duration(plan.estimate_s, rough=True)})")
     return outcome
 
 

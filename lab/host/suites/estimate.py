@@ -16,15 +16,19 @@ class Costs:
     cluster_extra_s: float = 0.0                 # a run on the simulated cluster's nodes: ssh, the containers
 
 
-# A CPU machine: the kit's CI VM (2 vCPUs, no GPU), read from the records of `invoke lab`
-# and `invoke lab --quick` on it (figures.startup_s, the report's step times; measured
-# again whenever a lab estimate is more than 1.5x off what the lab took: docs/pages/lab.md).
+# A CPU machine: the kit's CI VM (2 vCPUs, AMD EPYC, no GPU), fitted to the time between
+# one run's launch and the next in `invoke lab --quick` (2 min 35 s) and `invoke lab`
+# (13 min 39 s) on it, with Horovod built (2026-11-28, nothing else running): a run's
+# start (launcher, imports, rendezvous, data, model, its evaluations and record) 4 s;
+# a step at 1 and 2 workers: the MNIST CNN at batch 32, 15 and 25 ms (its per-epoch
+# evaluation included); the LSTM at 64, 65 and 90 ms; ResNet-50 at 16, 0.8 and 1.6 s (its
+# warm-up steps included); a run on the simulated cluster's nodes 2 s more. `invoke lab`
+# prints each part's time beside its estimate, and the whole lab's at its end: refit
+# these when they part by more than 1.5x.
 CPU = Costs(
-    run_start_s={"mnist": 8.0, "lstm": 8.0, "resnet50": 18.0},
-    # MNIST CNN at 32 and 64 images: 15-32 ms; LSTM at 64: 73 and 174 ms; ResNet-50 at 16:
-    # 1.24-2.14 s at 2 workers, the one-worker step assumed 0.8 s
-    step_s={"mnist": (0.02, 0.03), "lstm": (0.073, 0.174), "resnet50": (0.8, 1.5)},
-    cluster_extra_s=5.0)
+    run_start_s={"mnist": 4.0, "lstm": 4.0, "resnet50": 4.0},
+    step_s={"mnist": (0.015, 0.025), "lstm": (0.065, 0.09), "resnet50": (0.8, 1.6)},
+    cluster_extra_s=2.0)
 CLUSTER_UP_S = 20.0             # `invoke up --nodes 2` with the image built, and down
 LAB_REPORT_S = 15.0             # `invoke report` of the lab's parts
 
