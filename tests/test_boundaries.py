@@ -190,8 +190,9 @@ def test_the_circle_check_sees_subpackages(tmp_path):
 
 # lab.host's parts, from the one that talks to the user down to the shared vocabulary: a
 # part imports only the parts below it (request and watch are side by side and import
-# neither each other). tasks.py composes them all from above; lab.common is under all.
-LAYERS = ("cli", "suites", "run", "request|watch", "places", "images", "settings", "errors")
+# neither each other). tasks.py composes them all from above; lab.common is under all. The
+# launchers import nothing of the kit: the places run them as commands.
+LAYERS = ("cli", "suites", "run", "request|watch", "places", "images", "settings", "errors", "launchers")
 RANK = {part: i for i, group in enumerate(LAYERS) for part in group.split("|")}
 
 

@@ -117,7 +117,7 @@ def test_torchruns_failure_report_is_said_in_one_line_and_still_names_the_rank()
     """torchrun's report ("=" border, "<module> FAILED", its Failures and Root Cause blocks)
     is read, then shown as one line: under torchrun (captured), on the cluster's nodes
     (captured) and as the kit's local launcher writes it (its own writer)."""
-    from lab.host.places import local_launcher
+    from lab.host.launchers import local as local_launcher
     from lab.host.watch.launcher_output import StreamWatches
     w, shown = watch_file("torchrun-rank1-sigkill.txt")
     text = "\n".join(shown)
@@ -164,7 +164,7 @@ def test_a_report_interrupted_by_other_output_is_passed_on_and_a_traceback_of_it
     """Two torchruns' reports in one unprefixed output (a Slurm job's file), the first cut
     short by srun's line: nothing is lost, the second still said in one line; a root cause
     whose error file gave a call stack keeps that stack's last line."""
-    from lab.host.places import local_launcher
+    from lab.host.launchers import local as local_launcher
     a = local_launcher.failure_block("lab.worker.train", (0, 1, 11), []).splitlines()
     b = local_launcher.failure_block("lab.worker.train", (1, -9, 12), []).splitlines()
     shown = []

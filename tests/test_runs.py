@@ -281,8 +281,8 @@ def _rank_pid(run_id: str, rank: int):
             # The rank itself: python [-u] -m lab.worker.train, not its launcher or a shell.
             if ("lab.worker.train" not in args or run_id not in args
                     or not os.path.basename(args[0]).startswith("python")
-                    or any(a in ("torch.distributed.run", "-c", "lab.host.places.local_launcher",
-                                 "lab.host.places.horovod_launcher") or a.endswith("horovodrun")
+                    or any(a in ("torch.distributed.run", "-c", "lab.host.launchers.local",
+                                 "lab.host.launchers.horovod") or a.endswith("horovodrun")
                            for a in args)):
                 continue
             with open(f"/proc/{pid}/environ", "rb") as f:

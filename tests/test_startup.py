@@ -215,7 +215,7 @@ RANK_SCRIPT = textwrap.dedent("""
 
 def test_the_local_ddp_launcher_gives_each_rank_its_place_and_ends_a_job_on_the_first_failure():
     from lab.host.watch.launcher_output import StreamWatches
-    ok = subprocess.run([sys.executable, "-m", "lab.host.places.local_launcher", "--nproc-per-node=2",
+    ok = subprocess.run([sys.executable, "-m", "lab.host.launchers.local", "--nproc-per-node=2",
                          sys.executable, "-c", RANK_SCRIPT, "ok"], cwd=REPO, capture_output=True,
                         text=True, timeout=60)
     assert ok.returncode == 0, ok.stderr
@@ -223,7 +223,7 @@ def test_the_local_ddp_launcher_gives_each_rank_its_place_and_ends_a_job_on_the_
     assert len(envs) == 2 and "('RANK', '0')" in envs[0] and "('RANK', '1')" in envs[1]
     assert all("('WORLD_SIZE', '2')" in e and "('MASTER_ADDR', '127.0.0.1')" in e for e in envs)
     t0 = time.monotonic()
-    cp = subprocess.run([sys.executable, "-m", "lab.host.places.local_launcher", "--nproc-per-node=2",
+    cp = subprocess.run([sys.executable, "-m", "lab.host.launchers.local", "--nproc-per-node=2",
                          sys.executable, "-c", RANK_SCRIPT, "kill"], cwd=REPO, capture_output=True,
                         text=True, timeout=60)
     assert cp.returncode == 1 and time.monotonic() - t0 < 30
@@ -239,12 +239,18 @@ def test_local_runs_start_no_launcher_that_imports_torch(tmp_path):
     from lab.host.places.local import LocalRunner
     r = LocalRunner(str(tmp_path))
     (ddp,) = r.commands(Launch("ddp", "gloo", 2, ("--max-steps", "3"))).values()
-    assert ddp[1:4] == ["-m", "lab.host.places.local_launcher", "--nproc-per-node=2"]
+    assert ddp[1:4] == ["-m", "lab.host.launchers.local", "--nproc-per-node=2"]
     r._stack = {"horovod": {"gloo": True, "mpi": False}}     # as probe_stack leaves it
     (hvd,) = r.commands(Launch("horovod", "gloo", 2, ())).values()
-    assert hvd[1:4] == ["-m", "lab.host.places.horovod_launcher", "--built=gloo"] and "--gloo" in hvd
-    code = ("import sys; import lab.host.places.local_launcher, lab.host.places.horovod_launcher; "
-            "print('torch' in sys.modules)")
+    assert hvd[1:4] == ["-m", "lab.host.launchers.horovod", "--built=gloo"] and "--gloo" in hvd
+    code = ("import sys; import lab.host.launchers.local, lab.host.launchers.horovod; "
+            "print('torch' in sys.modules); "
+            "print(sorted(m for m in sys.modules if m.startswith(('lab', 'envcheck'))))")
     cp = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                         timeout=60)
-    assert cp.stdout.strip() == "False", cp.stderr
+    torch, kit = cp.stdout.splitlines()
+    assert torch == "False", cp.stderr
+    # nothing of the kit but the launchers themselves before the ranks start (not the
+    # places' registry, which imports Docker's and the images' modules)
+    assert kit == str(["lab", "lab.host", "lab.host.launchers", "lab.host.launchers.horovod",
+                       "lab.host.launchers.local"]), kit

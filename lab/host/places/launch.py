@@ -112,10 +112,10 @@ def ddp_command(nproc_per_node: int, worker_args: list[str], nnodes: int = 1, no
 
 
 def local_ddp_command(nproc: int, worker_args: list[str], python: str = sys.executable) -> list[str]:
-    """DDP's ranks on this one machine, started by lab.host.places.local_launcher: what
+    """DDP's ranks on this one machine, started by lab.host.launchers.local: what
     `torch.distributed.run --standalone` does for them, without the launcher's own
     import of torch (a second import's worth of start-up)."""
-    return [python, "-m", "lab.host.places.local_launcher", f"--nproc-per-node={nproc}",
+    return [python, "-m", "lab.host.launchers.local", f"--nproc-per-node={nproc}",
             "-m", "lab.worker.train", *worker_args]
 
 

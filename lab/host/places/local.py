@@ -38,9 +38,9 @@ class LocalRunner(Runner):
                              python=self.python, horovodrun=kit.horovodrun(self.python))
         hvd = (self._stack or {}).get("horovod")
         if job.framework == "horovod" and hvd:
-            # horovodrun, its build checks answered from the probe (lab.host.places.horovod_launcher)
+            # horovodrun, its build checks answered from the probe (lab.host.launchers.horovod)
             built = ",".join(c for c in ("gloo", "mpi") if hvd.get(c))
-            cmd = [self.python, "-m", "lab.host.places.horovod_launcher", f"--built={built}", *cmd[1:]]
+            cmd = [self.python, "-m", "lab.host.launchers.horovod", f"--built={built}", *cmd[1:]]
         return {"localhost": cmd}
 
     def run(self, commands, env, timeout_s, echo, name=""):

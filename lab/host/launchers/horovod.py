@@ -1,4 +1,4 @@
-"""`python -m lab.host.places.horovod_launcher --built=gloo,mpi HOROVODRUN-ARGS...`: horovodrun,
+"""`python -m lab.host.launchers.horovod --built=gloo,mpi HOROVODRUN-ARGS...`: horovodrun,
 with its checks of what Horovod was built with (horovod.common.util.gloo_built and
 mpi_built: each forks a child that imports horovod.torch, and with it torch, a whole
 import's worth of every Horovod run's start-up) answered from what bench's stack probe

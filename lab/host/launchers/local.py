@@ -1,4 +1,4 @@
-"""`python -m lab.host.places.local_launcher --nproc-per-node N -m MODULE ARGS...`: the ranks of
+"""`python -m lab.host.launchers.local --nproc-per-node N -m MODULE ARGS...`: the ranks of
 a DDP job on this one machine, started as `torch.distributed.run --standalone` starts
 them, without importing torch (torchrun's own `import torch` was a whole second
 import's worth of every local DDP run's start-up). Standard library only.
@@ -122,7 +122,7 @@ def run(nproc: int, command: list[str], label: str) -> int:
 def main(argv=None) -> int:
     """--nproc-per-node N (or --nproc-per-node=N), then -m MODULE ARGS... or a command."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    usage = "usage: python -m lab.host.places.local_launcher --nproc-per-node N (-m MODULE | COMMAND) ARGS..."
+    usage = "usage: python -m lab.host.launchers.local --nproc-per-node N (-m MODULE | COMMAND) ARGS..."
     nproc = None
     if argv and argv[0].startswith("--nproc-per-node="):
         nproc, argv = argv[0].split("=", 1)[1], argv[1:]
