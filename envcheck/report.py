@@ -106,6 +106,7 @@ HEADERS = ["where", "check", "status", "value", "fix"]
 WIDTH = display.DEFAULT  # where there is no terminal and no $COLUMNS: 120
 GAP = "  "           # between columns
 CHECK_MAX = 30       # a longer check name wraps within this
+VALUE_MIN = 12       # the fewest columns the value and the fix are each given
 CELL_LINES = 2       # a value or fix wraps over this many lines at most, else it is a note
 
 
@@ -144,7 +145,11 @@ def table(checks: list[dict], width: int | None = WIDTH) -> str:
     w_where = max(len(x) for x in [HEADERS[0]] + [r[0] for r in body])
     w_status = max(len(x) for x in [HEADERS[2]] + [r[2] for r in body])
     w_check = min(CHECK_MAX, max(len(x) for x in [HEADERS[1]] + [r[1] for r in body]))
-    left = width - w_where - w_check - w_status - 4 * len(GAP)
+    # value and fix keep VALUE_MIN columns each: on a narrow terminal the check's name
+    # wraps in fewer columns first, and only then is the table wider than asked
+    fixed = w_where + w_status + 4 * len(GAP)
+    w_check = max(len(HEADERS[1]), min(w_check, width - fixed - 2 * VALUE_MIN))
+    left = max(width - fixed - w_check, 2 * VALUE_MIN)
     # The split between value and fix that leaves the fewest notes (ties: the most even).
     w_value = min(range(len(HEADERS[3]), left - len(HEADERS[4]) + 1),
                   key=lambda v: (sum(len(_wrap(r[3], v)) > CELL_LINES for r in body)

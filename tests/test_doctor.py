@@ -397,6 +397,17 @@ def test_doctors_table_and_summary_fit_the_width(columns):
     assert " ".join(report.summary(checks, 123.4, columns).split()) == one
 
 
+@pytest.mark.parametrize("columns", [60, 80, 100])
+def test_a_narrow_terminal_narrows_the_check_column_and_never_fails(columns):
+    """Where a row's place is long (an image's tag, the cluster) the check's name wraps
+    in fewer columns; below what value and fix need, the table is wider than asked."""
+    checks = [dict(c, where="image dl-lab-kit:gpu-nccl-cu130") for c in _checks()]
+    lines = report.table(checks, width=columns).splitlines()
+    fits = 31 + 2 + len("check") + 2 + len("status") + 2 + 2 * report.VALUE_MIN + 2
+    assert max(map(len, lines)) <= max(columns, fits)
+    assert sum(ln.startswith("image dl-lab-kit:gpu-nccl-cu130") for ln in lines) == len(checks)
+
+
 def test_doctor_wide_and_help_name_the_flag():
     cp = subprocess.run([sys.executable, "-m", "invoke", "--help", "doctor"], cwd=REPO,
                         capture_output=True, text=True, timeout=60)
