@@ -34,15 +34,7 @@ def probe_gpus(timeout: float = 15) -> Result:
             try:
                 def s(v):
                     return v.decode() if isinstance(v, bytes) else v
-                devs = []
-                for i in range(pynvml.nvmlDeviceGetCount()):
-                    h = pynvml.nvmlDeviceGetHandleByIndex(i)
-                    major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
-                    devs.append({"index": i, "name": s(pynvml.nvmlDeviceGetName(h)),
-                                 "memory_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
-                                 "compute_capability": f"{major}.{minor}",
-                                 "brand": _brand(pynvml, h), "uuid": _uuid(pynvml, h, s),
-                                 "mig_uuids": _mig_uuids(pynvml, h, s), "c2c": _c2c(pynvml, h)})
+                devs = [_device(pynvml, i, s) for i in range(pynvml.nvmlDeviceGetCount())]
                 return Result("gpus", PASS, {"driver": s(pynvml.nvmlSystemGetDriverVersion()),
                                              "count": len(devs), "devices": devs, "source": "NVML"})
             finally:
@@ -93,6 +85,25 @@ def _uuid(pynvml, h, s) -> str | None:
         return s(pynvml.nvmlDeviceGetUUID(h))
     except Exception:
         return None
+
+
+def _device(pynvml, i: int, s) -> dict:
+    """One GPU as NVML describes it. A detail NVML cannot give (an error on that call, a
+    lost GPU, memory info NotSupported) is None ("unknown" for the name): the GPU is still
+    counted, so a GPU machine never reads as one without GPUs."""
+    def ask(call, default=None):
+        try:
+            return call()
+        except Exception:
+            return default
+    h = ask(lambda: pynvml.nvmlDeviceGetHandleByIndex(i))
+    cc = ask(lambda: pynvml.nvmlDeviceGetCudaComputeCapability(h))
+    dev = {"index": i, "name": ask(lambda: s(pynvml.nvmlDeviceGetName(h)), "unknown"),
+           "memory_bytes": ask(lambda: int(pynvml.nvmlDeviceGetMemoryInfo(h).total)),
+           "compute_capability": f"{cc[0]}.{cc[1]}" if cc else None,
+           "brand": _brand(pynvml, h), "uuid": _uuid(pynvml, h, s), "c2c": _c2c(pynvml, h)}
+    mig = _mig_uuids(pynvml, h, s)
+    return {**dev, "mig_uuids": mig} if mig else dev       # MIG's UUIDs only where there are some
 
 
 def _mig_uuids(pynvml, h, s) -> list[str]:

@@ -266,6 +266,23 @@ def test_the_gpu_count_is_nvmls_capped_by_cuda_visible_devices(monkeypatch, valu
         assert "hides the 8 GPU(s)" in count.mode()
 
 
+def test_a_gpu_whose_details_nvml_cannot_give_is_still_counted(monkeypatch):
+    """Memory info NotSupported (some unified-memory GPUs) or a lost GPU's errors on the
+    detail calls: the machine still has its GPUs (never CPU mode for want of a detail)."""
+    fake_nvml(monkeypatch, 8)
+    import pynvml
+
+    def unsupported(h):
+        raise pynvml.NVMLError("Not Supported")
+    pynvml.nvmlDeviceGetMemoryInfo = unsupported
+    pynvml.nvmlDeviceGetCudaComputeCapability = unsupported
+    count = gpu_count.count_gpus({})
+    assert (count.host, count.visible, count.source) == (8, 8, "NVML")
+    dev = probe_gpus().value["devices"][0]
+    assert dev["memory_bytes"] is None and dev["compute_capability"] is None
+    assert dev["name"] == "NVIDIA H100 80GB HBM3" and "mig_uuids" not in dev     # no MIG here
+
+
 def host_gpus() -> tuple[int, str, str]:
     count = gpu_count.count_gpus({})
     return count.host, count.driver, count.source
