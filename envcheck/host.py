@@ -224,7 +224,7 @@ def probe_lab_images() -> Result:
 
 def image_cuda(tag: str, labels: dict) -> str | None:
     """The CUDA a lab image was built for: its cuda_version label (lab.host.images.build.labels),
-    else the tag's -cuXY suffix (images.tags names every CUDA but the default: -cu126)."""
+    else the tag's -cuXY suffix (images.build.tags names every CUDA but the default: -cu126)."""
     if labels.get("cuda_version"):
         return labels["cuda_version"]
     m = re.search(r"-cu(\d+)(\d)$", tag)

@@ -59,7 +59,8 @@ def duration(seconds: float, rough: bool = False) -> str:
 
 def table(headers: list[str], rows: list[list[str]], columns: int | None) -> str:
     """A table of plain cells as pipes and dashes, at most `columns` wide (None: each
-    column as wide as its widest cell): narrowed column by column, the widest first, down
+    column as wide as its widest cell): narrowed column by column, the one with the most room
+    first, down
     to its longest word (a range such as 0.98-1.26 breaks after its hyphen), then, where
     that is still too wide, down to the longest word of its values (a header's word then
     breaks within its column); a cell wraps over more lines of its row, and a row is

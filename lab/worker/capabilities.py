@@ -26,7 +26,7 @@ def _mpi_version() -> str | None:
 
 def model_needs() -> list[str]:
     """The packages the registered models need beyond torch (lab.models' ModelSpec.needs):
-    the host refuses a model whose package does not import here (request.check_request)."""
+    the host refuses a model whose package does not import here (lab.host.request.checks.check_request)."""
     from lab import models
     return sorted({p for n in models.names() for p in models.get(n).needs})
 

@@ -90,7 +90,7 @@ def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
     """Jobs of one combination of a plan (lab.host.request.plan.Job: the combination's settings,
     a process count, a repeat) into the plan's results directory, in the plan's order:
     the runner chosen and the stack probed once, the request checked against that stack.
-    The counts that stack cannot run (request.refused_counts: more GPU ranks than GPUs)
+    The counts that stack cannot run (request.checks.refused_counts: more GPU ranks than GPUs)
     are skipped and recorded (records.skip_refused), the rest run; `skipped`: the sweep's
     (combination, np) set of what it skipped, which this adds to."""
     s = jobs[0].settings

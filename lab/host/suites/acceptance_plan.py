@@ -241,7 +241,7 @@ def render(p: Plan, missing_images: list[str] = ()) -> str:
         lines += [f"{i:2}. {s.name}: {s.what}", f"    image: {where}; about {s.estimate_s / 60:.1f} min",
                   "    $ " + " ".join(s.argv)]
     lines += ["", f"estimated total: {p.estimate_s / 60:.1f} min ({len(p.steps)} steps; the cost "
-              f"model is lab/host/suites/acceptance_plan.py's; {p.fast_s / 60:.1f} min at an H100's "
+              f"model is lab/host/suites/estimate.py's; {p.fast_s / 60:.1f} min at an H100's "
               f"measured speed)"]
     if missing_images:
         lines += ["", "missing, so it would not start:", *(f"  - {m}" for m in missing_images)]
