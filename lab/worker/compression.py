@@ -13,7 +13,16 @@ gradients) becomes 0, and values above 127 wrap around. The model then barely mo
 One codec is used by both frameworks: Horovod through `AllgatherOptimizer` (an
 optimizer wrapper, as Horovod's own compressors ride on all-reduce), DDP through a
 communication hook (`ddp_hook`). Also here: the bytes a rank hands to the collective
-per step, and an estimate of what crosses its link (ring algorithms)."""
+per step, and an estimate of what crosses its link (ring algorithms).
+
+With fp16's gradient scaler the codecs see scaled gradients, before the scaler looks
+for infs (DDP's hook runs inside the backward, Horovod's synchronize() before
+unscale_), so an overflow must reach every rank's scaler as a non-finite gradient and
+leave nothing behind: a chunk holding an inf or a NaN decodes as NaN (its scale is
+kept, never replaced by 1), the naive cast sends one more byte saying whether its
+values were finite, and the int8 codec's stored error is dropped for a key whose
+average was not finite (the scaler skips that step) and is kept in unscaled units, so
+a scale that halves or doubles between steps does not inflate it."""
 from __future__ import annotations
 
 import contextlib
@@ -51,13 +60,23 @@ def quantize(x: torch.Tensor, chunk: int = CHUNK) -> tuple[torch.Tensor, torch.T
     pad = (-n) % chunk
     xs = torch.nn.functional.pad(x.float().reshape(-1), (0, pad)).view(-1, chunk)
     scale = xs.abs().amax(dim=1) / 127.0
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    # an all-zero chunk takes 1; an inf or NaN keeps its scale, so the chunk decodes as NaN
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
     q = torch.round(xs / scale[:, None]).clamp_(-127, 127).to(torch.int8)
     return q.reshape(-1), scale.to(torch.float32)
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor, n: int, chunk: int = CHUNK) -> torch.Tensor:
     return (q.view(-1, chunk).float() * scale[:, None]).reshape(-1)[:n]
+
+
+def loss_scale_of(scaler):
+    """The loss scale an fp16 gradient scaler multiplied this step's gradients by, as a
+    tensor (no synchronisation): torch.amp.GradScaler keeps it in `_scale`, created by its
+    first scale() and updated in place by update() (torch 2.13 torch/amp/grad_scaler.py:
+    scale() multiplies by self._scale; update() calls torch._amp_update_scale_ on it)."""
+    scale = getattr(scaler, "_scale", None)
+    return scale if isinstance(scale, torch.Tensor) else torch.tensor(float(scaler.get_scale()))
 
 
 class Int8Codec:
@@ -69,16 +88,31 @@ class Int8Codec:
         self.chunk = chunk
         self.residual: dict = {}
         self.stats = ZeroedCounter()
+        # fp16: a callable giving the gradient scaler's current scale (a tensor); the
+        # residual is kept divided by it (unscaled) and multiplied back when added
+        self.loss_scale = None
 
     def encode(self, x: torch.Tensor, key=0) -> torch.Tensor:
         """The payload to send: int8 values then the scales' bytes, one int8 tensor."""
         x = x.reshape(-1).float()
+        loss_scale = self.loss_scale() if self.loss_scale is not None else None
         if key in self.residual:
-            x = x + self.residual[key]
+            r = self.residual[key]
+            x = x + (r * loss_scale.to(r.device) if loss_scale is not None else r)
         q, scale = quantize(x, self.chunk)
-        self.residual[key] = x - dequantize(q, scale, x.numel(), self.chunk)
+        error = x - dequantize(q, scale, x.numel(), self.chunk)
+        self.residual[key] = error / loss_scale.to(error.device) if loss_scale is not None else error
         self.stats.add(x, q[:x.numel()])
         return torch.cat([q, scale.view(torch.int8)])
+
+    def settle(self, key, average: torch.Tensor) -> None:
+        """After the ranks' payloads of `key` are averaged: a non-finite average (an fp16
+        overflow on any rank, a step the scaler skips) drops the key's stored error, which
+        holds that step's values, instead of carrying it into every later step. Elementwise,
+        so a GPU is not synchronised."""
+        if key in self.residual:
+            r = self.residual[key]
+            self.residual[key] = torch.where(torch.isfinite(average).all(), r, torch.zeros_like(r))
 
     def decode(self, payload: torch.Tensor, n: int) -> torch.Tensor:
         chunks = -(-n // self.chunk)
@@ -92,7 +126,10 @@ class Int8Codec:
 
 
 class Int8NaiveCodec:
-    """A plain cast to int8 and back: no scale, no error feedback."""
+    """A plain cast to int8 and back: no scale, no error feedback. A cast of an inf or a NaN
+    gives some integer, so one byte more says whether the values were finite, and a payload
+    that was not decodes as NaN (fp16's scaler then skips the step, as it would without
+    compression)."""
     name = "int8-naive"
 
     def __init__(self):
@@ -100,27 +137,35 @@ class Int8NaiveCodec:
 
     def encode(self, x: torch.Tensor, key=0) -> torch.Tensor:
         x = x.reshape(-1).float()
-        q = x.to(torch.int8)
+        finite = torch.isfinite(x).all()
+        q = torch.where(torch.isfinite(x), x, torch.zeros_like(x)).to(torch.int8)
         self.stats.add(x, q)
-        return q
+        return torch.cat([q, finite.to(torch.int8).reshape(1)])
 
     def decode(self, payload: torch.Tensor, n: int) -> torch.Tensor:
-        return payload.float()[:n]
+        values = payload[:n].float()
+        return torch.where(payload[n] != 0, values, torch.full_like(values, float("nan")))
+
+    def settle(self, key, average: torch.Tensor) -> None:
+        """Nothing is stored between steps."""
 
     def payload_bytes(self, n: int) -> int:
-        return n
+        return n + 1
 
 
 CODECS = {"int8": Int8Codec, "int8-naive": Int8NaiveCodec}
 
 
-def average_gathered(codec, gathered: torch.Tensor, n_values: int, size: int) -> torch.Tensor:
-    """Decode each rank's payload from an all-gather and average them in float32."""
+def average_gathered(codec, gathered: torch.Tensor, n_values: int, size: int, key=0) -> torch.Tensor:
+    """Decode each rank's payload of `key` from an all-gather and average them in float32
+    (then the codec settles what it stored for the key: Int8Codec.settle)."""
     parts = gathered.view(size, -1)
     total = codec.decode(parts[0], n_values)
     for r in range(1, size):
         total = total + codec.decode(parts[r], n_values)
-    return total / size
+    average = total / size
+    codec.settle(key, average)
+    return average
 
 
 class AllgatherOptimizer:
@@ -195,7 +240,8 @@ def ddp_hook(codec):
         size = dist.get_world_size()
         out = [torch.empty_like(payload) for _ in range(size)]
         dist.all_gather(out, payload)
-        avg = average_gathered(codec, torch.cat(out), buf.numel(), size).to(buf.dtype)
+        avg = average_gathered(codec, torch.cat(out), buf.numel(), size,
+                               key=bucket.index()).to(buf.dtype)
         fut = torch.futures.Future()
         fut.set_result(avg)
         return fut

@@ -237,6 +237,11 @@ class DataParallel(Strategy):
     def build(self, model, loss_fn) -> None:
         super().build(model, loss_fn)
         self.model, self.optimizer = self.d.wrap(self.model, self.optimizer, self.cfg.compression)
+        codec = getattr(self.d, "codec", None)
+        if self.scaler is not None and hasattr(codec, "loss_scale"):
+            # the int8 codec's stored error kept unscaled (lab.worker.compression)
+            from lab.worker.compression import loss_scale_of
+            codec.loss_scale = lambda: loss_scale_of(self.scaler)
 
     def time_collective(self) -> dict | None:
         """The step's collective timed alone on this run's payload and world
