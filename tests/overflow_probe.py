@@ -7,8 +7,9 @@ GradScaler on "cpu" and CPU autocast in float16) trains the MNIST CNN on a fixed
 learnable batch per rank, and at step OVERFLOW_STEP rank 1 alone puts an inf into one
 gradient value (a hook on the first layer's weight, which runs before the framework
 reads the gradient). Per step every rank notes whether its parameters moved, the loss,
-the scaler's scale, and the gradient the optimizer got for the 8-bit codecs' chunk that
-held the inf; rank 0 writes them all to OUT.json."""
+the scaler's scale, the gradient the optimizer got for the 8-bit codecs' chunk that held
+the inf, and whether what the int8 codec stored for the next step is finite; rank 0
+writes them all to OUT.json."""
 from __future__ import annotations
 
 import hashlib
@@ -62,6 +63,7 @@ def run(framework: str, backend: str, compression: str, d) -> dict:
         return grad
     first.register_hook(poison)
     x, y = learnable_batch(d.rank)
+    codec = d.codec if compression.startswith("int8") else None
     steps = []
     for i in range(STEPS):
         step_no[0] = i
@@ -73,6 +75,9 @@ def run(framework: str, backend: str, compression: str, d) -> dict:
         steps.append({"moved": digest(s.eval_module()) != before, "loss": float(loss),
                       "chunk_finite": bool(torch.isfinite(chunk).all()),
                       "chunk_nonzero": int((chunk != 0).sum()),
+                      # what the int8 codec keeps for the next step (None: nothing kept)
+                      "stored_finite": (all(bool(torch.isfinite(r).all()) for r in codec.residual.values())
+                                        if getattr(codec, "residual", None) else None),
                       "scale_before": scale, "scale_after": float(s.scaler.get_scale())})
     return {"steps": steps, "digest": digest(s.eval_module())}
 

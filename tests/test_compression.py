@@ -3,6 +3,7 @@ residual, the naive cast zeroing small gradients; then real 2-process Horovod an
 runs on a small learnable problem (the offline digits) comparing int8 with
 uncompressed training."""
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from lab.common.config import COMPRESSIONS
 from lab.worker import compression as c
 from tests.conftest import requires_horovod
 
@@ -106,6 +108,46 @@ def test_int8_trains_like_uncompressed_and_the_naive_cast_does_not(framework, tm
     # The saving on the wire, as recorded: int8 sends about a quarter of float32's bytes.
     ratio = int8["figures"]["payload_bytes_per_step"] / plain["figures"]["payload_bytes_per_step"]
     assert 0.25 <= ratio < 0.27
+
+
+OVERFLOW_LAUNCH = {
+    "ddp": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"],
+    "horovod": [str(Path(sys.executable).with_name("horovodrun")), "-np", "2", "-H", "localhost:2",
+                "--gloo", sys.executable],
+}
+
+
+@pytest.mark.parametrize("framework", [pytest.param("horovod", marks=requires_horovod), "ddp"])
+def test_fp16_overflow_is_skipped_on_every_rank_and_training_goes_on(framework, tmp_path):
+    """fp16 x {none, fp16, int8, int8-naive}: rank 1 alone puts an inf into one gradient
+    value at one step (tests/overflow_probe.py, 2 real ranks, the kit's strategy and its
+    GradScaler on CPU). That step is skipped by both ranks and the scale halves; every
+    later step updates the model, with finite losses and a finite gradient for the chunk
+    that held the inf; the int8 codec's stored error stays finite; the ranks end equal.
+    Before the fix the int8 codec kept NaN as rank 1's stored error for good (that chunk
+    sent as 0 from then on) and the naive cast turned the inf into an integer, so the
+    step was not skipped."""
+    out = tmp_path / "overflow.json"
+    cp = subprocess.run([*OVERFLOW_LAUNCH[framework], "-m", "tests.overflow_probe", str(out), framework],
+                        cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert cp.returncode == 0, cp.stdout[-2000:] + cp.stderr[-2000:]
+    got = json.loads(out.read_text())
+    k, ranks = got["overflow_step"], got["ranks"]
+    assert sorted(ranks[0]) == sorted(COMPRESSIONS)
+    for compression in ranks[0]:
+        for rank, runs in enumerate(ranks):
+            steps = runs[compression]["steps"]
+            where = f"{compression}, rank {rank}"
+            assert not steps[k]["moved"], f"{where}: the overflowing step was applied"
+            assert steps[k]["scale_after"] == steps[k]["scale_before"] / 2, where
+            after = steps[k + 1:]
+            assert all(s["moved"] for s in after), f"{where}: steps skipped after the overflow"
+            assert all(math.isfinite(s["loss"]) and s["chunk_finite"] for s in after), where
+            assert all(s["stored_finite"] in (None, True) for s in after), f"{where}: stored error not finite"
+        assert ranks[0][compression]["digest"] == ranks[1][compression]["digest"], compression
+        if compression != "int8-naive":     # the baseline that fails need not learn
+            losses = [s["loss"] for s in ranks[0][compression]["steps"]]
+            assert sum(losses[-3:]) < sum(losses[:3]), compression
 
 
 def test_ddp_hook_keeps_each_residual_with_its_bucket_when_ddp_rebuilds_them():
