@@ -270,10 +270,15 @@ def up(c, nodes=None, image=None, gpu=False, scheduler=None, results_dir=None):
     print(f"next: invoke bench --nodes {n} --np {n} --framework horovod --backend gloo")
 
 
-@task
-def down(c):
+@task(help={"force": "remove it even while a run is using it (that run fails)"})
+def down(c, force=False):
     """Remove the simulated cluster: every container, network and volume it made."""
+    from lab.host.places import hold
     from lab.host.places.compose import cluster
+    holder = hold.holder_now(hold.MACHINE)
+    if holder and holder.place in hold.CLUSTER_PLACES and not force:
+        raise Exit(f"error: {holder.describe()} is running on the cluster: wait for it to end, "
+                   f"or `invoke down --force` (that run then fails)", code=2)
     try:
         removed, left = cluster.down()
     except cluster.ClusterError as e:

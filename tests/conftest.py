@@ -34,6 +34,11 @@ os.environ.setdefault("COMPOSE_PROJECT_NAME", f"labtest{os.getpid()}")
 # its content, one line a row, as wide as it is; the widths themselves are tests/test_display.py's
 # and tests/test_doctor.py's, which give COLUMNS where they run a command.
 os.environ["COLUMNS"] = "1000"
+# One run at a time holds this machine (lab.host.places.hold): each test process (xdist's
+# workers too) holds its own, so that the suite's workers never wait for each other;
+# tests/test_hold.py gives its runs a shared folder of their own.
+_HOLD_DIR = Path(tempfile.gettempdir()) / f"lab-test-holds-{os.getpid()}"
+os.environ["LAB_HOLD_DIR"] = str(_HOLD_DIR)
 if "LAB_RESULTS" not in os.environ:
     os.environ["LAB_RESULTS"] = tempfile.mkdtemp(prefix="lab-test-results-")
     _MADE_RESULTS = os.environ["LAB_RESULTS"]
@@ -60,6 +65,7 @@ def pytest_sessionstart(session):
 def pytest_sessionfinish(session, exitstatus):
     """Fail the session when the checkout's results/ gained anything: a user's results
     hold only the runs they made (tests write into temporary folders)."""
+    shutil.rmtree(_HOLD_DIR, ignore_errors=True)
     if not _controller(session):
         return
     for made in (_MADE_RESULTS, _MADE_STACK_CACHE):

@@ -133,6 +133,9 @@ OPTIONS = (
            _M, default=False, kind=bool, setting=False, reach="bench", feature="resume"),
     Option("ceiling", "also measure the compute ceiling (model steps, no framework) and compare", _M,
            default=False, kind=bool, reach="bench", feature="ceiling placement"),
+    Option("no_wait", "when another run holds this machine (its cores, or the simulated cluster's "
+           "nodes on it), refuse at once instead of waiting for it to end", _M, default=False,
+           kind=bool, reach="bench"),
     Option("timeout_s", "seconds a run may take before it is stopped and recorded as failed "
            "(0: no limit)", _M,
            default=0.0, kind=float, reach="bench"),

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from lab.common import proc
 from lab.common.config import RunConfig
 from lab.host.errors import RunnerError  # noqa: F401 (the places raise it from here)
+from lab.host.places import hold
 
 WHERE = ("local", "image", "auto")
 
@@ -89,6 +90,10 @@ class Runner:
     # processes (Kubernetes' operators): bench launches it once (lab.host.run.bench.run_job)
     retries_in_place = False
     title = "this place"            # the place, as a refusal names it
+    # What a run here holds while its ranks run (lab.host.places.hold): "this-machine" where
+    # they share this machine's cores (local processes, the image, the simulated cluster's
+    # containers, --hosts run from here); "" where they run on machines of their own
+    holds = hold.MACHINE
     python = "python"
     tag = ""
     nodes = 1

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from lab.common import heartbeat
 from lab.common.config import framework_of
+from lab.host.places import hold
 
 
 class HostsError(ValueError):
@@ -148,6 +149,8 @@ YIELD_WHEN_IDLE = "OMPI_MCA_mpi_yield_when_idle"
 def job_env(s) -> dict[str, str]:
     """What every rank's environment gets on top of the runner's."""
     env = {"OMP_NUM_THREADS": str(s.threads), "PYTHONUNBUFFERED": "1"}
+    if os.environ.get(hold.TOKEN_VAR):     # the run holding this machine (lab.host.places.hold)
+        env[hold.TOKEN_VAR] = os.environ[hold.TOKEN_VAR]
     env.update(stall_env(s.stall_s, os.environ))
     if s.debug:
         # torch.distributed's checks of collectives' shapes and order, and its logs

@@ -44,6 +44,7 @@ class Plan:
     # what the request's place made of it (Runner.for_request): --hosts' servers parsed
     # once, --launcher k8s's options (lab.host.places.k8s.runner.Settings); None: nothing
     place_options: object = None
+    resume: bool = False                    # --resume: a run recorded ok meanwhile is not run again
 
     @property
     def settings(self) -> BenchSettings:
@@ -119,7 +120,7 @@ def plan_of(s: BenchSettings, lists: dict | None = None, resume: bool = False) -
                            + (f", repeat {rep + 1}" if s.repeat > 1 else "")
                            + ": already recorded, not run again (--resume)")
         jobs += todo
-    return Plan(combos, tuple(jobs), tuple(already), tuple(sorted(refused.items())))
+    return Plan(combos, tuple(jobs), tuple(already), tuple(sorted(refused.items())), resume=resume)
 
 
 def combinations(base: BenchSettings, lists: dict) -> list[BenchSettings]:

@@ -18,11 +18,11 @@ from lab.common import display, heartbeat, results
 from lab.common.config import ConfigError, RunConfig
 from lab.common.fetch import DataUnavailable, ensure_mnist, mnist_train_size
 from lab.host.errors import BenchError
-from lab.host.places import choose_runner, for_request, place_of, refusal, runner_for
+from lab.host.places import choose_runner, for_request, hold, place_of, refusal, runner_for
 from lab.host.places.base import JobResult, Launch, Runner, RunnerError
 from lab.host.places.launch import HostsError, job_env
 from lab.host.request.checks import check_request, refused_counts
-from lab.host.request.plan import plan_of
+from lab.host.request.plan import finished, plan_of, recorded
 from lab.host.run import ceiling, records, restart
 from lab.host.run.startup import CLOCK
 from lab.host.settings import BenchSettings, base_config
@@ -153,6 +153,37 @@ def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
     rfile = rdir / results.RESULTS_FILE
     os.makedirs(rdir, exist_ok=True)
     CLOCK.mark("checks")
+    with holding(runner, run_id, s.no_wait, echo):
+        if plan.resume:
+            jobs = not_recorded_meanwhile(jobs, rfile, progress, echo)
+        failed = _run_held(s, jobs, runner, stack, framework, rdir, rfile, progress, echo)
+    written = [r for r in results.read_records(rfile)[0] if r.get("run_id") == run_id]
+    return Outcome(str(rdir), written, failed, notes)
+
+
+def holding(runner: Runner, run_id: str, no_wait: bool, echo):
+    """The hold on what the runner's ranks share (lab.host.places.hold), or nothing."""
+    if not runner.holds:
+        return contextlib.nullcontext()
+    return hold.hold(runner.holds, run_id, place=runner.kind, wait=not no_wait, echo=echo,
+                     clear=runner.stop)
+
+
+def not_recorded_meanwhile(jobs: list, rfile, progress, echo) -> list:
+    """--resume: the jobs less those an ok record now names (a killed run's processes may
+    have finished one between the plan and the hold): a run is never recorded twice."""
+    have = finished(rfile)
+    left = [j for j in jobs if not recorded(have, j.settings, j.np, j.repeat)]
+    if len(left) < len(jobs):
+        echo(f"-- {len(jobs) - len(left)} run(s) recorded meanwhile by the run that was "
+             f"stopped: not run again (--resume)")
+        progress.total -= len(jobs) - len(left)
+    return left
+
+
+def _run_held(s, jobs, runner, stack, framework, rdir, rfile, progress, echo) -> int:
+    """The jobs, on the runner, while the hold is held: 1 for each that failed."""
+    run_id = s.run_id
     runner.prepare(str(rdir))
     shaped, cpusets = bool(s.link), None
     failed = 0
@@ -189,8 +220,7 @@ def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
             runner.hand_back(str(rdir))
         except RunnerError as e:
             echo(f"note: {e}")
-    written = [r for r in results.read_records(rfile)[0] if r.get("run_id") == run_id]
-    return Outcome(str(rdir), written, failed, notes)
+    return failed
 
 
 def check_steps(s: BenchSettings, framework: str, nps: list[int]) -> None:

@@ -11,7 +11,7 @@ import time
 from envcheck import findings, host, stack
 from envcheck.probes import FAIL, PASS, Result
 from lab.common import kit
-from lab.host.places import choose_runner
+from lab.host.places import choose_runner, hold
 from lab.host.places.base import RunnerError
 
 
@@ -65,7 +65,12 @@ def across_nodes(runner, link: str = "", echo=print) -> dict:
     """_across_nodes' row, with the seconds it took (as each probe's)."""
     import time
     t0 = time.monotonic()
-    return dict(_across_nodes(runner, link, echo), seconds=round(time.monotonic() - t0, 2))
+    # one run at a time on the nodes: a bench beside it would slow its collectives, and it
+    # the bench's steps (lab.host.places.hold)
+    with hold.hold(runner.holds, "doctor", what="doctor's collectives", place=runner.kind,
+                   echo=echo, clear=runner.stop):
+        row = _across_nodes(runner, link, echo)
+    return dict(row, seconds=round(time.monotonic() - t0, 2))
 
 
 def _across_nodes(runner, link: str = "", echo=print) -> dict:

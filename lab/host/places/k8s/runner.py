@@ -52,6 +52,7 @@ class K8sRunner(Runner):
 
     kind = "k8s"
     title = "Kubernetes (--launcher k8s)"
+    holds = ""          # the ranks run on the cluster's machines, not this one's cores
     # The pods run the image's own kit (frozen, always); rank 0's record is streamed into
     # the results folder; their data is the pods' own, never this machine's folder.
     # --max-restarts: the job's operator retries its failed pods (the manifest's backoffLimit
