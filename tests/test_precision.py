@@ -160,6 +160,45 @@ def test_fp16_on_the_cpu_is_refused_by_bench_and_the_cli(tmp_path):
     assert not list(tmp_path.rglob("results.jsonl"))
 
 
+class Upcasting(torch.nn.Module):
+    """Layers in autocast's dtype, an output in float32: as the MNIST CNN on a GPU, whose
+    log_softmax CUDA's autocast runs in float32."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(4, 8), torch.nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x))).float()
+
+
+def test_the_forward_dtype_is_what_the_layers_computed_in_not_the_output():
+    """bf16 on the CPU with a model whose output is upcast: its layers ran in bfloat16,
+    which the record says; the hooks that saw it are gone after the first step."""
+    from lab.worker.strategies.base import Strategy
+    s = Strategy(RunConfig(precision="bf16"), d=None, device=CPU)
+    s.loss_fn = torch.nn.functional.cross_entropy
+    s.model = Upcasting()
+    s.optimizer = torch.optim.SGD(s.model.parameters(), lr=0.1)
+    x = torch.randn(8, 4)
+    with precision.autocast("bf16", CPU):
+        assert s.model(x).dtype == torch.float32         # the output says float32
+    s.step(x, torch.randint(0, 3, (8,)))
+    assert s.forward_dtype == "bfloat16"
+    assert all(not m._forward_hooks for m in s.model.modules())
+    fp32 = Strategy(RunConfig(precision="fp32"), d=None, device=CPU)
+    fp32.loss_fn, fp32.model = s.loss_fn, Upcasting()
+    fp32.optimizer = torch.optim.SGD(fp32.model.parameters(), lr=0.1)
+    fp32.step(x, torch.randint(0, 3, (8,)))
+    assert fp32.forward_dtype == "float32"
+
+
+def test_a_model_without_weighted_layers_records_its_outputs_dtype():
+    with precision.layer_dtypes(torch.nn.ReLU()) as seen:
+        out = torch.nn.ReLU()(torch.randn(2, dtype=torch.float16))
+    assert not seen and precision.forward_dtype(seen, out) == "float16"
+
+
 # ---------------------------------------------------------------- real bf16 runs on the CPU
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from lab.common import heartbeat, results
-from lab.common.config import RunConfig
+from lab.common.config import SLOW_SAVE_S, ConfigError, RunConfig
 from lab.host.errors import BenchError
 from lab.host.places.local import LocalRunner
 from lab.host.request.checks import parse_stall
@@ -446,3 +446,112 @@ def test_a_rank_reads_its_rank_from_its_launcher_before_any_framework(env, rank)
     every rank would otherwise write rank-0.json."""
     from lab.worker.train import _rank_from_env
     assert _rank_from_env(env) == rank
+
+
+# ------------------------------------------------------------ the checkpoint phase
+
+def test_a_checkpoints_bound_comes_from_its_bytes_as_the_rank_wrote_them(tmp_path):
+    """The watch's bound for a rank saving a checkpoint: its bytes (recorded by the
+    rank's own heartbeat writer on entering the phase) at CHECKPOINT_MB_S, never under
+    the bound outside steps; back in its steps the bytes are gone and the bound is the
+    step's again."""
+    from lab.worker.heartbeat import Heartbeat
+    run_dir = tmp_path / "run"
+    hb = Heartbeat(str(run_dir), "a", 0, stall_s=10.0, launch=7.0)
+    watch = StallWatch(heartbeat.folder(run_dir, "a"), 1, 10.0, 7.0, stop=lambda: None)
+    big = int(90 * heartbeat.CHECKPOINT_MB_S * 1e6)        # 90 s at the assumed rate
+    try:
+        hb.beat("step", 20, "before")
+        hb.step_took(0.01)
+        hb._flush()
+        assert watch.bound(watch.beats()) == 10.0
+        hb.beat("checkpoint", 20, "save")                   # its size not known yet
+        hb._flush()
+        assert watch.bound(watch.beats()) == 10.0
+        hb.beat("checkpoint", 20, "save", checkpoint_bytes=big)
+        hb._flush()
+        beat = watch.beats()[0]
+        assert beat["phase"] == "checkpoint" and beat["checkpoint_bytes"] == big
+        assert watch.bound(watch.beats()) == pytest.approx(90.0)
+        hb.beat("checkpoint", 20, "save", checkpoint_bytes=1000)    # small: the floor
+        hb._flush()
+        assert watch.bound(watch.beats()) == 10.0
+        hb.beat("step", 20, "before")
+        hb._flush()
+        beat = watch.beats()[0]
+        assert beat["checkpoint_bytes"] is None and watch.bound(watch.beats()) == 10.0
+    finally:
+        hb.close()
+    assert heartbeat.bound_s(0, "checkpoint", None, checkpoint_bytes=big) == heartbeat.STARTUP_S
+    assert heartbeat.bound_s(20, "checkpoint", 30.0, checkpoint_bytes=1000) == 300.0  # a step's
+    assert heartbeat.bound_s(20, "checkpoint", None, checkpoint_bytes=big) == pytest.approx(90.0)
+
+
+def test_a_save_slower_than_the_stall_bound_is_not_called_stalled(tmp_path):
+    """A rank 2.5 s in its save under --stall-s 1, its bytes taking 4 s at the assumed
+    rate: the watch leaves it alone."""
+    from lab.worker.heartbeat import Heartbeat
+    run_dir, stopped = tmp_path / "run", []
+    hb = Heartbeat(str(run_dir), "a", 0, stall_s=1.0, launch=7.0)
+    w = StallWatch(heartbeat.folder(run_dir, "a"), 1, 1.0, 7.0, stop=lambda: stopped.append(1),
+                   poll_s=0.1).start()
+    try:
+        hb.beat("step", 10, "before")
+        hb.step_took(0.01)
+        hb.beat("checkpoint", 10, "save", checkpoint_bytes=int(4 * heartbeat.CHECKPOINT_MB_S * 1e6))
+        time.sleep(2.5)
+        hb.beat("step", 10, "before")
+        time.sleep(0.3)
+        hb.close()
+    finally:
+        w.close()
+    assert w.error is None and stopped == [], w.error
+
+
+def test_a_stall_in_a_save_says_so_with_its_size(tmp_path):
+    """A save that outlasts even its checkpoint bound is a stall, diagnosed as one while
+    saving a checkpoint of its size."""
+    from lab.worker.heartbeat import Heartbeat
+    run_dir, stopped = tmp_path / "run", []
+    hb = Heartbeat(str(run_dir), "a", 0, stall_s=1.0, launch=7.0)
+    w = StallWatch(heartbeat.folder(run_dir, "a"), 1, 1.0, 7.0, stop=lambda: stopped.append(1),
+                   poll_s=0.1, dump_wait_s=3.0).start()
+    try:
+        hb.beat("checkpoint", 30, "save", checkpoint_bytes=96_000_000 // 100)
+        deadline = time.monotonic() + 15
+        while w.error is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        w.close()
+        hb.close()
+    assert stopped == [1] and w.error, w.error
+    reason = w.error["reason"]
+    assert reason.startswith("stalled: no rank advanced for 1 s;"), reason
+    assert "at saving a checkpoint after step 30 (0.96 MB)" in reason, reason
+    assert "; stalled while saving a checkpoint (0.96 MB); its bound was 1 s" in reason, reason
+
+
+def test_the_slow_save_fault_needs_checkpoints():
+    assert RunConfig(fault="0:10:slow-save", checkpoint_every=10).fault_plan() == (0, 10, "slow-save")
+    RunConfig(fault="0:10:slow-save", checkpoint_every=10).check()
+    with pytest.raises(ConfigError, match=r"^--fault 0:10:slow-save slows a checkpoint's save, and "
+                                          r"this run saves none: add --checkpoint-every N$"):
+        RunConfig(fault="0:10:slow-save").check()
+
+
+def test_a_slow_save_past_the_stall_bound_ends_ok(stack, tmp_path, monkeypatch):
+    """Real ranks: rank 0's save after step 10 sleeps SLOW_SAVE_S (15 s) under --stall-s
+    10; the rate this test sets (LAB_CHECKPOINT_MB_S, which the local ranks inherit) puts
+    the checkpoint's bytes (the MNIST CNN's parameters and SGD's momentum) at 25 s: the
+    run ends ok, its slow checkpoint counted."""
+    from lab.worker import models
+    model, _ = models.build("mnist", 1, 28, 10)
+    state = 2 * sum(p.numel() * p.element_size() for p in model.parameters())
+    monkeypatch.setenv(heartbeat.CHECKPOINT_VAR, repr(state / 25e6))
+    outcome, lines, _ = run(stack, tmp_path, None, framework="ddp", data="synthetic", synthetic_size=1280,
+                            max_steps=20, checkpoint_every=10, fault="0:10:slow-save")
+    assert outcome.failed == 0, "\n".join(lines[-30:])
+    (r,) = outcome.records
+    assert r["status"] == "ok", r.get("error")
+    assert r["figures"]["checkpoints"]["written"] == 1
+    assert r["figures"]["checkpoints"]["total_s"] >= SLOW_SAVE_S

@@ -65,9 +65,13 @@ def framework_of(strategy: str) -> str | None:
 # `hang` stops calling collectives (its peers wait in theirs), `hang-data` sleeps inside
 # its data loading (lab.worker.train; bench's stall watch ends the job: lab.host.watch.stall);
 # `slow` makes every step from that one on take SLOW_FAULT_S longer on that rank (its
-# peers wait for it in each collective: lab.worker.step_parts names that waiting)
-FAULT_MODES = ("raise", "kill", "hang", "hang-data", "slow")
+# peers wait for it in each collective: lab.worker.step_parts names that waiting);
+# `slow-save` makes the first checkpoint saved at or after that step sleep SLOW_SAVE_S on
+# that rank once it has said its size, as a save on slow shared storage would (the
+# heartbeat's checkpoint phase bounds it: lab.common.heartbeat.bound_s)
+FAULT_MODES = ("raise", "kill", "hang", "hang-data", "slow", "slow-save")
 SLOW_FAULT_S = 0.05
+SLOW_SAVE_S = 15.0
 # scikit-learn's bundled digits: 1,797 images, 300 of them held out for testing.
 DIGITS_SAMPLES, DIGITS_TEST = 1797, 300
 
@@ -142,8 +146,9 @@ class RunConfig:
         if self.framework == "none" and self.compression != "none":
             raise ConfigError("gradient compression needs a distributed framework: "
                               "use --framework horovod or ddp, or --compression none")
-        if self.fault:
-            self.fault_plan()
+        if self.fault and self.fault_plan()[2] == "slow-save" and not self.checkpoint_every:
+            raise ConfigError(f"--fault {self.fault} slows a checkpoint's save, and this run saves "
+                              f"none: add --checkpoint-every N")
         if self.checkpoint_every and self.strategy == "rpc-pipeline":
             raise ConfigError("--checkpoint-every does not cover rpc-pipeline, whose optimizer state "
                               "is held by TorchScript optimizers inside RPC's agent: leave it out, or "

@@ -28,7 +28,13 @@ S is --stall-s (0: auto):
   STEP_FACTOR times FORWARD_SHARE times that forward; before that first forward is timed nothing of this run's speed is known:
   max(S, STARTUP_S). So --stall-s bounds silence outside steps and is a floor for steps,
   never a cap that cuts a step that is merely slow;
-- evaluation: max(S or STARTUP_S, STEP_FACTOR x the slowest step x the test batches)."""
+- evaluation: max(S or STARTUP_S, STEP_FACTOR x the slowest step x the test batches);
+- checkpoint (a checkpoint saved after a step, or loaded at a relaunch's start; the rank
+  says which in `where`, "save" or "load", and the bytes of the state in
+  `checkpoint_bytes` once it knows them): never under the bound outside steps (S, or
+  STARTUP_S when auto) nor the step's once a step was timed, and the bytes at
+  CHECKPOINT_MB_S (LAB_CHECKPOINT_MB_S when set) when that takes longer, so a large save
+  on slow shared storage is not cut as a stall."""
 from __future__ import annotations
 
 import json
@@ -39,8 +45,10 @@ import re
 # where in the step the rank is ("before": loading its batch or anywhere in the loop
 # outside the step; "forward", "backward" (DDP waits for its all-reduce at its end),
 # "optimizer" (Horovod's synchronize waits there; lab.worker.strategies.base cites
-# both); "in": inside a strategy's step that marks no part of it).
-PHASES = ("import", "rendezvous", "setup", "warm-up", "step", "evaluation", "finish", "done")
+# both); "in": inside a strategy's step that marks no part of it). "checkpoint": between
+# steps, saving one ("save"), or in setup, a relaunch loading one ("load").
+PHASES = ("import", "rendezvous", "setup", "checkpoint", "warm-up", "step", "evaluation", "finish",
+          "done")
 FLUSH_S = 0.5          # a rank writes its heartbeat at most this often
 STREAM_S = 2.0         # a rank prints its heartbeat line at most this often
 CHANNEL_VAR = "LAB_HEARTBEAT_CHANNEL"
@@ -52,23 +60,34 @@ BEAT_MARK, STACK_MARK = "@lab-beat ", "@lab-stack "
 RENDEZVOUS_S = 180.0
 STARTUP_S = 300.0
 IMPORT_VAR = "LAB_IMPORT_S"
+CHECKPOINT_VAR = "LAB_CHECKPOINT_MB_S"
 
 
-def _import_s(default: float = 120.0) -> float:
-    """The import's bound: LAB_IMPORT_S seconds when set (a node whose Python lives on a
-    slow shared filesystem needs more; a test of the queue, less), else `default`."""
-    text = os.environ.get(IMPORT_VAR, "").strip()
+def _from_env(var: str, default: float, unit: str, short: str) -> float:
+    """`var` as a number above 0 when set, else `default`; any other value ends the
+    program with one sentence naming it and the way back to the default."""
+    text = os.environ.get(var, "").strip()
     try:
         value = float(text) if text else default
     except ValueError:
         value = -1.0
     if not value > 0:
-        raise SystemExit(f"{IMPORT_VAR} must be a number of seconds above 0, not {text!r}: "
-                         f"unset it for the default {default:g} s")
+        raise SystemExit(f"{var} must be a number of {unit} above 0, not {text!r}: "
+                         f"unset it for the default {default:g} {short}")
     return value
 
 
-IMPORT_S = _import_s()  # importing torch: never less, even with a short --stall-s
+# The import's bound: LAB_IMPORT_S seconds when set (a node whose Python lives on a slow
+# shared filesystem needs more; a test of the queue, less), else 120 s; importing torch
+# is never bounded less, even with a short --stall-s.
+IMPORT_S = _from_env(IMPORT_VAR, 120.0, "seconds", "s")
+# The write (or read) rate a checkpoint's bound assumes, in MB/s: LAB_CHECKPOINT_MB_S when
+# set, else 20. Not measured here: a conservative choice for shared storage under load.
+# One 1 Gbit/s link carries about 110 MB/s to an NFS server before several ranks and
+# jobs share it and torch.save's file is fsynced (lab.worker.checkpoint.write_atomic); a
+# cloud's cold network disk starts lower still. A slower store sets it lower; a rank
+# whose save needs longer than its bytes at this rate is called stalled.
+CHECKPOINT_MB_S = _from_env(CHECKPOINT_VAR, 20.0, "MB per second", "MB/s")
 STEP_FACTOR = 10.0
 STEP_MIN_S = 60.0
 FORWARD_SHARE = 3.0    # a step is about three forwards (the backward about two)
@@ -87,9 +106,15 @@ def stack_path(run_dir, attempt: str, rank: int) -> str:
 
 
 def bound_s(stall_s: float, phase: str, slowest_step_s: float | None,
-            eval_steps: float = 0, forward_s: float | None = None) -> float:
+            eval_steps: float = 0, forward_s: float | None = None,
+            checkpoint_bytes: int | None = None) -> float:
     """Seconds without an advance after which a rank in `phase` counts as stalled (the
-    rules are the module's docstring). `forward_s`: the first step's forward, timed."""
+    rules are the module's docstring). `forward_s`: the first step's forward, timed;
+    `checkpoint_bytes`: the state a checkpoint phase saves or loads."""
+    if phase == "checkpoint":
+        ordinary = max(bound_s(stall_s, "setup", None),
+                       bound_s(stall_s, "step", slowest_step_s) if slowest_step_s else 0.0)
+        return max(ordinary, (checkpoint_bytes or 0) / (CHECKPOINT_MB_S * 1e6))
     if phase == "import":
         return max(stall_s, IMPORT_S)
     if phase in ("warm-up", "step"):
@@ -140,7 +165,24 @@ def describe(beat: dict | None) -> str:
         return f"{phase} {beat.get('step')}" + (f" ({where})" if where else "")
     if phase == "evaluation":
         return f"evaluation after step {beat.get('step')}"
+    if phase == "checkpoint":
+        return checkpoint_doing(beat)
     return phase
+
+
+def megabytes(n: int | None) -> str:
+    """"96 MB", "0.17 MB"; "size not known yet" before the rank said it."""
+    if n is None:
+        return "size not known yet"
+    return f"{n / 1e6:,.0f} MB" if n >= 10e6 else f"{n / 1e6:.2g} MB"
+
+
+def checkpoint_doing(beat: dict) -> str:
+    """"saving a checkpoint after step 20 (96 MB)", "loading a checkpoint (96 MB)"."""
+    size = megabytes(beat.get("checkpoint_bytes"))
+    if beat.get("where") == "load":
+        return f"loading a checkpoint ({size})"
+    return f"saving a checkpoint after step {beat.get('step')} ({size})"
 
 
 # faulthandler's dump: "Thread 0x00007f... (most recent call first):" (or "Current

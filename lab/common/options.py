@@ -13,7 +13,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from lab import models
-from lab.common.config import BACKENDS, COMPRESSIONS, FRAMEWORKS, PRECISIONS, STRATEGIES, RunConfig
+from lab.common.config import (BACKENDS, COMPRESSIONS, FRAMEWORKS, PRECISIONS, SLOW_SAVE_S, STRATEGIES,
+                               RunConfig)
 from lab.common.stats import fewest_to_separate
 
 RUN = object()                  # default: RunConfig's field of the same name
@@ -163,7 +164,9 @@ OPTIONS = (
            key=True),
     Option("fault", "RANK:STEP[:MODE]: that rank raises (MODE kill: SIGKILLs itself; hang: stops "
            "calling collectives; hang-data: sleeps in its data loading; slow: each step from then "
-           "on takes 50 ms longer) at that step, to see a failed, stalled or waited-for job", _A),
+           f"on takes 50 ms longer; slow-save: the first checkpoint saved from then on sleeps {SLOW_SAVE_S:g} s, "
+           "as on slow storage, with --checkpoint-every) at that step, to see a failed, stalled or "
+           "waited-for job", _A),
     Option("checkpoint_every", "save a checkpoint every N steps into the run's folder (model, "
            "optimizer, data position, random states; the ddp, zero1, fsdp, deepspeed, pipeline and "
            "model-parallel strategies; local processes, the image, the simulated cluster (also with "

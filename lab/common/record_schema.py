@@ -105,10 +105,12 @@ SCHEMA = {
                             "launch wrote: written, total_s (their seconds, every rank waiting), share "
                             "(of that launch's training loop)"),
     "figures.lr_used": ("float", "learning rate after scaling by the world size"),
-    "figures.forward_dtype": ("str or null", "rank 0's model output dtype in its first step "
-                              "(bfloat16 or float16 under --precision bf16 or fp16, float32 "
-                              "otherwise; null for the pipeline strategies, whose schedule runs "
-                              "the forward)"),
+    "figures.forward_dtype": ("str or null", "the dtype rank 0's model computed in, in its first "
+                              "step: the most common among its layers' outputs (the modules with "
+                              "weights), not the model's output, which autocast may return in "
+                              "float32 (bfloat16 or float16 under --precision bf16 or fp16, "
+                              "float32 otherwise; null for the pipeline strategies, whose "
+                              "schedule runs the forward)"),
     "figures.startup_s": ("float or null", "seconds from bench starting the launcher to the first "
                           "timed step, for the slowest rank; null when the job was not started "
                           "by bench"),

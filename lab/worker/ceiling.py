@@ -5,6 +5,7 @@ when each rank has its own cores or GPU."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -78,7 +79,7 @@ def measure(model_name: str = "mnist", batch_size: int = 64, threads: int = 1, s
     else:
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
     i = 0
-    dtypes: set[str] = set()     # the model's output dtype(s): what the precision made of it
+    dtypes: set[str] = set()     # the dtype its layers computed in: what the precision made of it
 
     def step():
         nonlocal i
@@ -86,9 +87,12 @@ def measure(model_name: str = "mnist", batch_size: int = 64, threads: int = 1, s
         i += 1
         opt.zero_grad(set_to_none=True)
         with precision.autocast(precision_name, dev):
-            out = model(x[j * batch_size:(j + 1) * batch_size])
+            # the first step's layers watched (the hooks gone before the timed steps)
+            with precision.layer_dtypes(model) if i == 1 else contextlib.nullcontext(None) as seen:
+                out = model(x[j * batch_size:(j + 1) * batch_size])
             loss = loss_fn(out, y[j * batch_size:(j + 1) * batch_size])
-        dtypes.add(str(out.dtype).removeprefix("torch."))
+        if seen is not None:
+            dtypes.add(precision.forward_dtype(seen, out))
         if scaler:
             scaler.scale(loss).backward()
             scaler.step(opt)

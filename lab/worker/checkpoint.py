@@ -46,6 +46,7 @@ import torch
 
 from lab.common import restarts, results
 from lab.common.config import ConfigError
+from lab.worker.strategies import memory
 
 NAME = re.compile(r"^step-(\d{8})\.pt$")
 FOLDER = re.compile(r"^step-(\d{8})$")       # a strategy's own checkpoint (DeepSpeed's tag)
@@ -73,6 +74,24 @@ class Position:
         """The epoch's running loss: restored in the epoch resumed, else zero."""
         value = self.loss_sum if epoch == self.epoch and self.loss_sum is not None else 0.0
         return torch.tensor(value, dtype=torch.float64, device=device)
+
+
+def _unsaid(nbytes: int) -> None:
+    """Where nobody asks for a checkpoint's size."""
+
+
+def state_bytes(state) -> int:
+    """Bytes of the tensors' storages in a state (dicts, lists, tuples of tensors): what
+    torch.save writes of it, less its small pickled rest."""
+    return memory.storage_bytes(memory.tensors_in(state)) if state is not None else 0
+
+
+def disk_bytes(path: str) -> int:
+    """Bytes of a checkpoint on disk: its file, or every file of its folder."""
+    if not os.path.isdir(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(root, n)) for root, _, names in os.walk(path)
+               for n in names)
 
 
 def job_folder(cfg) -> str:
@@ -158,16 +177,23 @@ def restore_own(state: dict) -> None:
         numpy.random.set_state(state["numpy"])
 
 
-def save(cfg, d, strategy, global_step: int, epoch: int, step: int, loss_sum, epochs: list) -> None:
+def save(cfg, d, strategy, global_step: int, epoch: int, step: int, loss_sum, epochs: list,
+         sized=_unsaid) -> None:
     """A checkpoint after `global_step` steps (`step` steps into `epoch`): every rank
     hands rank 0 its own part (a collective), rank 0 writes the file (a strategy that
-    writes its own, DeepSpeed: every rank writes its part, save_folder, below)."""
+    writes its own, DeepSpeed: every rank writes its part, save_folder, below).
+    `sized(bytes)`: told, once known, the bytes of the state this rank writes or hands
+    on (the whole state on rank 0; the heartbeat's checkpoint phase bounds the save by
+    them: lab.common.heartbeat.bound_s)."""
     started = time.perf_counter()
     if getattr(strategy, "own_checkpoint", False):
+        held = strategy.holdings()          # each rank writes its own part
+        sized(held["parameters"] + held["optimizer_state"])
         save_folder(cfg, d, strategy, meta(cfg, d, global_step, epoch, step, epochs,
                                            d.allgather_object(own_state(loss_sum))))
     else:
         whole = strategy.checkpoint_state()     # on every rank: ZeRO-1 and FSDP gather here
+        sized(state_bytes(whole))
         parts = d.allgather_object(own_state(loss_sum))
         if d.rank == 0:
             _write(cfg, d, strategy, whole, global_step, epoch, step, epochs, parts)
@@ -244,19 +270,24 @@ def agree_restart(cfg, d) -> int:
     return cfg.restart
 
 
-def resume(cfg, d, strategy, log=print) -> Position:
+def resume(cfg, d, strategy, log=print, sized=_unsaid) -> Position:
     """Where this launch starts: step 0 on a first launch, or the newest checkpoint
     that loads on a relaunch (then the model, optimizer and this rank's random states
     are restored); rank 0 writes where it resumed (lab.common.restarts.write_resumed).
     A first launch that checkpoints clears its job's folder first (rank 0, before any
     rank's first write): a script submitted again under the same run id and launch name
     must not resume its retries from the checkpoints of the submission before (bench
-    clears it before a first launch too: lab.host.run.restart)."""
+    clears it before a first launch too: lab.host.run.restart). `sized(bytes)`: told,
+    on a relaunch, the bytes of the checkpoint this rank reads, before it reads them
+    (rank 0: the newest; the heartbeat's checkpoint phase)."""
     if not cfg.restart:
         if cfg.checkpoint_every and d.rank == 0:
             shutil.rmtree(job_folder(cfg), ignore_errors=True)
         return Position()
     folder = job_folder(cfg)
+    if d.rank == 0:
+        found = listed(folder)
+        sized(disk_bytes(found[0][1]) if found else 0)
     path, state = newest_loadable(folder, log) if d.rank == 0 else (None, None)
     # rank 0's choice to every rank (the same type on each: Horovod names an object
     # collective by its type, horovod/torch/functions.py allgather_object)
@@ -264,6 +295,7 @@ def resume(cfg, d, strategy, log=print) -> Position:
     horovod = cfg.framework == "horovod"
     own = getattr(strategy, "own_checkpoint", False)
     if path is not None and d.rank != 0 and not horovod:
+        sized(disk_bytes(path))
         state = torch.load(os.path.join(path, META) if own else path, map_location="cpu",
                            weights_only=False)
     if path is not None and state is not None:

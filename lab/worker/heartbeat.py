@@ -42,7 +42,7 @@ class Heartbeat:
             os.makedirs(os.path.dirname(flight), exist_ok=True)
         self.state = {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(),
                       "main_thread": threading.main_thread().ident, "seq": 0, "launch": launch,
-                      "phase": "import", "step": None, "where": None}
+                      "phase": "import", "step": None, "where": None, "checkpoint_bytes": None}
         self.slowest: float | None = None
         self.forward_s: float | None = None      # the first step's forward, timed
         # Waits for the device's queued work (train sets torch.cuda.synchronize on a GPU):
@@ -66,10 +66,14 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._run, name="lab-heartbeat", daemon=True)
         self._thread.start()
 
-    def beat(self, phase: str, step: int | None = None, where: str | None = None, **detail) -> None:
-        """The rank moved on (cheap: the thread writes it)."""
+    def beat(self, phase: str, step: int | None = None, where: str | None = None,
+             checkpoint_bytes: int | None = None, **detail) -> None:
+        """The rank moved on (cheap: the thread writes it). `checkpoint_bytes`: in the
+        checkpoint phase, the bytes of the state it saves or loads (its bound grows with
+        them: lab.common.heartbeat.bound_s); no other phase keeps them."""
         s = self.state
         s["phase"], s["step"], s["where"] = phase, step, where
+        s["checkpoint_bytes"] = checkpoint_bytes if phase == "checkpoint" else None
         s["seq"] += 1
         if detail:
             self.detail = detail
@@ -106,7 +110,7 @@ class Heartbeat:
             return
         self._advanced_at = time.monotonic()
         bound = heartbeat.bound_s(self.stall_s, s["phase"], self.slowest, self.eval_steps,
-                                  self.forward_s)
+                                  self.forward_s, s["checkpoint_bytes"])
         self._bound = bound
         s.update(bound_s=bound, slowest_step_s=self.slowest, forward_s=self.forward_s,
                  t=time.time(), **self.detail)

@@ -21,6 +21,7 @@ RunConfig.check_precision refuses what cannot honour one).
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 
 import torch
@@ -94,6 +95,37 @@ def channels_last(precision: str, device: torch.device, model_name: str,
 def to_layout(t: torch.Tensor, last: bool) -> torch.Tensor:
     """A batch of images (4-d) channels-last when `last`; anything else as it is."""
     return t.contiguous(memory_format=torch.channels_last) if last and t.dim() == 4 else t
+
+
+@contextlib.contextmanager
+def layer_dtypes(module: torch.nn.Module):
+    """Within it, the dtypes the compute layers of `module` computed in: forward hooks on
+    every submodule with weights of its own (Linear, Conv*, LSTM, norms) count the dtype
+    of each floating-point output; removed on leaving. Yields the count (a Counter of
+    dtype names). The model's output is not it: CUDA's autocast runs log_softmax in
+    float32 (its fp32 list), so a bf16 CNN's output is float32 though its layers ran in
+    bfloat16."""
+    seen: collections.Counter = collections.Counter()
+
+    def hook(_module, _inputs, output):
+        for t in output if isinstance(output, tuple) else (output,):
+            if isinstance(t, torch.Tensor) and t.is_floating_point():
+                seen[str(t.dtype).removeprefix("torch.")] += 1
+    handles = [m.register_forward_hook(hook) for m in module.modules()
+               if next(m.parameters(recurse=False), None) is not None]
+    try:
+        yield seen
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def forward_dtype(seen: collections.Counter, out: torch.Tensor) -> str:
+    """The dtype a forward computed in: the most common among its layers' outputs
+    (layer_dtypes), the output's own where no layer with weights ran."""
+    if seen:
+        return seen.most_common(1)[0][0]
+    return str(out.dtype).removeprefix("torch.")
 
 
 class AutocastForward(torch.nn.Module):

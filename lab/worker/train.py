@@ -19,7 +19,7 @@ import traceback
 PROCESS_T0 = time.time()
 
 from lab.common import progress, restarts, results  # noqa: E402
-from lab.common.config import SLOW_FAULT_S, ConfigError, parse_args  # noqa: E402
+from lab.common.config import SLOW_FAULT_S, SLOW_SAVE_S, ConfigError, parse_args  # noqa: E402
 
 # Wall-clock marks of this rank's start-up (lab.worker.train.startup_phases).
 MARKS: dict[str, float] = {"process": PROCESS_T0}
@@ -82,6 +82,17 @@ def stop_calling_collectives():
     collectives would (its peers wait in theirs); bench's stall watch ends the job."""
     while True:
         time.sleep(3600)
+
+
+def in_checkpoint(hb, step, where, slow=False):
+    """What a checkpoint's save or load tells once it knows its bytes: the heartbeat's
+    checkpoint phase with them (its bound: lab.common.heartbeat.bound_s); with --fault
+    R:S:slow-save, that rank's save then sleeps SLOW_SAVE_S, as one on slow storage."""
+    def sized(nbytes: int) -> None:
+        hb.beat("checkpoint", step, where, checkpoint_bytes=nbytes)
+        if slow:
+            time.sleep(SLOW_SAVE_S)
+    return sized
 
 
 def load_batch(xs, ys, j, b, stall=False):
@@ -151,7 +162,10 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
     steps = cfg.steps_per_epoch(len(train_split), strategy.data_world)
 
     step_times: list[float] = []
-    pos = ckpt.resume(cfg, d, strategy, log)     # step 0, or a relaunch's checkpoint
+    if cfg.restart:     # a relaunch reads its checkpoint in a phase of its own
+        hb.beat("checkpoint", None, "load")
+    pos = ckpt.resume(cfg, d, strategy, log, in_checkpoint(hb, None, "load"))
+    hb.beat("setup")    # step 0, or the relaunch's checkpoint loaded
     epochs, global_step = pos.epochs, pos.global_step
     total_steps = steps * cfg.epochs
     # Each launch warms up (a relaunch's first steps are a fresh process's); a relaunch
@@ -160,6 +174,8 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
     warm_until = (first_step + min(cfg.warmup_steps, max(0, total_steps - first_step - 1))
                   if first_step else cfg.warmup_steps)
     said_at, said_step = time.perf_counter(), global_step   # the last progress line (rank 0)
+    # --fault R:S:slow-save: the first checkpoint saved at or after step S, once
+    slow_save_at = fault_step if fault_mode == "slow-save" and d.rank == fault_rank else None
     b = cfg.batch_size
     loop_start = time.perf_counter()    # the launch's training loop (checkpoints' share of it)
     for epoch in range(pos.epoch, cfg.epochs):
@@ -206,8 +222,13 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
                 step_times.append(took)
             global_step += 1
             if ckpt.due(cfg, global_step, total_steps):
+                slow = slow_save_at is not None and global_step >= slow_save_at
+                slow_save_at = None if slow else slow_save_at
+                hb.beat("checkpoint", global_step, "save")
                 ckpt.save(cfg, d, strategy, global_step, epoch, s + 1,   # None: no loss here
-                          loss_sum if loss is not None else None, epochs)
+                          loss_sum if loss is not None else None, epochs,
+                          in_checkpoint(hb, global_step, "save", slow))
+                hb.beat(phase, global_step, "before")
             now = time.perf_counter()
             if d.rank == 0 and now - said_at >= progress.EVERY_S:
                 rate = strategy.images_per_step() * (global_step - said_step) / (now - said_at)

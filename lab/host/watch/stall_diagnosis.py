@@ -104,7 +104,7 @@ def diagnose(beats: dict[int, dict | None], bound: float, np: int, silence_s: fl
     label = {"not answering": "not answering", "not in a collective": "not in the collective",
              "behind": "behind"}[rule]
     reason = f"stalled: no rank advanced for {bound:g} s; {label}: {' | '.join(parts)}{waits}"
-    slow = slow_step(beats, behind, bound, silence_s)
+    slow = slow_step(beats, behind, bound, silence_s) or in_checkpoint(beats, behind, bound)
     if slow:
         reason += f"; {slow}"
     stalled = {"bound_s": bound, "behind": behind, "rule": rule, "ranks": ranks,
@@ -132,6 +132,19 @@ def slow_step(beats: dict[int, dict | None], behind: list[int], bound: float,
     if not b or b.get("phase") not in ("warm-up", "step") or b.get("where") in (None, "before"):
         return None
     return f"step {b.get('step')} has taken {silence_s:.0f} s, its bound is {bound:g} s"
+
+
+def in_checkpoint(beats: dict[int, dict | None], behind: list[int], bound: float) -> str | None:
+    """"stalled while saving a checkpoint (96 MB), ..." when a rank behind is in the
+    checkpoint phase (its bound already allowed for the bytes at the assumed rate), else
+    None."""
+    b = next((beats[r] for r in behind if beats.get(r) and beats[r].get("phase") == "checkpoint"), None)
+    if not b:
+        return None
+    doing = "loading" if b.get("where") == "load" else "saving"
+    return (f"stalled while {doing} a checkpoint ({heartbeat.megabytes(b.get('checkpoint_bytes'))}); "
+            f"its bound was {bound:g} s (lab.common.heartbeat.bound_s: its bytes at the rate "
+            f"{heartbeat.CHECKPOINT_VAR} sets where the ranks run, never under the bound outside steps)")
 
 
 def rendezvous(beats: dict[int, dict | None], behind: list[int], np: int) -> dict | None:

@@ -2,6 +2,9 @@
 over several GPUs (`dataparallel`)."""
 from __future__ import annotations
 
+import collections
+import contextlib
+
 import torch
 
 from lab import models
@@ -32,8 +35,9 @@ class Strategy:
     # for fp16): False where a strategy does its precision itself, or refuses it
     # (lab.common.config.NO_AUTOCAST), and takes its images in torch's default layout.
     autocasts = True
-    # The dtype of the model's output in the first training step on this rank, as the
-    # record's figures.forward_dtype ("bfloat16" under bf16's autocast); None: no step yet
+    # The dtype the model's layers computed in, in the first training step on this rank
+    # (lab.worker.precision.layer_dtypes), as the record's figures.forward_dtype
+    # ("bfloat16" under bf16's autocast); None: no step yet
     forward_dtype: str | None = None
 
     @staticmethod
@@ -101,9 +105,10 @@ class Strategy:
         # _DistributedOptimizer.step calls self.synchronize()).
         self.mark("forward")
         with precision.autocast(self.cfg.precision, self.device):
-            out = self.model(x)
+            with self.watching(self.model) as seen:
+                out = self.model(x)
             loss = self.loss_fn(out, y)
-        self.saw(out)
+        self.saw(seen, out)
         self.mark("backward")
         (self.scaler.scale(loss) if self.scaler else loss).backward()
         if hasattr(self.optimizer, "skip_synchronize"):
@@ -126,9 +131,17 @@ class Strategy:
             self.optimizer_step()
         return loss.detach()
 
-    def saw(self, out: torch.Tensor) -> None:
+    def watching(self, model: torch.nn.Module):
+        """Around a training step's forward: the first one's layers watched for the dtype
+        they compute in (lab.worker.precision.layer_dtypes); later ones, nothing."""
         if self.forward_dtype is None:
-            self.forward_dtype = str(out.dtype).removeprefix("torch.")
+            return precision.layer_dtypes(model)
+        return contextlib.nullcontext(collections.Counter())
+
+    def saw(self, seen: collections.Counter, out: torch.Tensor) -> None:
+        """After the forward `watching` watched: the first step's forward_dtype."""
+        if self.forward_dtype is None:
+            self.forward_dtype = precision.forward_dtype(seen, out)
 
     def optimizer_step(self) -> None:
         """The update: through fp16's scaler (which skips a step whose gradients overflowed

@@ -171,8 +171,9 @@ class DeepSpeed(Strategy):
         return x if dtype is None else x.to(dtype)
 
     def step(self, x, y):
-        out = self.engine(self.prepare(x))
-        self.saw(out)
+        with self.watching(self.engine) as seen:
+            out = self.engine(self.prepare(x))
+        self.saw(seen, out)
         loss = self.loss_fn(out, y)
         self.engine.backward(loss)
         self.engine.step()
