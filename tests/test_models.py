@@ -11,6 +11,7 @@ from conftest import REPO, TORCHVISION_MISSING, requires_horovod
 from lab import models as specs
 from lab.common import results
 from lab.common.config import DATASETS, RunConfig
+from lab.models.lstm import net as lstm_net
 from lab.worker import models
 
 needs_torchvision = pytest.mark.skipif(TORCHVISION_MISSING is not None, reason=f"torchvision: {TORCHVISION_MISSING}")
@@ -136,3 +137,19 @@ def test_an_lstm_learns_with_horovod_and_ddp_and_reports(tmp_path):
     text = (tmp_path / "lstm" / "report.md").read_text()
     for r in recs:        # every run's accuracy is in the report's tables
         assert f"{r['figures']['test_accuracy']:.2%}" in text
+
+
+def test_the_lstm_runs_under_cpu_bf16_autocast_on_any_cpu():
+    """oneDNN's bf16 LSTM needs AVX512-BF16 or AMX; elsewhere (this kit's AMD EPYC CI
+    machine) nn.LSTM under CPU bf16 autocast raises. The kit's LSTM layer then computes
+    in fp32, and a step trains."""
+    torch.manual_seed(0)
+    model = lstm_net.build(1, 28, 10)
+    x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = torch.nn.functional.nll_loss(model(x), y)
+    loss.backward()
+    assert torch.isfinite(loss) and model.lstm1.lstm.weight_ih_l0.grad is not None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        inner = model.lstm1(model.rows(x))
+    assert inner.dtype == (torch.bfloat16 if lstm_net.cpu_has_bf16_lstm() else torch.float32)

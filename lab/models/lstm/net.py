@@ -1,6 +1,7 @@
 """The sequential-MNIST LSTM's torch code (inside a rank)."""
 from __future__ import annotations
 
+import torch
 import torch.nn as nn
 
 HIDDEN = 128
@@ -13,15 +14,31 @@ class Rows(nn.Module):
         return x.permute(0, 2, 1, 3).flatten(2)
 
 
+def cpu_has_bf16_lstm() -> bool:
+    """Whether this CPU runs oneDNN's bf16 LSTM: CPU autocast sends nn.LSTM to oneDNN
+    (mkldnn_rnn_layer is on autocast's CPU lower-precision list: PyTorch's AMP docs,
+    "CPU Ops that can autocast to bfloat16"), whose bf16 LSTM needs AVX512-BF16 or AMX
+    (elsewhere it raises "could not create a primitive descriptor for the LSTM forward
+    propagation primitive": seen on this kit's 2-vCPU AMD EPYC, torch 2.13). torch's own
+    CPU feature checks (torch/cpu/__init__.py)."""
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+
+
 class LSTMLayer(nn.Module):
     """One LSTM layer, batch first, giving every step's output (no state kept between
-    batches), so that it is a module a pipeline can cut after."""
+    batches), so that it is a module a pipeline can cut after. Under CPU bf16 autocast on
+    a CPU without oneDNN's bf16 LSTM (cpu_has_bf16_lstm), the layer runs in fp32 and the
+    record's forward dtype says what the layers computed in."""
 
     def __init__(self, inputs: int, hidden: int):
         super().__init__()
         self.lstm = nn.LSTM(inputs, hidden, batch_first=True)
 
     def forward(self, x):
+        if (x.device.type == "cpu" and torch.is_autocast_enabled("cpu")
+                and torch.get_autocast_dtype("cpu") == torch.bfloat16 and not cpu_has_bf16_lstm()):
+            with torch.autocast("cpu", enabled=False):
+                return self.lstm(x.float())[0]
         return self.lstm(x)[0]
 
 
