@@ -184,7 +184,8 @@ class RunConfig:
         need = framework_of(self.strategy)
         if need == "ddp" and self.framework != "ddp":
             raise ConfigError(f"the {self.strategy} strategy runs on torch.distributed, started by "
-                              f"torch.distributed.run: use --framework ddp (or leave it out)")
+                              f"torch.distributed.run: use --framework ddp (or leave it out), or "
+                              f"--strategy ddp")
         if self.strategy == "dataparallel" and self.device != "cuda":
             raise ConfigError("the dataparallel strategy (nn.DataParallel) spreads one process "
                               "over GPUs: add --device cuda, or use --strategy ddp on CPUs")
@@ -193,7 +194,7 @@ class RunConfig:
                               "use --framework none (or leave it out)")
         if self.strategy != "ddp" and self.compression != "none":
             raise ConfigError(f"gradient compression is for the ddp strategy, not "
-                              f"{self.strategy}: use --compression none")
+                              f"{self.strategy}: use --compression none, or --strategy ddp")
         if self.strategy == "model-parallel" and self.micro_batches not in (0, 1):
             raise ConfigError("model-parallel is the pipeline with one micro-batch: use "
                               "--strategy pipeline for --micro-batches")

@@ -13,8 +13,17 @@ import dataclasses
 from dataclasses import dataclass
 
 from lab import models
-from lab.common.config import (BACKENDS, COMPRESSIONS, FRAMEWORKS, PRECISIONS, SLOW_SAVE_S, STRATEGIES,
-                               RunConfig)
+from lab.common.config import (
+    BACKENDS,
+    COMPRESSIONS,
+    DATASETS,
+    DEVICES,
+    FRAMEWORKS,
+    PRECISIONS,
+    SLOW_SAVE_S,
+    STRATEGIES,
+    RunConfig,
+)
 from lab.common.stats import fewest_to_separate
 
 RUN = object()                  # default: RunConfig's field of the same name
@@ -50,6 +59,10 @@ class Option:
     reach: str = "ranks"
     feature: str = ""           # a feature of lab.host.places.base.FEATURES that the place
                                 # offers, or says in one line why not
+    # The combination test (tests/test_combinations.py) crosses, pairwise, every option
+    # that changes what the ranks do: the values of its choices, or, for a number, these
+    # few representative ones (the default first).
+    crossed: tuple = ()
 
     def __post_init__(self):
         assert self.reach in REACHES, f"{self.name}: reach is one of {REACHES}"
@@ -62,6 +75,12 @@ class Option:
     def value(self):
         """The default: the row's, or RunConfig's."""
         return getattr(RunConfig, self.name) if self.default is RUN else self.default
+
+    @property
+    def crosses(self) -> tuple:
+        """The values the combination test crosses: `crossed`, or the choices but `auto`
+        (which resolves to one of the others where the ranks' stack is known)."""
+        return self.crossed or tuple(c for c in self.choices if c != "auto")
 
 
 # --repeat auto (lab.host.run.repeat_auto runs it): the first repeats of every combination
@@ -84,15 +103,17 @@ OPTIONS = (
            "int8-naive (a plain cast, the baseline that fails); a comma list sweeps", _E,
            tasks=ONE_JOB, choices=COMPRESSIONS, sweeps=True, key=True),
     Option("model", "; ".join(f"{n}: {models.get(n).about}" for n in models.names()), _E,
-           tasks=ONE_JOB, key=True, setup=True),
+           tasks=ONE_JOB, key=True, setup=True, choices=models.names()),
     Option("data", "synthetic, mnist (downloaded into the data folder when it is not there) or digits (offline)", _E,
-           tasks=ONE_JOB, key=True, setup=True),
-    Option("device", "cpu or cuda (one GPU per rank)", _E, tasks=ONE_JOB, key=True, setup=True),
+           tasks=ONE_JOB, key=True, setup=True, choices=DATASETS),
+    Option("device", "cpu or cuda (one GPU per rank)", _E, tasks=ONE_JOB, key=True, setup=True,
+           choices=DEVICES),
     Option("precision", "the ranks' arithmetic: fp32; tf32 (fp32 with TF32 matrix products, GPUs); "
            "bf16 or fp16 (autocast mixed precision, fp16 with a gradient scaler; GPUs, bf16 on "
            "CPUs too; DeepSpeed: its own bf16/fp16 mode); the ceiling is measured at it; a comma "
            "list sweeps", _E, tasks=ONE_JOB, choices=PRECISIONS, sweeps=True, key=True, setup=True),
-    Option("batch_size", "images per rank per step", _E, kind=int, tasks=ONE_JOB, key=True, setup=True),
+    Option("batch_size", "images per rank per step", _E, kind=int, tasks=ONE_JOB, key=True, setup=True,
+           crossed=(64, 16)),
     Option("epochs", "epochs per run", _E, kind=int, tasks=ONE_JOB, key=True, setup=True),
     Option("max_steps", "cap on steps per epoch (0: the whole shard)", _E, kind=int, tasks=ONE_JOB,
            key=True, setup=True),
@@ -123,7 +144,8 @@ OPTIONS = (
     Option("threads", "CPU threads per rank", _W, kind=int, tasks=ONE_JOB, key=True, setup=True),
     # measurement and records
     Option("repeat", "runs of each combination, interleaved (all once, then all again); tables give "
-           f"medians and spread; {REPEAT_AUTO_HELP}", _M, default=1, kind=int, key=True, reach="bench"),
+           f"medians and spread; {REPEAT_AUTO_HELP}", _M, default=1, kind=int, key=True, reach="bench",
+           crossed=(1, 2)),
     Option("repeat_max", "--repeat auto[:N]: at most N (0: exactly --repeat)", _M, default=0,
            kind=int, tasks=(), reach="bench"),
     Option("warmup_steps", "steps left out of the timing", _M, kind=int, tasks=ONE_JOB, key=True),
@@ -171,13 +193,14 @@ OPTIONS = (
            "optimizer, data position, random states; the ddp, zero1, fsdp, deepspeed, pipeline and "
            "model-parallel strategies; local processes, the image, the simulated cluster (also with "
            "--launcher slurm), invoke sbatch, or invoke k8s with --pvc), the newest two kept; 0: "
-           "none", _A, kind=int, key=True, reach="place", tasks=ONE_JOB),
+           "none", _A, kind=int, key=True, reach="place", tasks=ONE_JOB, crossed=(0, 4)),
     Option("max_restarts", "relaunch a job that fails up to K times, each from its last "
            "checkpoint (without --checkpoint-every: from step 0); --fault fires on the first "
            "launch only; local processes, the image or the simulated cluster (with --launcher "
            "slurm: a new batch job each time); invoke sbatch: the script retries its job step; "
            "Kubernetes: the operator retries the job's pods (backoffLimit K; MPIJob or "
-           "PyTorchJob, not TrainJob)", _A, default=0, kind=int, reach="place", tasks=ONE_JOB),
+           "PyTorchJob, not TrainJob)", _A, default=0, kind=int, reach="place", tasks=ONE_JOB,
+           crossed=(0, 1)),
     Option("debug", "the frameworks' debug output: TORCH_DISTRIBUTED_DEBUG=DETAIL for DDP", _A,
            default=False, kind=bool),
 )
@@ -196,6 +219,9 @@ SWEEP_FIELDS = ("strategy", "framework", "backend", "compression", "precision", 
 assert set(SWEEP_FIELDS) == {o.name for o in OPTIONS if o.sweeps}, "a sweeping option without its place"
 # A run in a run folder: these of its configuration, its nodes and ranks, its repeat index.
 KEY_FIELDS = tuple(o.name for o in OPTIONS if o.key and o.name != "repeat")
+# What the combination test crosses: option -> its values (Option.crosses), the table's order.
+CROSSED = {o.name: o.crosses for o in OPTIONS if o.crosses}
+assert all(o.crosses[0] == o.value for o in OPTIONS if o.crossed), "crossed values start with the default"
 SETUP_FIELDS = tuple(o.name for o in OPTIONS if o.setup)
 
 

@@ -71,6 +71,9 @@ SCHEMA = {
     "figures.timed_steps": ("int", "steps timed per rank (warm-up steps excluded)"),
     "figures.test_accuracy": ("float", "test accuracy (0..1) after the last epoch, over all ranks"),
     "figures.final_loss": ("float", "mean training loss of the last epoch over all ranks"),
+    "figures.step_losses": ("object or null, optional", "first, last: the training loss of the launch's first and "
+                            "last 3 steps (fewer in a shorter run), each averaged over the ranks that "
+                            "compute one (a pipeline's last stage); null where none did"),
     "figures.peak_memory_bytes": ("list[int]", "peak memory per rank: CUDA memory allocated "
                                   "on a GPU, maximum resident set size on the CPU"),
     "figures.peak_reserved_bytes": ("list[int or null]", "per rank, on a GPU: the most CUDA memory "

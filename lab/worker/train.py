@@ -7,6 +7,7 @@ non-zero at once, so the launcher ends the job.
 """
 from __future__ import annotations
 
+import collections
 import json
 import os
 import signal
@@ -24,6 +25,7 @@ from lab.common.config import SLOW_FAULT_S, SLOW_SAVE_S, ConfigError, parse_args
 # Wall-clock marks of this rank's start-up (lab.worker.train.startup_phases).
 MARKS: dict[str, float] = {"process": PROCESS_T0}
 STARTUP_PHASES = ("launcher", "imports", "rendezvous", "data", "setup", "warmup")
+EDGE_STEPS = 3      # figures.step_losses: the launch's first and last this many steps
 
 
 def scheduler_job() -> dict:
@@ -164,6 +166,8 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
     step_times: list[float] = []
     if cfg.restart:     # a relaunch reads its checkpoint in a phase of its own
         hb.beat("checkpoint", None, "load")
+    # this launch's first and last EDGE_STEPS losses (detached tensors: no sync inside a step)
+    first_losses, last_losses = [], collections.deque(maxlen=EDGE_STEPS)
     pos = ckpt.resume(cfg, d, strategy, log, in_checkpoint(hb, None, "load"))
     hb.beat("setup")    # step 0, or the relaunch's checkpoint loaded
     epochs, global_step = pos.epochs, pos.global_step
@@ -213,6 +217,9 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
             loss = strategy.step(x, y)
             if loss is not None:
                 loss_sum += loss
+                if len(first_losses) < EDGE_STEPS:
+                    first_losses.append(loss)
+                last_losses.append(loss)
             _sync(device)
             marks.mark("end")
             took = time.perf_counter() - t0
@@ -267,7 +274,8 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
                                   "held": strategy.holdings(),
                                   "digest": strategy.parameter_digest(),
                                   "startup": startup_phases(MARKS, cfg.launched_at),
-                                  "parts": marks.rows, "step_times": step_times})
+                                  "parts": marks.rows, "step_times": step_times,
+                                  "losses": edge_losses(first_losses, last_losses)})
     figures = strategy.figures()
     strategy.close()
     if d.rank != 0:
@@ -296,6 +304,7 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
             "timed_steps": stats["steps"],
             "test_accuracy": epochs[-1]["test_accuracy"],
             "final_loss": epochs[-1]["train_loss"],
+            "step_losses": mean_edges([p["losses"] for p in summary]),
             "peak_memory_bytes": [p["peak_memory"] for p in summary],
             "peak_reserved_bytes": [(p["reserved"] or {}).get("peak") for p in summary],
             "reserved_bytes": [(p["reserved"] or {}).get("end") for p in summary],
@@ -318,6 +327,23 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
         step_times_s=[round(t, 7) for t in step_times],
         manifest=manifest.collect(hosts, results.run_dir(cfg.results_dir, cfg.run_id)))
     return record
+
+
+def edge_losses(first, last) -> dict | None:
+    """A rank's losses of its launch's first and last EDGE_STEPS steps, as floats; None
+    where it computed none (a pipeline's stages before the last)."""
+    if not first:
+        return None
+    return {"first": [float(x) for x in first], "last": [float(x) for x in last]}
+
+
+def mean_edges(parts: list) -> dict | None:
+    """figures.step_losses: each edge step's loss averaged over the ranks that computed one."""
+    have = [p for p in parts if p]
+    if not have:
+        return None
+    return {k: [sum(p[k][i] for p in have) / len(have) for i in range(len(have[0][k]))]
+            for k in ("first", "last")}
 
 
 def start_heartbeat(cfg, rank):

@@ -226,6 +226,9 @@ def check_request(s: BenchSettings, stack: dict) -> tuple[str, list[str]]:
             raise BenchError("--backend mpi needs mpirun on the PATH: install an MPI "
                              "(Debian: openmpi-bin)")
     if framework == "ddp" and not stack.get("ddp_backends", {}).get(s.backend):
+        if s.strategy != "ddp":     # the strategy, not --framework, asked for torch.distributed
+            raise BenchError(f"the {s.strategy} strategy runs on torch.distributed, and this torch "
+                             f"has no {s.backend} back end: use --backend gloo, or --strategy ddp")
         hint = NO_MPI_IN_PIP_TORCH if s.backend == "mpi" else "use --backend gloo"
         raise BenchError(f"this torch has no {s.backend} back end for DDP: {hint}")
     for package in models.get(s.model).needs:       # lab.worker.capabilities probes them
