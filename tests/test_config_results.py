@@ -1,6 +1,9 @@
 """Configuration checks, the worker's arguments, the results file and its schema."""
 import json
 import re
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -84,3 +87,30 @@ def test_records_written_before_world_was_on_every_status_are_read_with_it(tmp_p
 def test_readme_documents_the_current_schema():
     assert results.schema_markdown() in RECORD_PAGE.read_text(), \
         "docs/pages/running.md's schema table is stale: paste the output of python -m lab.common.results --schema"
+
+
+APPENDER = """
+import sys
+from lab.common import results
+for i in range(int(sys.argv[3])):
+    results.append_record(sys.argv[1], {"status": "ok", "writer": sys.argv[2], "i": i, "pad": "x" * 2000})
+"""
+
+
+def test_appenders_and_a_rewrite_at_once_lose_no_record(tmp_path):
+    """Two processes append to one results file while a third rewrites it again and again
+    (update_records: a new file renamed over it): every record is there once."""
+    path = tmp_path / "results.jsonl"
+    results.append_record(path, {"status": "ok", "writer": "first", "i": 0})
+    writers = [subprocess.Popen([sys.executable, "-c", APPENDER, str(path), w, "60"], cwd=Path(__file__).resolve().parent.parent)
+               for w in ("a", "b")]
+    rewrites = 0
+    while any(w.poll() is None for w in writers):
+        results.update_records(path, 0, lambda r: dict(r, seen=r.get("seen", 0) + 1))
+        rewrites += 1
+        time.sleep(0.02)        # the appenders get the lock between rewrites
+    assert all(w.returncode == 0 for w in writers)
+    recs, bad = results.read_records(path)
+    assert not bad and rewrites > 1
+    assert sorted((r["writer"], r["i"]) for r in recs) == sorted(
+        [("first", 0)] + [(w, i) for w in ("a", "b") for i in range(60)])

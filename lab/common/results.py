@@ -7,6 +7,7 @@ documentation carries (docs/pages/running.md; a test keeps the two the same).
 from __future__ import annotations
 
 import datetime as _dt
+import fcntl
 import json
 import os
 import secrets
@@ -98,16 +99,31 @@ def check_folder(path: str | os.PathLike, what: str = "--results-dir", make: boo
                           f"that can be created and written") from None
 
 
+def _open_locked(path: Path, flags: int, mode: int = 0o644) -> int:
+    """`path` opened and flock'ed (exclusive) for one write or one rewrite: appenders and
+    update_records, whose rename puts a new file in its place, never lose each other's
+    records (an appender that waited on the file renamed away opens the new one)."""
+    while True:
+        fd = os.open(path, flags, mode)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
 def append_record(path: str | os.PathLike, record: dict) -> None:
     """Append one record as a line and push it to disk before returning."""
     record = {"schema_version": SCHEMA_VERSION, **record}
     line = json.dumps(record, sort_keys=False, separators=(",", ":")) + "\n"
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    # One write of the whole line on an O_APPEND descriptor: concurrent writers
-    # never interleave within a line.
+    # One write of the whole line on an O_APPEND descriptor, under the file's lock:
+    # concurrent writers never interleave within a line, nor lose one to a rewrite.
     made = not path.exists()
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = _open_locked(path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
     try:
         if made:
             # bench (recording a failed launch, say) made it in a folder handed to the ranks'
@@ -137,6 +153,14 @@ def update_records(path: str | os.PathLike, start: int, update) -> int:
     only the launcher knows (a scheduler's final state). Lines that do not parse are kept
     as they were. Returns how many records changed."""
     path = Path(path)
+    fd = _open_locked(path, os.O_RDWR)     # no record appended meanwhile is lost by the rename
+    try:
+        return _rewrite(path, start, update)
+    finally:
+        os.close(fd)
+
+
+def _rewrite(path: Path, start: int, update) -> int:
     lines = path.read_text().splitlines(keepends=True)
     changed, index, out = 0, 0, []
     for line in lines:
