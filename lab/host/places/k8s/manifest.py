@@ -13,11 +13,13 @@ schemas (tests/fixtures/k8s/). Never run on a live cluster here."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from dataclasses import dataclass
 
 from lab.common import restarts, results
 from lab.common.docker_api import IMAGE_REPO, LABEL_PREFIX, MANAGED_BY
+from lab.common.forwarded_env import forwarded
 from lab.common.kit import NO_MPI_IN_PIP_TORCH, horovod_gpu_path_problem, kit_version
 from lab.host.errors import BenchError
 from lab.host.images.build import BuildSettings, tags
@@ -96,9 +98,14 @@ def image_ref(device: str, framework: str, backend: str, registry: str, image: s
     return f"{registry.rstrip('/')}/{tag}", tag
 
 
-def job_env(s, device: str, given: dict | None = None) -> dict[str, str]:
-    """The bench's per-rank environment (or the one `given`), and what a pod network needs."""
+def job_env(s, device: str, given: dict | None = None, environ=None) -> dict[str, str]:
+    """The pods' environment, the one place it is made for `invoke k8s` and `invoke bench
+    --launcher k8s` alike: the bench's per-rank environment (or the launch's, `given`),
+    the host's NCCL_*, UCX_*, OMPI_MCA_*, ... of `environ` (os.environ by default;
+    lab.common.forwarded_env, the one list: a pod has a network of its own, so interface
+    names stay home), and what a pod network needs."""
     env = dict(bench_env(s) if given is None else given)
+    env.update(forwarded(os.environ if environ is None else environ, own_network=True))
     if device == "cuda":
         # NCCL says why it failed (NCCL's docs: NCCL_DEBUG=WARN prints an error's cause),
         # and talks over the pod's interface (eth0 on the common CNIs) rather than guessing.
