@@ -11,6 +11,7 @@ import subprocess
 import pytest
 import yaml
 
+from lab.common import restarts
 from lab.host.errors import BenchError
 from lab.host.places.k8s import jobs as k8s_jobs
 from lab.host.places.k8s import manifest as k8s
@@ -157,6 +158,38 @@ def test_checkpoints_go_to_the_runs_folder_on_the_volume_and_a_retry_resumes(mak
     assert run(script)[-2:] == ["--restart", "1"]       # a retry after a checkpoint
 
 
+@pytest.mark.parametrize("make", [hvd, torch_job])
+def test_a_retry_resumes_its_own_attempt_never_a_folder_another_manifest_left(make, tmp_path):
+    """Each written manifest is an attempt of its own (the same request and run id written
+    twice: two attempts, two checkpoint folders, two job names), and its pods' command
+    resumes only its own attempt's checkpoints: run with bash where the volume holds the
+    first manifest's folder, the second's command starts afresh (--restart 0); once its
+    own folder is there (a retried pod of that job) it resumes (--restart 1). Every pod
+    of a job runs the one command, and a PyTorchJob's ranks agree on the decision."""
+    first, second = (make(max_restarts="2", checkpoint_every="5", pvc=PVC) for _ in range(2))
+    scripts = [worker_command(b)[2] for b in (first, second)]
+    folders = [re.search(r"\[ -d (\S+) \]", s).group(1) for s in scripts]
+    assert folders[0] != folders[1] and first["metadata"]["name"] != second["metadata"]["name"]
+    volume = tmp_path / "volume"
+
+    def restart_said(script_text):
+        local = script_text.replace(k8s.RESULTS_IN_POD, shlex.quote(str(volume))).replace("exec ", "exec echo ", 1)
+        out = subprocess.run(["bash", "-c", local], capture_output=True, text=True, timeout=30).stdout.split()
+        assert out[-2] == "--restart"
+        return out[-1]
+    assert restart_said(scripts[1]) == "0"                  # a fresh write, an empty volume
+    (volume / folders[0][len(k8s.RESULTS_IN_POD) + 1:]).mkdir(parents=True)
+    assert restart_said(scripts[1]) == "0"                  # another attempt's folder: not resumed
+    assert restart_said(scripts[0]) == "1"                  # that attempt's own retried pod resumes
+    (volume / folders[1][len(k8s.RESULTS_IN_POD) + 1:]).mkdir(parents=True)
+    assert restart_said(scripts[1]) == "1"
+    specs = second["spec"].get("pytorchReplicaSpecs") or {}
+    assert len({json.dumps(container(r["template"])["command"]) for r in specs.values()}) <= 1
+    for r in specs.values():
+        env = {e["name"]: e["value"] for e in container(r["template"])["env"]}
+        assert env[restarts.AGREE_VAR] == "1"
+
+
 def test_restarts_without_checkpoints_run_the_command_as_before():
     plain, retried = hvd(), hvd(max_restarts="2")
     assert worker_command(plain) == worker_command(retried)
@@ -185,6 +218,16 @@ def test_invoke_k8s_takes_the_flags_and_writes_them(tmp_path):
     validate(body)
     assert body["spec"]["runPolicy"]["backoffLimit"] == 3
     assert "--checkpoint-every 10" in worker_command(body)[2]
+    # what applying it again means, said by the task and in the file, with its attempt
+    text = (tmp_path / "r1" / "k8s" / "mpijob.yaml").read_text()
+    attempt = re.search(r"^# Attempt (\S+): applying this manifest again continues its job", text, re.M).group(1)
+    assert f"--attempt {attempt}" in worker_command(body)[2]
+    assert f"{k8s.CONTINUES} (attempt {attempt})" in cp.stderr
+    again = invoke("--np", "4", "--nodes", "2", "--framework", "horovod", "--backend", "gloo",
+                   "--registry", "r", "--max-restarts", "3", "--checkpoint-every", "10", "--pvc", PVC,
+                   "--results-dir", str(tmp_path), "--run-id", "r1", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert f"Attempt {attempt}:" not in (tmp_path / "r1" / "k8s" / "mpijob.yaml").read_text()
 
 
 @pytest.mark.parametrize("args,words", [

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from lab.common import results
 from lab.common.config import parse_args
@@ -193,11 +194,52 @@ def test_the_hosts_forwarded_variables_reach_the_pods(tmp_path, cluster, monkeyp
 
 def test_a_forwarded_nccl_debug_wins_over_the_gpu_default():
     """On GPUs the pods get NCCL_DEBUG=WARN unless the user's own value was forwarded."""
-    from lab.common.forwarded_env import forwarded
     from lab.host.places.k8s.manifest import job_env
-    given = forwarded({"NCCL_DEBUG": "INFO"}, own_network=True)
-    assert job_env(None, "cuda", given)["NCCL_DEBUG"] == "INFO"
-    assert job_env(None, "cuda", {})["NCCL_DEBUG"] == "WARN"
+    assert job_env(None, "cuda", {}, environ={"NCCL_DEBUG": "INFO"})["NCCL_DEBUG"] == "INFO"
+    assert job_env(None, "cuda", {}, environ={})["NCCL_DEBUG"] == "WARN"
+    assert "NCCL_SOCKET_IFNAME" not in job_env(None, "cpu", {}, environ={"NCCL_SOCKET_IFNAME": "ib0"})
+
+
+def test_invoke_k8s_and_bench_on_k8s_give_the_pods_one_environment(tmp_path, cluster, monkeypatch):
+    """One request and one host environment: the manifest `invoke k8s` writes and the one
+    `invoke bench --launcher k8s` creates carry the same env (lab.host.places.k8s.manifest.job_env
+    makes it for both): the host's NCCL_DEBUG=INFO over the GPU default, its NCCL_IB_HCA,
+    not its interface names. The runner's launch adds only bench's own watch's variable
+    (the heartbeat channel), as bench's run_one gives it."""
+    from lab.common import heartbeat
+    from lab.host.places.base import Launch
+    from lab.host.places.launch import job_env as bench_env
+    from tests.test_k8s import invoke
+    for k in list(os.environ):
+        if k.startswith(("NCCL_", "UCX_", "OMPI_MCA_", "CUDA_", "TORCH_NCCL_", "HOROVOD_")):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("NCCL_DEBUG", "INFO")
+    monkeypatch.setenv("NCCL_IB_HCA", "mlx5_0")
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "ib0")
+    cp = invoke("--device", "cuda", "--framework", "ddp", "--backend", "nccl", "--api", "pytorchjob",
+                "--np", "2", "--image", IMAGE, "--run-id", "same", "--results-dir", str(tmp_path / "task"),
+                cwd=tmp_path)
+    assert cp.returncode == 0, cp.stderr
+    written = yaml.safe_load((tmp_path / "task" / "same" / "k8s" / "pytorchjob.yaml").read_text())
+
+    cluster(Scenario(pods=lambda job: [], log=lambda job: []))
+    runner = k8s_runner.K8sRunner(1, "cuda", IMAGE, str(tmp_path / "results"), None, k8s_runner.Settings(
+        opts=k8s.K8sOptions(api="pytorchjob"), poll_s=0.05), backend="nccl")
+    cfg = worker_config(written)        # the same request, as the task's manifest carries it
+    s = BenchSettings(np=[2], device="cuda", threads=cfg.threads, stall_s=cfg.stall_s)
+    env = {**bench_env(s), heartbeat.CHANNEL_VAR: runner.heartbeat_channel}
+    (name,) = runner.commands(Launch("ddp", "nccl", 2, tuple(cfg.to_args()), tuple(env.items()), 60,
+                                     cfg.run_id, cfg.attempt, "cuda", cfg))
+    created = runner._manifests[name].body
+
+    def envs(body):
+        return [c["env"] for r in body["spec"]["pytorchReplicaSpecs"].values()
+                for c in r["template"]["spec"]["containers"]]
+    theirs = [[e for e in each if e["name"] != heartbeat.CHANNEL_VAR] for each in envs(created)]
+    assert envs(written) == theirs
+    pod_env = {e["name"]: e["value"] for e in envs(written)[0]}
+    assert pod_env["NCCL_DEBUG"] == "INFO" and pod_env["NCCL_IB_HCA"] == "mlx5_0"
+    assert pod_env["NCCL_SOCKET_IFNAME"] == "eth0"      # the pod's own interface, not the host's
 
 
 def test_each_launch_is_a_job_of_its_own(tmp_path, cluster):

@@ -283,6 +283,19 @@ def test_under_torchruns_restarts_every_rank_takes_the_largest_count(monkeypatch
     assert checkpoint.agree_restart(cfg, group) == 2 and group.calls == 0
 
 
+def test_a_pytorchjobs_pods_agree_on_resuming(monkeypatch):
+    """A PyTorchJob's pods each decide whether they resume (lab.host.places.k8s.jobs.resuming);
+    where the manifest says so (restarts.AGREE_VAR) the ranks take the largest decision, so
+    a pod that saw its attempt's checkpoints makes every rank resume, rank 0's too."""
+    monkeypatch.delenv("TORCHELASTIC_MAX_RESTARTS", raising=False)
+    monkeypatch.setenv(restarts.AGREE_VAR, "1")
+    for said in ([0, 1], [1, 0]):
+        cfg, group = RunConfig(restart=0), _Ranks(said)
+        assert checkpoint.agree_restart(cfg, group) == 1 and cfg.restart == 1 and group.calls == 1
+    cfg, group = RunConfig(restart=0), _Ranks([0, 0])
+    assert checkpoint.agree_restart(cfg, group) == 0 and group.calls == 1
+
+
 def test_a_first_launch_clears_its_jobs_old_checkpoints_before_it_writes(tmp_path):
     """A script submitted again (the same run id and launch name) must not let its retries
     resume from the submission before: its first launch's rank 0 clears the job's folder;

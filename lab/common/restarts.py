@@ -13,6 +13,10 @@ import os
 
 CHECKPOINTS = "checkpoints"
 KEEP = 2                     # checkpoints kept per job: the newest and the one before it
+# "1" where the nodes of a launch each decide whether they resume (a PyTorchJob's pods:
+# lab.host.places.k8s.jobs.resuming): its ranks take the largest decision of them all
+# (lab.worker.checkpoint.agree_restart), so none resumes alone.
+AGREE_VAR = "LAB_AGREE_RESTART"
 
 
 def attempt_of(first: str, restart: int) -> str:

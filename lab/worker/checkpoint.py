@@ -263,9 +263,12 @@ def agree_restart(cfg, d) -> int:
     when its own workers failed, and restarts healthy ones for a membership change without
     counting it (torch/distributed/elastic/agent/server/api.py, SimpleElasticAgent._invoke_run;
     pytorch/pytorch#135712), so the ranks of a node that did not fail say 0 where the failed
-    node's say 1. The largest is the launch's. A collective only under such a torchrun
-    (TORCHELASTIC_MAX_RESTARTS > 0; the kit's launchers give 0 or none)."""
-    if str(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")).strip() not in ("", "0"):
+    node's say 1. So do the pods of a PyTorchJob, each of which decides for itself
+    (restarts.AGREE_VAR, set by its manifest). The largest is the launch's. A collective
+    only under such a torchrun (TORCHELASTIC_MAX_RESTARTS > 0; the kit's launchers give 0
+    or none) or such pods."""
+    if (str(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")).strip() not in ("", "0")
+            or os.environ.get(restarts.AGREE_VAR) == "1"):
         cfg.restart = max(d.allgather_object(int(cfg.restart)))
     return cfg.restart
 

@@ -113,9 +113,13 @@ def restart_policy(max_restarts: int) -> str:
 def resuming(cmd: list[str], folder: str) -> list[str]:
     """The command as a retried pod resumes it: the worker's --restart 1 (it loads the
     newest checkpoint and --fault does not fire again: lab.worker.checkpoint.resume,
-    lab.worker.train) once the job's checkpoint folder exists on the volume, which its
-    first launch makes only at its first checkpoint, after every rank has started (so
-    all pods decide alike); --restart 0 before."""
+    lab.worker.train) once the checkpoint folder of the manifest's attempt exists on the
+    volume; --restart 0 before. The folder is keyed by the attempt the host wrote into
+    the manifest (lab.host.places.k8s.manifest.new_attempt), so only the pods of this
+    manifest make it (at their first checkpoint, after every rank has started): a folder
+    left by another attempt is never resumed. A PyTorchJob's pods each decide, and their
+    ranks then agree on the largest (lab.common.restarts.AGREE_VAR), so a pod retried
+    while rank 0 was writing the first checkpoint does not resume alone."""
     script = (f"r=0; if [ -d {shlex.quote(folder)} ]; then r=1; fi; "
               f"exec {shlex.join(cmd)} --restart \"$r\"")
     return ["bash", "-c", script]

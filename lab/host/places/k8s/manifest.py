@@ -13,11 +13,13 @@ schemas (tests/fixtures/k8s/). Never run on a live cluster here."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from dataclasses import dataclass
 
 from lab.common import restarts, results
 from lab.common.docker_api import IMAGE_REPO, LABEL_PREFIX, MANAGED_BY
+from lab.common.forwarded_env import forwarded
 from lab.common.kit import NO_MPI_IN_PIP_TORCH, horovod_gpu_path_problem, kit_version
 from lab.host.errors import BenchError
 from lab.host.images.build import BuildSettings, tags
@@ -96,9 +98,14 @@ def image_ref(device: str, framework: str, backend: str, registry: str, image: s
     return f"{registry.rstrip('/')}/{tag}", tag
 
 
-def job_env(s, device: str, given: dict | None = None) -> dict[str, str]:
-    """The bench's per-rank environment (or the one `given`), and what a pod network needs."""
+def job_env(s, device: str, given: dict | None = None, environ=None) -> dict[str, str]:
+    """The pods' environment, the one place it is made for `invoke k8s` and `invoke bench
+    --launcher k8s` alike: the bench's per-rank environment (or the launch's, `given`),
+    the host's NCCL_*, UCX_*, OMPI_MCA_*, ... of `environ` (os.environ by default;
+    lab.common.forwarded_env, the one list: a pod has a network of its own, so interface
+    names stay home), and what a pod network needs."""
     env = dict(bench_env(s) if given is None else given)
+    env.update(forwarded(os.environ if environ is None else environ, own_network=True))
     if device == "cuda":
         # NCCL says why it failed (NCCL's docs: NCCL_DEBUG=WARN prints an error's cause),
         # and talks over the pod's interface (eth0 on the common CNIs) rather than guessing.
@@ -117,6 +124,16 @@ class Manifest:
     run_id: str
     body: dict
     notes: list[str]
+    attempt: str = ""       # a job that resumes: the attempt its pods resume (new_attempt)
+
+
+def new_attempt(launch: str) -> str:
+    """The attempt of one written manifest whose job resumes from its checkpoints: its
+    launch name and when it was written, with random digits (lab.common.results.new_run_id),
+    so that no two writes share one. The checkpoint folder is keyed by it
+    (lab.common.restarts.folder), so a retried pod resumes only what its own job wrote;
+    a manifest written again starts afresh beside the old checkpoints."""
+    return f"{launch}-{results.new_run_id()}"
 
 
 def manifest_for_request(s, opts: K8sOptions, run=None, env: dict | None = None) -> Manifest:
@@ -147,6 +164,11 @@ def manifest_for_request(s, opts: K8sOptions, run=None, env: dict | None = None)
     per = np // s.nodes
     inside = dataclasses.replace(s, results_dir=RESULTS_IN_POD, data_dir=DATA_IN_POD)
     cfg = run or script_config(inside, framework, np)
+    # a job whose pods are retried from its checkpoints: an attempt of this write's own
+    # (bench's launches have theirs: `run`)
+    resumes = bool(s.max_restarts and s.checkpoint_every)
+    if resumes and run is None:
+        cfg = dataclasses.replace(cfg, attempt=new_attempt(cfg.attempt))
     run_id = cfg.run_id
     if framework == "horovod" and s.device == "cuda":
         # the image of --backend mpi does its GPU operations over MPI, the others over NCCL
@@ -156,8 +178,9 @@ def manifest_for_request(s, opts: K8sOptions, run=None, env: dict | None = None)
     image, local = image_ref(s.device, framework, s.backend, opts.registry, opts.image)
     # bench's launches of one run each get a job of their own: a deleted job stays
     # visible until its pods are gone (Foreground deletion), so a repeated name would
-    # meet the last launch's job (409 AlreadyExists).
-    unique = cfg.attempt if run is not None and cfg.attempt else ""
+    # meet the last launch's job (409 AlreadyExists). So does each attempt of a job that
+    # resumes: kubectl apply of a new one creates a job rather than patching the old.
+    unique = cfg.attempt if run is not None or resumes else ""
     name = dns_name(f"lab-{run_id}", name_limit(api, s.nodes), unique)
     labels = {MANAGED_BY: "k8s", RUN_ID_LABEL: label_value(run_id)}
     meta: dict = {"name": name, "labels": labels}
@@ -166,9 +189,11 @@ def manifest_for_request(s, opts: K8sOptions, run=None, env: dict | None = None)
     results_file = f"{RESULTS_IN_POD}/{run_id}/{results.RESULTS_FILE}"
     env = job_env(inside, s.device, env)
     args = cfg.to_args()
-    # a retried pod resumes from the job's checkpoints on the volume (lab.common.restarts.folder)
-    resume = (restarts.folder(f"{RESULTS_IN_POD}/{run_id}", cfg.attempt)
-              if s.max_restarts and s.checkpoint_every else "")
+    # a retried pod resumes from its attempt's checkpoints on the volume (lab.common.restarts.folder)
+    resume = restarts.folder(f"{RESULTS_IN_POD}/{run_id}", cfg.attempt) if resumes else ""
+    if resumes and api == "pytorchjob":
+        # each pod decides for itself: the ranks take the largest decision of them all
+        env[restarts.AGREE_VAR] = "1"
     if api == "mpijob":
         controller = framework_for_backend("horovod", s.backend)
         body = mpijob(meta, image, inside, np, per, gpus, args, env, opts.pvc, results_file, controller,
@@ -183,7 +208,14 @@ def manifest_for_request(s, opts: K8sOptions, run=None, env: dict | None = None)
     if not opts.pvc:
         notes.append(f"no --pvc: the record stays in the pod; the job prints it in its log "
                      f"after {RECORD_PREFIX!r}")
-    return Manifest(api, KINDS[api][1], name, run_id, body, notes)
+    if resumes and run is None:
+        notes.append(f"{CONTINUES} (attempt {cfg.attempt})")
+    return Manifest(api, KINDS[api][1], name, run_id, body, notes, cfg.attempt if resumes else "")
+
+
+# What applying a manifest that resumes means, said by invoke k8s and in the file.
+CONTINUES = ("applying this manifest again continues its job from its checkpoints on the volume; "
+             "`invoke k8s` again writes a new attempt, which starts afresh")
 
 
 # Kubernetes' rules (k8s.io/apimachinery pkg/util/validation/validation.go): a namespace
@@ -283,6 +315,8 @@ def write(m: Manifest, results_dir: str) -> str:
     path = os.path.join(folder, f"{m.kind.lower()}.yaml")
     header = (f"# dl-lab-kit (invoke k8s): {m.kind} {m.name}, written for a cluster with "
               f"Kubeflow's operator.\n# Apply: kubectl apply -f {path}\n")
+    if m.attempt:
+        header += f"# Attempt {m.attempt}: {CONTINUES}.\n"
     try:
         os.makedirs(folder, exist_ok=True)
         with open(path, "w") as f:

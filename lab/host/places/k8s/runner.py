@@ -15,7 +15,6 @@ import threading
 import time
 
 from lab.common import results
-from lab.common.forwarded_env import forwarded
 from lab.host.errors import BenchError
 from lab.host.places.base import JobResult, Launch, Runner, RunnerError
 from lab.host.places.k8s import manifest as kube
@@ -153,10 +152,9 @@ class K8sRunner(Runner):
                              "timeout_s": job.timeout_s, "max_restarts": self.settings.max_restarts,
                              "stall_s": cfg.stall_s})
         try:
-            # The host's NCCL_*, UCX_*, OMPI_MCA_*, ... (lab.common.forwarded_env, the one
-            # list); a pod has a network of its own, so interface names stay home.
-            env = {**job.environment, **forwarded(os.environ, own_network=True)}
-            m = kube.manifest_for_request(s, self.opts, run=cfg, env=env)
+            # bench's rank environment; the host's forwarded variables are added where
+            # invoke k8s gets them too (lab.host.places.k8s.manifest.job_env)
+            m = kube.manifest_for_request(s, self.opts, run=cfg, env=job.environment)
             kube.write(m, self.results_dir)
         except BenchError as e:
             raise RunnerError(str(e)) from None
