@@ -149,3 +149,22 @@ def test_resume_after_a_sigkilled_bench_stops_its_ranks_and_records_each_run_onc
     keys = [record_key(r) for r in recs if r["status"] == "ok"]
     assert len(keys) == len(set(keys)) == 4, [(r["status"], r["world"]["np"], r["config"]["repeat"])
                                               for r in recs]
+
+
+def test_invoke_down_refuses_while_a_run_holds_the_cluster(holds):
+    """`invoke down` while a run on the cluster holds this machine: one sentence naming the
+    run, exit 2, nothing removed (no engine is asked). A local run does not stop it."""
+    cluster_run = HOLDER.replace('place="local"', 'place="cluster"')
+    p = subprocess.Popen([sys.executable, "-c", cluster_run, "run-on-nodes", "60"], cwd=REPO,
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "held"
+        cp = subprocess.run([sys.executable, "-m", "invoke", "down"], cwd=REPO, capture_output=True,
+                            text=True, timeout=60)
+        assert cp.returncode == 2, cp.stdout + cp.stderr
+        said = cp.stderr.strip()
+        assert "run-on-nodes" in said and "--force" in said and "\n" not in said
+    finally:
+        p.kill()
+        p.wait()
+    assert hold.holder_now("this-machine") is None
