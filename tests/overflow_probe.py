@@ -21,8 +21,8 @@ import torch.nn.functional as F
 
 from lab.common.config import COMPRESSIONS, RunConfig
 from lab.worker import dist as worker_dist
-from lab.worker.compression import CHUNK
 from lab.worker import models
+from lab.worker.compression import CHUNK
 from lab.worker.strategies import create
 
 STEPS = 24
