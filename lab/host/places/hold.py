@@ -121,7 +121,8 @@ def hold(name: str, run_id: str, *, what: str = "bench", place: str = "", wait: 
     """Hold `name` (a file name) while the block runs. Another holder: wait (a line every
     WAIT_NOTE_EVERY_S naming it and the time waited) or, with wait=False, BenchError. A
     last holder that did not end (killed mid-run): its processes left running are
-    stopped first (and `clear()`, the place's own cleanup, called)."""
+    stopped first (and `clear()`, the place's own cleanup, called when that holder ran on
+    the same `place`: the cluster's nodes, where its ranks on other nodes carry no token)."""
     if name in _held:
         _held[name][1] += 1
         try:
@@ -164,8 +165,8 @@ def hold(name: str, run_id: str, *, what: str = "bench", place: str = "", wait: 
                 echo(f"stopping {len(left)} process(es) that {last.describe()} left running "
                      f"when it was killed")
                 stop_processes(left)
-            if clear is not None:
-                clear()
+            if clear is not None and last.place == place:
+                clear()         # the place's own: what a killed run left on the same place
         me = Holder(run_id=run_id, pid=os.getpid(), since=time.time(),
                     token=f"{socket.gethostname()}-{os.getpid()}-{time.time_ns()}", what=what,
                     place=place)
