@@ -276,7 +276,7 @@ def down(c, force=False):
     from lab.host.places import hold
     from lab.host.places.compose import cluster
     holder = hold.holder_now(hold.MACHINE)
-    if holder and holder.place in hold.CLUSTER_PLACES and not force:
+    if holder and holder.place == hold.CLUSTER_PLACE and not force:
         raise Exit(f"error: {holder.describe()} is running on the cluster: wait for it to end, "
                    f"or `invoke down --force` (that run then fails)", code=2)
     try:

@@ -59,6 +59,27 @@ def test_the_naive_cast_zeroes_every_gradient_below_one():
     assert isinstance(codec.stats.values, torch.Tensor) and isinstance(codec.stats.zeroed, torch.Tensor)
 
 
+def test_the_int8_stored_error_is_kept_unscaled_across_a_loss_scale_change():
+    """With fp16's loss scale S the codec stores its rounding error divided by S and adds
+    it back times the scale of the next step: when the scale doubles, what is added back
+    doubles with it (in the gradient's own units it is the same error)."""
+    torch.manual_seed(2)
+    codec, scale = c.Int8Codec(), [torch.tensor(1024.0)]
+    codec.loss_scale = lambda: scale[0]
+    g = torch.randn(3 * c.CHUNK) * 1e-3
+    first = g * scale[0]
+    sent = codec.decode(codec.encode(first), first.numel())
+    owed = first - sent                                  # in the first step's scaled units
+    assert torch.allclose(codec.residual[0] * scale[0], owed, atol=1e-6)
+    scale[0] = torch.tensor(2048.0)
+    zero = torch.zeros_like(g)
+    again = codec.decode(codec.encode(zero), zero.numel())   # only the stored error is sent
+    assert torch.allclose(again, 2 * owed, atol=2 * owed.abs().max() / 127 + 1e-6)
+    # a non-finite average drops it
+    codec.settle(0, torch.full((3,), float("nan")))
+    assert not codec.residual[0].any()
+
+
 def test_gathered_payloads_are_averaged_in_float():
     codec = c.Int8Codec()
     a, b = torch.full((700,), 100.0), torch.full((700,), 120.0)     # int8 would overflow
@@ -143,7 +164,10 @@ def test_fp16_overflow_is_skipped_on_every_rank_and_training_goes_on(framework, 
             after = steps[k + 1:]
             assert all(s["moved"] for s in after), f"{where}: steps skipped after the overflow"
             assert all(math.isfinite(s["loss"]) and s["chunk_finite"] for s in after), where
-            assert all(s["stored_finite"] in (None, True) for s in after), f"{where}: stored error not finite"
+            kept = {"int8": True}.get(compression)    # only the int8 codec stores an error
+            assert all(s["stored_finite"] is kept for s in after), f"{where}: stored error {kept} expected"
+            # the chunk that held the inf gets a gradient again (before: sent as 0 by rank 1)
+            assert all(s["chunk_nonzero"] > 0 for s in after), where
         assert ranks[0][compression]["digest"] == ranks[1][compression]["digest"], compression
         if compression != "int8-naive":     # the baseline that fails need not learn
             losses = [s["loss"] for s in ranks[0][compression]["steps"]]

@@ -101,9 +101,11 @@ with hold.hold("this-machine", "run-k", what="bench", place="local"):
     assert not lines
 
 
-def bench(results_dir, *extra, **popen):
+def bench(results_dir, *extra, dry=False, **popen):
     argv = [sys.executable, "-m", "invoke", "bench", "--local", "--framework", "ddp", "--backend", "gloo",
             "--data", "synthetic", "--results-dir", str(results_dir), *extra]
+    if dry:         # the command line only
+        return argv
     return subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             **popen)
 
@@ -113,17 +115,29 @@ def when(text: str) -> datetime:
 
 
 def test_two_benches_started_a_second_apart_run_one_after_the_other(holds, tmp_path):
-    first = bench(tmp_path / "r", "--np", "2", "--max-steps", "60", "--run-id", "first")
+    """The first a sweep of two combinations: the second bench waits for the whole sweep
+    (not for its first combination), and a third with --no-wait refuses in one sentence,
+    recording nothing."""
+    first = bench(tmp_path / "r", "--np", "2", "--compression", "none,fp16", "--max-steps", "60",
+                  "--run-id", "first")
     time.sleep(1)
     second = bench(tmp_path / "r", "--np", "2", "--max-steps", "60", "--run-id", "second")
+    time.sleep(1)
+    third = subprocess.run([*bench(tmp_path / "r", dry=True), "--np", "2", "--run-id", "third", "--no-wait",
+                            "--compression", "none,fp16"], cwd=REPO, capture_output=True, text=True,
+                           timeout=120)
     out1, _ = first.communicate(timeout=300)
     out2, _ = second.communicate(timeout=300)
     assert first.returncode == 0 and second.returncode == 0, out1[-1500:] + out2[-1500:]
     assert "waiting for this machine: bench first (process" in out2
     a = results.read_records(tmp_path / "r" / "first" / results.RESULTS_FILE)[0]
     b = results.read_records(tmp_path / "r" / "second" / results.RESULTS_FILE)[0]
-    assert [r["status"] for r in a + b] == ["ok", "ok"]
-    assert when(b[0]["started_at"]) >= when(a[0]["finished_at"])
+    assert [r["status"] for r in a + b] == ["ok", "ok", "ok"]
+    assert when(b[0]["started_at"]) >= max(when(r["finished_at"]) for r in a)
+    assert third.returncode == 2, third.stdout + third.stderr
+    assert "bench first (process" in third.stderr and "--no-wait" in third.stderr
+    assert len(third.stderr.strip().splitlines()) == 1, third.stderr
+    assert not (tmp_path / "r" / "third" / results.RESULTS_FILE).exists()
 
 
 def test_resume_after_a_sigkilled_bench_stops_its_ranks_and_records_each_run_once(holds, tmp_path):

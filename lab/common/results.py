@@ -153,7 +153,9 @@ def update_records(path: str | os.PathLike, start: int, update) -> int:
     only the launcher knows (a scheduler's final state). Lines that do not parse are kept
     as they were. Returns how many records changed."""
     path = Path(path)
-    fd = _open_locked(path, os.O_RDWR)     # no record appended meanwhile is lost by the rename
+    # no record appended meanwhile is lost by the rename (flock takes a file opened for
+    # reading: flock(2), "regardless of the mode in which the file was opened")
+    fd = _open_locked(path, os.O_RDONLY)
     try:
         return _rewrite(path, start, update)
     finally:

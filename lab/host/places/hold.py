@@ -31,7 +31,7 @@ from lab.host.errors import BenchError
 HOLD_DIR_VAR = "LAB_HOLD_DIR"     # where the hold files are (tests: a folder of their own)
 TOKEN_VAR = "LAB_HOLD_TOKEN"      # in every launched process's environment
 MACHINE = "this-machine"          # what a run sharing this machine's cores holds (Runner.holds)
-CLUSTER_PLACES = ("cluster", "slurm")   # Runner.kind of the simulated cluster's places
+CLUSTER_PLACE = "cluster"         # Runner.kind of the simulated cluster (direct and Slurm)
 WAIT_NOTE_EVERY_S = 15.0          # a waiting run says so this often
 STOP_GRACE_S = 5.0                # a left process: SIGTERM, then SIGKILL after this
 
@@ -117,16 +117,18 @@ _held: dict[str, list] = {}   # name -> [fd, depth]: a process may hold again wh
 
 @contextlib.contextmanager
 def hold(name: str, run_id: str, *, what: str = "bench", place: str = "", wait: bool = True,
-         echo=print, title: str = "this machine", poll_s: float = 0.5, clear=None):
+         echo=print, title: str = "this machine", poll_s: float = 0.5, clear=None,
+         hint: str = "; --no-wait refuses instead"):
     """Hold `name` (a file name) while the block runs. Another holder: wait (a line every
     WAIT_NOTE_EVERY_S naming it and the time waited) or, with wait=False, BenchError. A
+    block is given the seconds it waited. A
     last holder that did not end (killed mid-run): its processes left running are
     stopped first (and `clear()`, the place's own cleanup, called when that holder ran on
     the same `place`: the cluster's nodes, where its ranks on other nodes carry no token)."""
     if name in _held:
         _held[name][1] += 1
         try:
-            yield
+            yield 0.0
         finally:
             _held[name][1] -= 1
         return
@@ -148,14 +150,20 @@ def hold(name: str, run_id: str, *, what: str = "bench", place: str = "", wait: 
             except BlockingIOError:
                 other = read_holder(path)
                 who = other.describe() if other else "another run"
+                # a look that takes the lock for an instant (holder_now), or a holder
+                # writing its facts: not a run yet, so a refusal waits a moment for it
+                settling = other is None or other.ended
+                if not wait and settling and time.monotonic() - started < 2.0:
+                    time.sleep(0.05)
+                    continue
                 if not wait:
                     raise BenchError(f"{who} is running on {title}, and two runs at once would each "
                                      f"measure the other's load: wait for it (leave out --no-wait), "
                                      f"or stop it") from None
                 waited = time.monotonic() - started
                 if said is None or waited - said >= WAIT_NOTE_EVERY_S:
-                    echo(f"waiting for {title}: {who} is running there (waited {duration(waited, rough=True)}; "
-                         f"--no-wait refuses instead)")
+                    echo(f"waiting for {title}: {who} is running there (waited "
+                         f"{duration(waited, rough=True)}{hint})")
                     said = waited
                 time.sleep(poll_s)
         last = read_holder(path)
@@ -175,7 +183,7 @@ def hold(name: str, run_id: str, *, what: str = "bench", place: str = "", wait: 
         os.environ[TOKEN_VAR] = me.token
         _held[name] = [fd, 0]
         try:
-            yield
+            yield time.monotonic() - started
         finally:
             del _held[name]
             if before is None:

@@ -153,7 +153,8 @@ def run_jobs(plan, jobs, echo=print, stack: dict | None = None,
     rfile = rdir / results.RESULTS_FILE
     os.makedirs(rdir, exist_ok=True)
     CLOCK.mark("checks")
-    with holding(runner, run_id, s.no_wait, echo):
+    with holding(runner, run_id, s.no_wait, echo) as waited:
+        waited_for(waited or 0.0, progress)
         if plan.resume:
             jobs = not_recorded_meanwhile(jobs, rfile, progress, echo)
         failed = _run_held(s, jobs, runner, stack, framework, rdir, rfile, progress, echo)
@@ -167,6 +168,13 @@ def holding(runner: Runner, run_id: str, no_wait: bool, echo):
         return contextlib.nullcontext()
     return hold.hold(runner.holds, run_id, place=runner.kind, wait=not no_wait, echo=echo,
                      clear=runner.stop)
+
+
+def waited_for(seconds: float, progress: display.Progress | None) -> None:
+    """Time spent waiting for another run's hold: not this run's start-up, nor its progress."""
+    CLOCK.skip(seconds)
+    if progress is not None:
+        progress.t0 += seconds
 
 
 def not_recorded_meanwhile(jobs: list, rfile, progress, echo) -> list:

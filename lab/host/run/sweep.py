@@ -3,13 +3,14 @@ directory; what cannot run here skipped with the reason recorded. Also what `inv
 benchmark` runs, and `run_request`, what `invoke bench` calls with its plan."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import shutil
 
 from lab.common import display, results
 from lab.host.errors import BenchError, RunnerError
-from lab.host.places import place, place_of, runner_for
+from lab.host.places import hold, place, place_of, runner_for
 from lab.host.request.plan import Plan
 from lab.host.run import repeat_auto
 from lab.host.run.bench import Outcome, probe_stack, run_jobs
@@ -23,14 +24,30 @@ def run_request(plan: Plan, echo=print) -> Outcome:
     of the run read back as one outcome."""
     if not plan.sweep and not plan.already and not plan.settings.repeat_max:
         return run_jobs(plan, plan.jobs, echo)
-    outcomes = run_sweep(plan, echo=echo)
-    if plan.settings.repeat_max:
-        outcomes += repeat_until_apart(plan, echo)
+    s = plan.settings
+    with request_hold(plan, echo) as waited:    # the whole sweep, not each combination
+        CLOCK.skip(waited or 0.0)
+        outcomes = run_sweep(plan, echo=echo)
+        if s.repeat_max:
+            outcomes += repeat_until_apart(plan, echo)
     rfile = results.run_dir(plan.settings.results_dir, plan.settings.run_id) / results.RESULTS_FILE
     if not rfile.exists():
         raise BenchError("the sweep recorded nothing; see the reasons above")
     return Outcome(str(rfile.parent), results.read_records(rfile)[0],
                    sum(o.failed for o in outcomes), [])
+
+
+def request_hold(plan: Plan, echo=print):
+    """A sweep holds this machine from its first run to its last (lab.host.places.hold),
+    where any of its places' ranks share it (`where: auto`: local processes or the image,
+    both here): another bench waits for the whole sweep, and its runs' own holds are
+    this one held again."""
+    names = {place_of(c) or "local" for c in plan.combinations}
+    if not any(place(n).holds for n in names):
+        return contextlib.nullcontext()
+    s = plan.settings
+    return hold.hold(hold.MACHINE, s.run_id, place=place(place_of(s) or "local").kind,
+                     wait=not s.no_wait, echo=echo)
 
 
 def repeat_until_apart(plan: Plan, echo=print) -> list[Outcome]:

@@ -68,7 +68,7 @@ def across_nodes(runner, link: str = "", echo=print) -> dict:
     # one run at a time on the nodes: a bench beside it would slow its collectives, and it
     # the bench's steps (lab.host.places.hold)
     with hold.hold(runner.holds, "doctor", what="doctor's collectives", place=runner.kind,
-                   echo=echo, clear=runner.stop):
+                   echo=echo, clear=runner.stop, hint=""):
         row = _across_nodes(runner, link, echo)
     return dict(row, seconds=round(time.monotonic() - t0, 2))
 

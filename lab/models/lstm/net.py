@@ -1,6 +1,8 @@
 """The sequential-MNIST LSTM's torch code (inside a rank)."""
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn as nn
 
@@ -14,6 +16,7 @@ class Rows(nn.Module):
         return x.permute(0, 2, 1, 3).flatten(2)
 
 
+@functools.cache
 def cpu_has_bf16_lstm() -> bool:
     """Whether this CPU runs oneDNN's bf16 LSTM: CPU autocast sends nn.LSTM to oneDNN
     (mkldnn_rnn_layer is on autocast's CPU lower-precision list: PyTorch's AMP docs,

@@ -10,7 +10,7 @@ import os
 from lab.common.forwarded_env import forwarded
 from lab.common.kit import REPO_ROOT
 from lab.common.link import rate_gbs
-from lab.host.places import jobs, launch
+from lab.host.places import hold, jobs, launch
 from lab.host.places.base import JobResult, Runner
 from lab.host.places.compose import cluster, cores
 from lab.host.places.compose.cluster import (
@@ -104,7 +104,7 @@ class ClusterRunner(Runner):
     over SSH; DDP: torch.distributed.run on each node with a rendezvous at node1). The
     results and data folders are the ones the nodes mount."""
 
-    kind = "cluster"
+    kind = hold.CLUSTER_PLACE
     title = "the simulated cluster (--nodes)"
     # where: image: its nodes run the image `invoke up` started them with (never another
     # --image); the results and data folders: the ones they mount (bench refuses others);
