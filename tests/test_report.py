@@ -304,12 +304,10 @@ def test_oversubscribed_rows_are_marked_and_never_read_as_scaling(tmp_path):
     from matplotlib.collections import PathCollection
     figs = curves.figures(recs)
     try:
-        gloo = next(ax for ax in figs["speedup.png"].axes if ax.get_title() == "gloo")
-        mpi = next(ax for ax in figs["speedup.png"].axes if ax.get_title() == "mpi")
-        [ring] = [c for c in gloo.collections if isinstance(c, PathCollection)]
+        [panel] = figs["speedup.png"].axes
+        [ring] = [c for c in panel.collections if isinstance(c, PathCollection)]     # horovod / mpi's: none
         [(x, y)] = ring.get_offsets().tolist()
         assert round(x) == 2 and y == pytest.approx(1.96)      # horovod/gloo's median speedup
-        assert not [c for c in mpi.collections if isinstance(c, PathCollection)]
         assert "oversubscribed" in [t.get_text() for t in figs["speedup.png"].legends[0].get_texts()]
     finally:
         for f in figs.values():
@@ -483,9 +481,10 @@ def test_an_analysis_with_nothing_to_rank_says_what_is_missing():
     assert full.ranking and not [s for s in full.left_out if s.startswith("Nothing to rank")]
 
 
-def test_the_curves_have_a_panel_per_setup_and_back_end_with_error_bars():
-    """Read from the figures' artists: panels, colours by framework, line styles by
-    compression, error bars as wide as the repeats' spread, an ideal line per panel."""
+def test_the_curves_have_a_panel_per_model_and_a_line_per_stack_with_error_bars():
+    """Read from the figures' artists: one panel for the one model, colours by framework
+    and back end, a marker for compression, error bars as wide as the repeats' spread,
+    the ideal line."""
     import matplotlib.pyplot as plt
     from matplotlib.container import ErrorbarContainer
 
@@ -504,21 +503,23 @@ def test_the_curves_have_a_panel_per_setup_and_back_end_with_error_bars():
     figs = curves.figures(records)
     assert set(figs) == {"throughput.png", "speedup.png"}
     try:
-        ax_gloo, ax_mpi = [a for a in figs["throughput.png"].axes if a.get_visible()]
-        assert (ax_gloo.get_title(), ax_mpi.get_title()) == ("gloo", "mpi")
-        bars = {c.get_label(): c for c in ax_gloo.containers if isinstance(c, ErrorbarContainer)}
-        assert set(bars) == {"ddp, none", "horovod, none", "horovod, fp16"}
-        ddp = bars["ddp, none"]
-        assert ddp.lines[0].get_color() == curves.FRAMEWORK_COLORS["ddp"]
-        assert bars["horovod, fp16"].lines[0].get_linestyle() == "--"
+        [ax] = figs["throughput.png"].axes
+        assert ax.get_title() == "mnist"
+        bars = {c.get_label(): c for c in ax.containers if isinstance(c, ErrorbarContainer)}
+        assert set(bars) == {"ddp / gloo", "horovod / gloo", "horovod / gloo, fp16", "horovod / mpi"}
+        ddp = bars["ddp / gloo"]
+        assert ddp.lines[0].get_color() == curves.STACK_COLORS[("ddp", "gloo")]
+        assert bars["horovod / gloo, fp16"].lines[0].get_color() == curves.STACK_COLORS[("horovod", "gloo")]
+        assert bars["horovod / gloo, fp16"].lines[0].get_marker() != bars["horovod / gloo"].lines[0].get_marker()
+        assert {b.lines[0].get_linestyle() for b in bars.values()} == {"-"}     # all within one server
         assert list(ddp.lines[0].get_ydata()) == [1050.0, 1900.0]          # medians
         # The np=2 bar spans the repeats' min-max, 1,850 to 2,000.
         segments = ddp.lines[2][0].get_segments()
         assert [tuple(p[1] for p in seg) for seg in segments][1] == pytest.approx((1850.0, 2000.0))
         # Speedup panel: its bar at np=2 spans 1850/1100 .. 2000/1000; an ideal line y = x.
-        sp_gloo = [a for a in figs["speedup.png"].axes if a.get_visible()][0]
+        [sp_gloo] = figs["speedup.png"].axes
         sbars = {c.get_label(): c for c in sp_gloo.containers if isinstance(c, ErrorbarContainer)}
-        seg = sbars["ddp, none"].lines[2][0].get_segments()[1]
+        seg = sbars["ddp / gloo"].lines[2][0].get_segments()[1]
         assert (seg[0][1], seg[1][1]) == pytest.approx((1850 / 1100, 2000 / 1000))
         assert any(list(line.get_xdata()) == [1, 2] and list(line.get_ydata()) == [1, 2]
                    for line in sp_gloo.get_lines())
@@ -913,3 +914,100 @@ def test_a_run_that_restarted_has_its_line(tmp_path, monkeypatch):
     for r in RECORDS[:2]:
         results.append_record(plain / results.RESULTS_FILE, r)
     assert "## Runs that restarted" not in report.write(str(plain)).read_text()
+
+
+def lab_records():
+    """The records of the full `invoke lab` on a machine without GPU (lab.host.suites.
+    course_plan), two repeats each: MNIST within one server (local, Horovod and DDP over
+    Gloo and Horovod over MPI at 1 and 2 workers) and across the simulated cluster's two
+    nodes (its image's torch); ResNet-50 across them; the LSTM within one server;
+    compression at 2 workers only; the seven strategies on ResNet-50 at 2 workers only."""
+    out = []
+
+    def add(r, i, world=None, torch=None, **config):
+        r = json.loads(json.dumps(r))
+        r["config"].update(config, repeat=i)
+        r["world"].update(world or {})
+        r["manifest"]["torch"] = torch or r["manifest"]["torch"]
+        # every run records what each rank held (lab.worker.train), whatever its strategy
+        r["figures"].setdefault("held_bytes", [held(87360, 87360, 87360)] * r["world"]["np"])
+        r["record_id"] += f"-{len(out)}"
+        out.append(r)
+
+    mnist = {"epochs": 8}
+    resnet = {"model": "resnet50", "batch_size": 16, "epochs": 1, "max_steps": 8}
+    cluster = {"world": {"place": "cluster"}, "torch": "2.13.0+cpu", "link": "1gbit"}
+    for i in range(2):
+        for fw, be in (("horovod", "gloo"), ("ddp", "gloo"), ("horovod", "mpi")):
+            for np_, t in ((1, 1000.0), (2, 1700.0 + 50 * i)):
+                add(rec(fw, be, np_, 0.02, t, 0.9), i, world={"place": "local"}, **mnist)
+                add(rec(fw, be, np_, 0.02, t * 0.9, 0.9), i, **cluster, **mnist)
+            add(rec(fw, be, 2, 0.02, 1200.0 + 40 * i, 0.9, nodes=2), i, **cluster, **mnist)
+        for fw in ("horovod", "ddp"):
+            for np_, t in ((1, 10.0), (2, 15.0 + i)):
+                add(rec(fw, "gloo", np_, 2.0, t, 0.1), i, **cluster, **resnet)
+            add(rec(fw, "gloo", 2, 2.0, 12.0 + i, 0.1, nodes=2), i, **cluster, **resnet)
+            for comp in ("fp16", "int8", "int8-naive"):
+                add(rec(fw, "gloo", 2, 0.02, 1600.0 + 30 * i, 0.9, compression=comp), i,
+                    world={"place": "local"}, **mnist)
+        for np_, t in ((1, 800.0), (2, 1300.0 + 20 * i)):
+            add(rec("ddp", "gloo", np_, 0.04, t, 0.9), i, world={"place": "local"},
+                model="lstm", batch_size=64, epochs=4)
+        for s in ("ddp", "zero1", "fsdp", "pipeline", "model-parallel", "deepspeed", "rpc-pipeline"):
+            r = strategy_rec(s, 2, 14.0 + i, [held(87360, 87360, 87360)] * 2, [300e6, 310e6], "16 per process")
+            r["manifest"]["torch"] = "2.13.0"
+            add(r, i, world={"place": "local"}, **{**resnet, "strategy": s})
+    return out
+
+
+def test_the_full_labs_curves_are_one_panel_per_model_every_title_within_its_panel():
+    """After the full `invoke lab`: throughput.png and speedup.png have one panel per
+    model that has a curve, each with lines; within one server solid, across servers
+    dashed from the 1-worker run; the runs at one worker count only (compression at 2
+    workers, the strategies) on a chart of their own; every title narrower than its panel."""
+    import matplotlib.pyplot as plt
+    from matplotlib.container import ErrorbarContainer
+    figs = curves.figures(lab_records())
+    try:
+        assert set(figs) == {"throughput.png", "speedup.png", curves.ONE_COUNT_FILE}
+        for name in ("throughput.png", "speedup.png"):
+            fig = figs[name]
+            assert [ax.get_title() for ax in fig.axes] == ["mnist", "resnet50", "lstm"], name
+            fig.canvas.draw()
+            renderer = fig.canvas.get_renderer()
+            for ax in fig.axes:
+                assert [c for c in ax.containers if isinstance(c, ErrorbarContainer)], (name, ax.get_title())
+                assert ax.title.get_window_extent(renderer).width <= ax.get_window_extent(renderer).width
+            suptitle = fig.get_suptitle()
+            assert "torch" not in suptitle and "step cap" not in suptitle
+            mnist = {c.get_label(): c for c in fig.axes[0].containers if isinstance(c, ErrorbarContainer)}
+            # the cluster's torch tells nothing its place does not: left out
+            assert set(mnist) == {f"{s}, {where}" for s in ("horovod / gloo", "ddp / gloo", "horovod / mpi")
+                                  for where in ("local", "cluster", "cluster, across servers at 1gbit")}
+            across = mnist["ddp / gloo, cluster, across servers at 1gbit"].lines[0]
+            assert across.get_linestyle() == "--" and [round(x) for x in across.get_xdata()] == [1, 2]
+            assert mnist["ddp / gloo, cluster"].lines[0].get_linestyle() == "-"
+            assert not any("fp16" in label or "zero1" in label for ax in fig.axes
+                           for label in (c.get_label() for c in ax.containers))
+        one = figs[curves.ONE_COUNT_FILE]
+        assert [ax.get_title() for ax in one.axes] == ["mnist", "resnet50"]
+        labels = [t.get_text() for t in one.axes[1].get_yticklabels()]
+        assert labels[:2] == ["ddp, ddp / gloo, 2 workers", "zero1, ddp / gloo, 2 workers"] and len(labels) == 7
+        assert len(one.axes[0].get_yticklabels()) == 6          # 2 frameworks x 3 compressions
+    finally:
+        for f in figs.values():
+            plt.close(f)
+
+
+def test_the_full_labs_charts_are_written_without_a_word_from_matplotlib(tmp_path, capfd):
+    """No warning (constrained layout's "axes sizes collapsed to zero" was one) and
+    nothing on the terminal while the full lab's charts are drawn and saved."""
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        written = curves.plot(lab_records(), tmp_path)
+    out, err = capfd.readouterr()
+    assert [str(w.message) for w in caught] == [] and (out, err) == ("", "")
+    assert written == ["throughput.png", "speedup.png", curves.ONE_COUNT_FILE, "memory.png"]
+    text = report.render(lab_records(), written, "results/lab")
+    assert "![one worker count](one-count.png)" in section(text, "Scalability curve")

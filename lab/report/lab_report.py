@@ -195,10 +195,15 @@ def _results_sections(records: list[dict], notes: d.Notes, level: int) -> list:
 
 
 def _curves(images: list[str]) -> list:
-    curve_images = [i for i in images if i != "memory.png"]
-    return [d.Heading(2, "Scalability curve")] + (
+    curve_images = [i for i in curves.CURVE_FILES if i in images]
+    blocks = [d.Heading(2, "Scalability curve")] + (
         [d.Image(i, i.split(".")[0]) for i in curve_images] if curve_images
         else [d.Para("No configuration ran at more than one worker count.")])
+    if curves.ONE_COUNT_FILE in images:
+        blocks += [d.Para("The configurations that ran at one worker count only have no curve; "
+                          "their throughput:"),
+                   d.Image(curves.ONE_COUNT_FILE, "one worker count")]
+    return blocks
 
 
 def _by_configuration(records: list[dict], images: list[str], level: int) -> list:

@@ -68,11 +68,20 @@ def setup_label(r: dict, records: list[dict]) -> str:
     mine = dict(zip(SETUP_NAMES, setup_key(r)))
     varying = [k for i, k in enumerate(SETUP_NAMES)
                if len({key[i] for key in keys if key[i] is not None or k not in ("place", "torch")}) > 1]
-    parts = [f"batch {mine[k]}" if k == "batch_size" else
-             _steps_label(mine[k], r.get("config", {}).get("data")) if k == "max_steps" else
-             f"{k.replace('_', ' ')} {mine[k]}" if k in ("epochs", "threads", "torch") else
-             str(mine[k]) for k in varying if mine[k] is not None or k not in ("place", "torch")]
+    parts = [setup_part(k, mine[k], r) for k in varying
+             if mine[k] is not None or k not in ("place", "torch")]
     return ", ".join(parts) + ": " if parts else ""
+
+
+def setup_part(name: str, value, r: dict) -> str:
+    """One field of a setup as a label says it ('batch 8', 'no step cap', 'torch 2.9.0')."""
+    if name == "batch_size":
+        return f"batch {value}"
+    if name == "max_steps":
+        return _steps_label(value, r.get("config", {}).get("data"))
+    if name in ("epochs", "threads", "torch"):
+        return f"{name.replace('_', ' ')} {value}"
+    return str(value)
 
 
 def _steps_label(max_steps: int | None, data: str | None) -> str:
