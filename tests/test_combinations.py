@@ -63,11 +63,14 @@ FORWARD_DTYPE = {"fp32": "float32", "bf16": "bfloat16"}     # what the CPU's pre
 
 def forward_dtype(case: dict) -> str | None:
     """What the case's layers compute in: its precision's, but the LSTM's layers in fp32
-    under bf16 on a CPU without oneDNN's bf16 LSTM (lab.models.lstm.net); None (not
+    under bf16's autocast on a CPU without oneDNN's bf16 LSTM (lab.models.lstm.net); None (not
     recorded) for the strategies whose schedule runs the forward (NO_AUTOCAST)."""
     if case["strategy"] in NO_AUTOCAST:
         return None
-    if case["model"] == "lstm" and case["precision"] == "bf16" and not lstm_net.cpu_has_bf16_lstm():
+    # DeepSpeed's bf16 is its own mode (the model's weights cast, no autocast: its
+    # strategy's autocasts), whose LSTM computes in bf16
+    if (case["model"] == "lstm" and case["precision"] == "bf16" and case["strategy"] != "deepspeed"
+            and not lstm_net.cpu_has_bf16_lstm()):
         return "float32"
     return FORWARD_DTYPE[case["precision"]]
 
