@@ -109,6 +109,8 @@ COVERED = {   # command -> the test that runs it, or ".ci/run runs `what .ci/run
         "tests/test_k8s_runner.py::test_invoke_bench_launcher_k8s_end_to_end",
     "invoke report results/strategies-resnet50":
         "tests/test_report.py::test_strategies_table_in_the_sources_shape",
+    "DRY=1 bash docker/gpu-host-mpi.sh":
+        "tests/test_gpu_host_script.py::test_the_dry_run_plans_the_stack_and_runs_nothing",
 }
 LAB = "not runnable in the tests: its own test tests/test_lab.py"
 KUBERNETES = "needs a Kubernetes cluster with the operator installed; no API server can run here"
@@ -138,6 +140,10 @@ NOT_HERE = {   # command -> why it cannot run on this machine
         "needs GPUs; none here (tests/test_bench_checks.py runs its plan on a faked two-GPU stack)",
     "invoke build --gpu-ops NCCL --cuda 12.6": "its base, nvidia/cuda:12.6.3, cannot be pulled here "
                                                "(no registry) and this machine's toolkit is 13.0",
+    "bash docker/stage-gpu-host.sh": "downloads from Debian's mirror and PyPI (about 11 MB), which "
+                                     "the tests do not; shellcheck checks it in .ci/run",
+    "OUT=/tmp/gpu-mpi bash docker/gpu-host-mpi.sh": "needs a GPU host (a CUDA torch, nvcc); its dry "
+                                                    "run is tests/test_gpu_host_script.py",
     "invoke build --flavor cpu --extra-ca proxy-ca.pem --wheelhouse ./wheels --base-image my/debian:12":
         "an example naming a user's own files and base image; .ci/run passes --extra-ca, "
         "--wheelhouse and --base-image with this machine's",
