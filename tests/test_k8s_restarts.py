@@ -4,6 +4,7 @@ schemas (tests/test_k8s.py's validators), the fields carrying K, the manifests w
 flags exactly as before, and the refusals one sentence each. No cluster runs here: whether
 the operators retry as their sources say is untested (docs/pages/kubernetes.md)."""
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -12,6 +13,7 @@ import pytest
 import yaml
 
 from lab.common import restarts
+from lab.common.forwarded_env import PREFIXES
 from lab.host.errors import BenchError
 from lab.host.places.k8s import jobs as k8s_jobs
 from lab.host.places.k8s import manifest as k8s
@@ -42,8 +44,12 @@ def torch_job(**flags):
                                    pvc=flags.pop("pvc", "")), np="4", nodes="2", **flags)
 
 
-def test_without_the_flags_the_manifests_are_exactly_as_before():
-    """The fixture holds what the kit wrote before restarts reached Kubernetes."""
+def test_without_the_flags_the_manifests_are_exactly_as_before(monkeypatch):
+    """The fixture holds what the kit wrote before restarts reached Kubernetes, on a host
+    with none of the variables the pods are handed (a process that initialised CUDA has
+    CUDA_MODULE_LOADING, which torch sets: the suite's workers may have)."""
+    for name in [k for k in os.environ if k.startswith(PREFIXES)]:
+        monkeypatch.delenv(name)
     before = json.loads((FIXTURES / "manifests-without-restarts.json").read_text())
     for name, flags, opts in before["cases"]:
         s, _ = settings_from_flags({"run_id": "gold", **flags}, {"np": "2", "timeout_s": 3600})
