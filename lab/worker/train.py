@@ -164,10 +164,10 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
     steps = cfg.steps_per_epoch(len(train_split), strategy.data_world)
 
     step_times: list[float] = []
-    if cfg.restart:     # a relaunch reads its checkpoint in a phase of its own
-        hb.beat("checkpoint", None, "load")
     # this launch's first and last EDGE_STEPS losses (detached tensors: no sync inside a step)
     first_losses, last_losses = [], collections.deque(maxlen=EDGE_STEPS)
+    if cfg.restart:     # a relaunch reads its checkpoint in a phase of its own
+        hb.beat("checkpoint", None, "load")
     pos = ckpt.resume(cfg, d, strategy, log, in_checkpoint(hb, None, "load"))
     hb.beat("setup")    # step 0, or the relaunch's checkpoint loaded
     epochs, global_step = pos.epochs, pos.global_step

@@ -9,7 +9,8 @@ import torch
 
 from lab import models
 from lab.common.config import ConfigError
-from lab.worker import data, precision
+from lab.worker import collective, data, precision
+from lab.worker.compression import bytes_per_step, loss_scale_of
 from lab.worker.strategies import memory
 
 
@@ -253,7 +254,6 @@ class DataParallel(Strategy):
         codec = getattr(self.d, "codec", None)
         if self.scaler is not None and hasattr(codec, "loss_scale"):
             # the int8 codec's stored error kept unscaled (lab.worker.compression)
-            from lab.worker.compression import loss_scale_of
             codec.loss_scale = lambda: loss_scale_of(self.scaler)
 
     def time_collective(self) -> dict | None:
@@ -262,8 +262,6 @@ class DataParallel(Strategy):
         recorded as the figure's error, never the run's."""
         if self.d.size < 2:
             return None
-        from lab.worker import collective
-        from lab.worker.compression import bytes_per_step
         n = sum(p.numel() for p in self.eval_module().parameters())
         b = bytes_per_step(self.cfg.compression, n, self.d.size)
         try:
@@ -275,7 +273,6 @@ class DataParallel(Strategy):
     def figures(self) -> dict:
         """Gradient bytes per step: what a rank hands to the collective, and an estimate
         of what it sends (lab.worker.compression.bytes_per_step)."""
-        from lab.worker.compression import bytes_per_step
         sizes = [p.numel() for p in self.eval_module().parameters()]
         n = sum(sizes)
         b = bytes_per_step(self.cfg.compression, n, self.d.size)
