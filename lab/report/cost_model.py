@@ -250,18 +250,21 @@ def _horovod_cycles(ready: list[float], sizes: list[float], fit_: Fit, op: str, 
 def horovod_schedule(grad_bytes: float, payload_ratio: float, backward_s: float, fit_: Fit, op: str,
                      n: int, tensors: int, cycle_s: float = HOROVOD_CYCLE_S,
                      fusion: float = HOROVOD_FUSION, cycle_cost_s: float = 0.0, phases: int = PHASES,
-                     tensor_bytes: list[float] | None = None) -> dict:
+                     tensor_bytes: list[float] | None = None, ready_share: list[float] | None = None) -> dict:
     """Horovod: the tensors become ready over the backward, in reverse order of the model's
     parameters, each when the backward has gone through bytes up to it (`tensor_bytes`, in
-    the model's order; without them `tensors` alike in size, ready uniformly) and its
-    background thread's cycles (_horovod_cycles) fuse and reduce them; the cycles' phase
-    against the backward is unknown, so the exposed time is the mean over `phases` phases
-    spread over one cycle."""
+    the model's order; without them `tensors` alike in size, ready uniformly), or, given
+    `ready_share` (in the model's order, the share of the backward done when each is ready:
+    lab.models.published_gradients), then; and its background thread's cycles
+    (_horovod_cycles) fuse and reduce them; the cycles' phase against the backward is
+    unknown, so the exposed time is the mean over `phases` phases spread over one cycle."""
     if tensor_bytes and sum(tensor_bytes) > 0:
         total, done, ready = sum(tensor_bytes), 0.0, []
         for t in reversed(tensor_bytes):
             done += t
             ready.append(backward_s * done / total)
+        if ready_share:
+            ready = [backward_s * r for r in reversed(ready_share)]
         sizes = [t * payload_ratio for t in reversed(tensor_bytes)]
     else:
         count = max(1, tensors)
