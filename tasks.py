@@ -319,6 +319,24 @@ def report(c, path, format="md"):
     print(f"wrote {', '.join(map(str, written))}")
 
 
+@task(help={"comparison": "all, horovod-512 (Horovod's 512-GPU benchmark) or t4-mnist (a 4 x T4 "
+                          "server's MNIST report)",
+            "link-gbits": "Horovod's cluster on another network rate, Gbit/s (a what-if; default: the "
+                          "published 25)"})
+def published(c, comparison=None, link_gbits=None):
+    """Predict published scaling results with the cost model: the inputs' sources, every assumption, predicted vs published."""
+    from lab.models.published_gradients import DataFileError
+    from lab.report.published import PublishedError, render
+    defaults = _defaults(c, "published", settings_of(published))
+    try:
+        rate = float(link_gbits) if link_gbits is not None else None
+        print(render(comparison or defaults.get("comparison", "all"), rate))
+    except ValueError as e:     # PublishedError, DataFileError and a rate that is not a number
+        if not isinstance(e, (PublishedError, DataFileError)):
+            e = f"--link-gbits {link_gbits}: give a number of Gbit/s"
+        raise Exit(f"error: {e}", code=2)
+
+
 @task(help={"results-dir": "where the acceptance folder and its archive go",
             "dry-run": "print the plan (each command, its image, the estimated minutes) and the "
                        "images not built yet, and run nothing",
