@@ -133,20 +133,29 @@ def test_the_t4_error_is_computed_from_the_published_figures_and_no_target_feeds
     assert all(moved[n]["predicted"] > rows[n]["predicted"] for n in (2, 3, 4))
 
 
+def _invoke(*args):
+    return subprocess.run([sys.executable, "-m", "invoke", "published", *args], cwd=REPO, capture_output=True,
+                          text=True)
+
+
 def test_invoke_published_prints_its_sources_assumptions_and_the_table():
-    cp = subprocess.run([sys.executable, "-m", "invoke", "published"], cwd=REPO, capture_output=True, text=True)
+    """The commands docs/pages/published.md shows, and the one with both comparisons."""
+    cp = _invoke("--comparison", "horovod-512")
     assert cp.returncode == 0, cp.stderr
     out = cp.stdout
     for text in ("docs/benchmarks.rst", "tensorflow/docs site/en/r1/guide/performance/benchmarks.md",
-                 pg.DATA_FILE.name, "NCCL 2.5.6", "fixed before the prediction",
-                 "a course lab's filled report (not public)", "serial part"):
+                 pg.DATA_FILE.name, "NCCL 2.5.6", "fixed before the prediction"):
         assert text in out, text
+    assert "T4" not in out
     for r in published.horovod_512():
         assert f"{100 * r['efficiency']:8.0f}% {100 * r['published']:8.0f}%" in out
-    bad = subprocess.run([sys.executable, "-m", "invoke", "published", "--comparison", "horovod"], cwd=REPO,
-                         capture_output=True, text=True)
+    what_if = _invoke("--comparison", "horovod-512", "--link-gbits", "10")
+    assert what_if.returncode == 0 and "on 10 Gbit/s instead of the published 25" in what_if.stdout
+    both = _invoke()
+    assert both.returncode == 0 and "a course lab's filled report (not public)" in both.stdout
+    assert "serial part" in both.stdout and "docs/benchmarks.rst" in both.stdout
+    bad = _invoke("--comparison", "horovod")
     assert bad.returncode == 2 and bad.stderr.strip() == (
         "error: no comparison 'horovod': choose all or one of horovod-512, t4-mnist")
-    rate = subprocess.run([sys.executable, "-m", "invoke", "published", "--link-gbits", "0"], cwd=REPO,
-                          capture_output=True, text=True)
+    rate = _invoke("--link-gbits", "0")
     assert rate.returncode == 2 and "give the network's rate in Gbit/s" in rate.stderr

@@ -109,6 +109,10 @@ COVERED = {   # command -> the test that runs it, or ".ci/run runs `what .ci/run
         "tests/test_k8s_runner.py::test_invoke_bench_launcher_k8s_end_to_end",
     "invoke report results/strategies-resnet50":
         "tests/test_report.py::test_strategies_table_in_the_sources_shape",
+    "invoke published --comparison horovod-512":
+        "tests/test_published.py::test_invoke_published_prints_its_sources_assumptions_and_the_table",
+    "invoke published --comparison horovod-512 --link-gbits 10":
+        "tests/test_published.py::test_invoke_published_prints_its_sources_assumptions_and_the_table",
     "DRY=1 bash docker/gpu-host-mpi.sh":
         "tests/test_gpu_host_script.py::test_the_dry_run_plans_the_stack_and_runs_nothing",
 }
