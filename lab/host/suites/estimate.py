@@ -24,10 +24,15 @@ class Costs:
 # evaluation included); the LSTM at 64, 65 and 90 ms; ResNet-50 at 16, 0.8 and 1.6 s (its
 # warm-up steps included); a run on the simulated cluster's nodes 2 s more. `invoke lab`
 # prints each part's time beside its estimate, and the whole lab's at its end: refit
-# these when they part by more than 1.5x.
+# these when they part by more than 1.5x. VGG-16 (the lab's model comparison, batch 16 on
+# the digits padded to 32x32, in the simulated cluster): PROVISIONAL, from its runs at
+# batch 4 here on a machine shared with other jobs (load 6-9 on 2 vCPUs, 2026-11-29): a
+# start of 15-29 s (a 553 MB model built and its replicas broadcast), 1.7 s a step in one
+# process; at 2 workers across servers its 537 MB of gradients a step take 4.3 s of a
+# 1 Gbit/s link alone (a ring all-reduce moves 2 (n-1)/n of the bytes each way).
 CPU = Costs(
-    run_start_s={"mnist": 4.0, "lstm": 4.0, "resnet50": 4.0},
-    step_s={"mnist": (0.015, 0.025), "lstm": (0.065, 0.09), "resnet50": (0.8, 1.6)},
+    run_start_s={"mnist": 4.0, "lstm": 4.0, "resnet50": 4.0, "vgg16": 15.0},
+    step_s={"mnist": (0.015, 0.025), "lstm": (0.065, 0.09), "resnet50": (0.8, 1.6), "vgg16": (2.5, 7.5)},
     cluster_extra_s=2.0)
 CLUSTER_UP_S = 20.0             # `invoke up --nodes 2` with the image built, and down
 LAB_REPORT_S = 15.0             # `invoke report` of the lab's parts

@@ -1,0 +1,67 @@
+"""The models compared: where the records hold two models (ResNet-50 and VGG-16 in the
+lab's cross-server part) run the same way (framework, back end, compression, strategy,
+process count, servers and link), a sentence per pair on computation against
+communication, every figure from the records: the share of the step each model spent in
+exposed communication (its measured step parts, lab.report.step_parts), its gradient
+bytes a step (the record's gradient_values, 4 bytes each) and its compute a sample (the
+step parts but communication and waiting, over the batch per rank)."""
+from __future__ import annotations
+
+from itertools import combinations
+
+from lab.report import records as rec
+from lab.report import step_parts, summary
+
+ORDER = ("mnist", "lstm", "resnet50", "vgg16")   # a pair names the later model first
+
+
+def _key(row: dict) -> tuple:
+    """What must match for two models' rows to be compared."""
+    r = row["record"]
+    c = r.get("config", {})
+    return (c.get("framework"), c.get("backend"), c.get("compression") or "none", row["strategy"],
+            c.get("precision") or "fp32", row["np"], row["servers"], c.get("link") or "")
+
+
+def measured(row: dict) -> dict | None:
+    """A row's figures for the comparison: exposed communication's share of the step, the
+    gradient bytes a step and the compute a sample; None where its records lack them."""
+    parts = step_parts.of_row(row)
+    r = row["record"]
+    values = (r.get("figures") or {}).get("gradient_values")
+    batch = r.get("config", {}).get("batch_size")
+    if not parts or not parts["step"] or not values or not batch:
+        return None
+    compute = sum(parts[p] for p in step_parts.COMPUTE)
+    return {"comm_share": parts["communication"] / parts["step"], "grad_bytes": 4.0 * values,
+            "compute_per_sample_s": compute / batch, "batch": batch}
+
+
+def _rank(model: str) -> int:
+    return ORDER.index(model) if model in ORDER else len(ORDER)
+
+
+def sentences(records: list[dict]) -> list[str]:
+    """A sentence for each pair of models measured the same way across servers."""
+    by_key: dict[tuple, dict[str, tuple[dict, dict]]] = {}
+    for row in summary.rows(records):
+        if not row.get("runs") or row["servers"] < 2 or not rec.data_parallel(row["record"]):
+            continue
+        m = measured(row)
+        if m is not None:
+            by_key.setdefault(_key(row), {}).setdefault(row["model"], (row, m))
+    out = []
+    for key, models in by_key.items():
+        for a, b in combinations(sorted(models, key=_rank, reverse=True), 2):
+            (row, x), (_, y) = models[a], models[b]
+            r = row["record"]
+            link = f" over {key[-1]}" if key[-1] else ""
+            out.append(
+                f"{a} spent {x['comm_share']:.0%} of its step in exposed communication against "
+                f"{b}'s {y['comm_share']:.0%} at {row['np']} workers on {row['servers']} servers{link} "
+                f"({rec.config_label(r, records)}): it has {x['grad_bytes'] / y['grad_bytes']:.1f}x the "
+                f"gradient bytes ({x['grad_bytes'] / 1e6:,.0f} MB against {y['grad_bytes'] / 1e6:,.0f} MB "
+                f"a step) for {x['compute_per_sample_s'] / y['compute_per_sample_s']:.1f}x the compute per "
+                f"sample ({x['compute_per_sample_s'] * 1000:.0f} ms against "
+                f"{y['compute_per_sample_s'] * 1000:.0f} ms, at batch {x['batch']} and {y['batch']} per worker).")
+    return out
