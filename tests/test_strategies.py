@@ -232,3 +232,21 @@ def test_sharded_strategies_hold_half_per_rank(stack, tmp_path):
         assert sum(two) == pytest.approx(one, rel=0.02)
     # ZeRO-1 keeps whole parameters on every rank; FSDP a shard of them
     assert by["zero1", 2][0]["parameters"] == whole["parameters"]
+
+
+@pytest.mark.slow
+def test_vgg16_is_cut_into_stages_and_sharded_by_its_own_units(stack, tmp_path):
+    """VGG-16 (134M parameters on the digits, 537 MB of gradients) through the two
+    strategies that read its own code (net.layers, net.fsdp_units), 2 ranks at batch 4,
+    2 steps: the pipeline's stages hold the model once between them, FSDP half of it on
+    each rank. Its other frameworks and strategies take it as any model (measured by
+    hand: docs/pages/running.md, Models)."""
+    whole = 4 * sum(p.numel() for p in models.build("vgg16", 1, 32, 10)[0].parameters())
+    short = dict(model="vgg16", epochs=1, batch_size=4, max_steps=2, warmup_steps=1)
+    (pipe,) = run(stack, tmp_path / "pipeline", strategy="pipeline", micro_batches=2, **short)
+    (fsdp,) = run(stack, tmp_path / "fsdp", strategy="fsdp", **short)
+    for r in (pipe, fsdp):
+        assert r["status"] == "ok" and r["config"]["model"] == "vgg16" and r["world"]["np"] == 2
+    assert sum(h["parameters"] for h in pipe["figures"]["held_bytes"]) == whole
+    for h in fsdp["figures"]["held_bytes"]:
+        assert 0.45 < h["parameters"] / whole < 0.55, h
