@@ -1047,7 +1047,8 @@ def test_two_models_across_servers_are_compared_by_their_measured_step_parts(tmp
     share = lambda s: round(100 * s["communication"] / sum(s.values()))     # noqa: E731
     compute = lambda s: (sum(s.values()) - s["communication"]) / 16        # noqa: E731
     assert line.startswith(f"- vgg16 spent {share(vgg)}% of its step in exposed communication against "
-                           f"resnet50's {share(resnet)}% at 2 workers on 2 servers over 1gbit"), line
+                           f"resnet50's {share(resnet)}% at 2 workers on 2 servers over 1gbit (DDP over Gloo, batch 16 a "
+                           f"worker)"), line
     assert f"it has {134_300_362 / 23_528_522:.1f}x the gradient bytes (537 MB against 94 MB a step)" in line
     assert f"for {compute(vgg) / compute(resnet):.1f}x the compute per sample" in line
     assert "they are compared only where they ran the same way" in text

@@ -1,6 +1,6 @@
 """The models compared: where the records hold two models (ResNet-50 and VGG-16 in the
-lab's cross-server part) run the same way (framework, back end, compression, strategy,
-process count, servers and link), a sentence per pair on computation against
+lab's cross-server part) run the same way (data, batch, framework, back end, compression,
+strategy, precision, place, process count, servers and link), a sentence per pair on computation against
 communication, every figure from the records: the share of the step each model spent in
 exposed communication (its measured step parts, lab.report.step_parts), its gradient
 bytes a step (the record's gradient_values, 4 bytes each) and its compute a sample (the
@@ -19,8 +19,9 @@ def _key(row: dict) -> tuple:
     """What must match for two models' rows to be compared."""
     r = row["record"]
     c = r.get("config", {})
-    return (c.get("framework"), c.get("backend"), c.get("compression") or "none", row["strategy"],
-            c.get("precision") or "fp32", row["np"], row["servers"], c.get("link") or "")
+    return (c.get("data"), c.get("batch_size"), c.get("framework"), c.get("backend"),
+            c.get("compression") or "none", row["strategy"], c.get("precision") or "fp32",
+            summary.place(r), row["np"], row["servers"], c.get("link") or "")
 
 
 def measured(row: dict) -> dict | None:
@@ -35,6 +36,14 @@ def measured(row: dict) -> dict | None:
     compute = sum(parts[p] for p in step_parts.COMPUTE)
     return {"comm_share": parts["communication"] / parts["step"], "grad_bytes": 4.0 * values,
             "compute_per_sample_s": compute / batch, "batch": batch}
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:,.0f} MB" if n >= 10e6 else f"{n / 1e6:.2g} MB"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms" if seconds >= 0.01 else f"{seconds * 1000:.2g} ms"
 
 
 def _rank(model: str) -> int:
@@ -54,14 +63,14 @@ def sentences(records: list[dict]) -> list[str]:
     for key, models in by_key.items():
         for a, b in combinations(sorted(models, key=_rank, reverse=True), 2):
             (row, x), (_, y) = models[a], models[b]
-            r = row["record"]
+            c = row["record"]["config"]
             link = f" over {key[-1]}" if key[-1] else ""
             out.append(
                 f"{a} spent {x['comm_share']:.0%} of its step in exposed communication against "
                 f"{b}'s {y['comm_share']:.0%} at {row['np']} workers on {row['servers']} servers{link} "
-                f"({rec.config_label(r, records)}): it has {x['grad_bytes'] / y['grad_bytes']:.1f}x the "
-                f"gradient bytes ({x['grad_bytes'] / 1e6:,.0f} MB against {y['grad_bytes'] / 1e6:,.0f} MB "
-                f"a step) for {x['compute_per_sample_s'] / y['compute_per_sample_s']:.1f}x the compute per "
-                f"sample ({x['compute_per_sample_s'] * 1000:.0f} ms against "
-                f"{y['compute_per_sample_s'] * 1000:.0f} ms, at batch {x['batch']} and {y['batch']} per worker).")
+                f"({rec.stack_name(c.get('framework'), c.get('backend'))}, batch {x['batch']} a worker): "
+                f"it has {x['grad_bytes'] / y['grad_bytes']:.1f}x the gradient bytes "
+                f"({_mb(x['grad_bytes'])} against {_mb(y['grad_bytes'])} a step) for "
+                f"{x['compute_per_sample_s'] / y['compute_per_sample_s']:.1f}x the compute per sample "
+                f"({_ms(x['compute_per_sample_s'])} against {_ms(y['compute_per_sample_s'])}).")
     return out

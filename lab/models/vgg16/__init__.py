@@ -9,8 +9,9 @@ What it is fed: its five 2x2 max-poolings halve the image five times, so a side 
 pools to nothing (torchvision's VGG weights declare min_size (32, 32): torchvision/models/
 vgg.py, _COMMON_META). MNIST and the digits (28x28) are padded with their background to
 32x32 (min_size below; lab.worker.data.pad_to), as LeNet-5 took MNIST (LeCun et al.,
-"Gradient-Based Learning Applied to Document Recognition", 1998, section II.B: the 28x28
-field centred in a 32x32 input); synthetic data is ImageNet's shape, as ResNet-50's. The
+"Gradient-Based Learning Applied to Document Recognition", 1998, section II.B: its input
+is a 32x32 image, larger than the 28x28 field MNIST's digits are centred in); synthetic
+data is ImageNet's shape, as ResNet-50's. The
 classifier head is torchvision's (4096, 4096, then one output per class of the data:
 10 on MNIST and the digits, 1,000 on synthetic data), so the fully connected layers
 that make VGG-16 communication-bound are all there at every input size: its adaptive
