@@ -12,8 +12,6 @@ from itertools import combinations
 from lab.report import records as rec
 from lab.report import step_parts, summary
 
-ORDER = ("mnist", "lstm", "resnet50", "vgg16")   # a pair names the later model first
-
 
 def _key(row: dict) -> tuple:
     """What must match for two models' rows to be compared."""
@@ -46,10 +44,6 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms" if seconds >= 0.01 else f"{seconds * 1000:.2g} ms"
 
 
-def _rank(model: str) -> int:
-    return ORDER.index(model) if model in ORDER else len(ORDER)
-
-
 def sentences(records: list[dict]) -> list[str]:
     """A sentence for each pair of models measured the same way across servers."""
     by_key: dict[tuple, dict[str, tuple[dict, dict]]] = {}
@@ -61,7 +55,8 @@ def sentences(records: list[dict]) -> list[str]:
             by_key.setdefault(_key(row), {}).setdefault(row["model"], (row, m))
     out = []
     for key, models in by_key.items():
-        for a, b in combinations(sorted(models, key=_rank, reverse=True), 2):
+        # the model with more gradient bytes first
+        for a, b in combinations(sorted(models, key=lambda m: -models[m][1]["grad_bytes"]), 2):
             (row, x), (_, y) = models[a], models[b]
             c = row["record"]["config"]
             link = f" over {key[-1]}" if key[-1] else ""
