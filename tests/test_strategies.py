@@ -235,18 +235,17 @@ def test_sharded_strategies_hold_half_per_rank(stack, tmp_path):
 
 
 @pytest.mark.slow
-def test_vgg16_is_cut_into_stages_and_sharded_by_its_own_units(stack, tmp_path):
-    """VGG-16 (134M parameters on the digits, 537 MB of gradients) through the two
-    strategies that read its own code (net.layers, net.fsdp_units), 2 ranks at batch 4,
-    2 steps: the pipeline's stages hold the model once between them, FSDP half of it on
-    each rank. Its other frameworks and strategies take it as any model (measured by
-    hand: docs/pages/running.md, Models)."""
+def test_vgg16_is_cut_into_stages_that_hold_it_once(stack, tmp_path):
+    """VGG-16 (134M parameters on the digits, 537 MB of gradients) through a pipeline,
+    which runs its own list of layers (net.layers: every convolution, pooling, the
+    flatten, dropout) cut into 2 stages on 2 real ranks, at batch 4, 2 steps: the stages
+    hold the model once between them. One launch (about a minute of CI): its other
+    frameworks and strategies take it as any model (each run by hand here:
+    docs/pages/running.md, Models); its FSDP units are checked in process
+    (tests/test_models.py)."""
     whole = 4 * sum(p.numel() for p in models.build("vgg16", 1, 32, 10)[0].parameters())
-    short = dict(model="vgg16", epochs=1, batch_size=4, max_steps=2, warmup_steps=1)
-    (pipe,) = run(stack, tmp_path / "pipeline", strategy="pipeline", micro_batches=2, **short)
-    (fsdp,) = run(stack, tmp_path / "fsdp", strategy="fsdp", **short)
-    for r in (pipe, fsdp):
-        assert r["status"] == "ok" and r["config"]["model"] == "vgg16" and r["world"]["np"] == 2
-    assert sum(h["parameters"] for h in pipe["figures"]["held_bytes"]) == whole
-    for h in fsdp["figures"]["held_bytes"]:
-        assert 0.45 < h["parameters"] / whole < 0.55, h
+    (pipe,) = run(stack, tmp_path, model="vgg16", strategy="pipeline", micro_batches=2, epochs=1,
+                  batch_size=4, max_steps=2, warmup_steps=1)
+    assert pipe["status"] == "ok" and pipe["config"]["model"] == "vgg16" and pipe["world"]["np"] == 2
+    held = [h["parameters"] for h in pipe["figures"]["held_bytes"]]
+    assert sum(held) == whole and all(h > 0 for h in held), held

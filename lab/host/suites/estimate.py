@@ -25,11 +25,13 @@ class Costs:
 # warm-up steps included); a run on the simulated cluster's nodes 2 s more. `invoke lab`
 # prints each part's time beside its estimate, and the whole lab's at its end: refit
 # these when they part by more than 1.5x. VGG-16 (the lab's model comparison, batch 16 on
-# the digits padded to 32x32, in the simulated cluster): PROVISIONAL, from its runs at
-# batch 4 here on a machine shared with other jobs (load 6-9 on 2 vCPUs, 2026-11-29): a
-# start of 15-29 s (a 553 MB model built and its replicas broadcast), 1.7 s a step in one
-# process; at 2 workers across servers its 537 MB of gradients a step take 4.3 s of a
-# 1 Gbit/s link alone (a ring all-reduce moves 2 (n-1)/n of the bytes each way).
+# the digits padded to 32x32, in the simulated cluster): PROVISIONAL, not fitted on an idle
+# machine. Measured on the same VM shared with other jobs (load 7 to 9, 2026-11-29), where
+# `invoke lab --quick` took 12 min 14 s against its estimate of 4 min (3.1x) and its
+# ResNet-50 part 38 s against 9 s (4.2x): VGG-16's part (2 workers on 2 servers, 2 steps)
+# took 2 min against 32 s (3.8x), a start of 55 s and 13.6 s a step; its 537 MB of
+# gradients took 4.7 s alone on the 1 Gbit/s link (collective_alone). The costs below are
+# those figures over the load's 3.5x.
 CPU = Costs(
     run_start_s={"mnist": 4.0, "lstm": 4.0, "resnet50": 4.0, "vgg16": 15.0},
     step_s={"mnist": (0.015, 0.025), "lstm": (0.065, 0.09), "resnet50": (0.8, 1.6), "vgg16": (2.5, 7.5)},
