@@ -38,15 +38,23 @@ def test_the_estimate_fits_the_promise_on_a_two_core_machine(quick):
         sum(x.estimate_s for x in p.parts) + estimate.LAB_REPORT_S + estimate.CLUSTER_UP_S)
 
 
-def test_every_section_of_the_lab_is_a_part():
-    titles = [p.title for p in cpu_plan().parts]
-    assert titles == ["results within one server", "results across servers",
-                      "results across servers (ResNet-50)", "a recurrent model (LSTM)",
-                      "gradient compression", "parallel strategies (ResNet-50)"]
-    for across in cpu_plan().parts[1:3]:
-        assert across.place == "cluster" and across.flags["link"] == "1gbit" and across.flags["nodes"] == "1,2"
-    assert cpu_plan().parts[2].flags["model"] == "resnet50"
-    assert "results across servers (ResNet-50)" not in [p.title for p in cpu_plan(quick=True).parts]
+@pytest.mark.parametrize("quick", [False, True])
+def test_every_section_of_the_lab_is_a_part(quick):
+    """The sections in the report's order; the model comparison (ResNet-50 beside VGG-16
+    across servers) in every plan, both models run the same way, so the report compares
+    them (lab.report.model_comparison); --quick at 2 workers on 2 servers only."""
+    parts = cpu_plan(quick).parts
+    assert [p.title for p in parts] == [
+        "results within one server", "results across servers", "results across servers (ResNet-50)",
+        "results across servers (VGG-16)", "a recurrent model (LSTM)", "gradient compression",
+        "parallel strategies (ResNet-50)"]
+    for across in parts[1:4]:
+        assert across.place == "cluster" and across.flags["link"] == "1gbit"
+        assert across.flags["nodes"] == ("2" if quick and across is not parts[1] else "1,2")
+    resnet, vgg = parts[2].flags, parts[3].flags
+    assert (resnet["model"], vgg["model"]) == ("resnet50", "vgg16")
+    same = ("nodes", "np", "framework", "backend", "link", "data", "batch_size")
+    assert {k: resnet[k] for k in same} == {k: vgg[k] for k in same}
 
 
 def test_gpus_add_nccl_and_their_counts():

@@ -64,8 +64,36 @@ def test_the_kits_resnet50_is_torchvisions_network():
             assert abs(a.std().item() - b.std().item()) < 0.1 * b.std().item() + 1e-6, name
 
 
-def test_without_torchvision_resnet50_is_built_from_torch_nn(monkeypatch):
+@needs_torchvision
+def test_the_kits_vgg16_is_torchvisions_network():
+    """Where torchvision is missing, VGG-16 is built from torch.nn: torchvision's state
+    dict loads into it unchanged (every name, shape and their order) and gives the same
+    outputs (dropout off); 138,357,544 parameters at 1,000 classes (torchvision's
+    VGG16_Weights.IMAGENET1K_V1 meta, num_params), 32 tensors (the cost model's count)."""
+    import torchvision
+
+    from lab.models.vgg16.net import VGG16
+    from lab.report.cost_model import MODEL_TENSORS
+    ours, theirs = VGG16(1000), torchvision.models.vgg16(weights=None, num_classes=1000)
+    assert sum(p.numel() for p in ours.parameters()) == 138_357_544
+    assert [(n, p.shape) for n, p in ours.named_parameters()] == \
+        [(n, p.shape) for n, p in theirs.named_parameters()]
+    assert len(list(ours.parameters())) == MODEL_TENSORS["vgg16"]
+    # the same initialization: per tensor, the same spread
+    for (name, a), b in zip(ours.state_dict().items(), theirs.state_dict().values()):
+        if a.numel() > 1000:
+            assert abs(a.std().item() - b.std().item()) < 0.1 * b.std().item() + 1e-6, name
+    ours.load_state_dict(theirs.state_dict(), strict=True)
+    ours.eval(), theirs.eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), theirs(x))
+
+
+@pytest.mark.parametrize("name, cls", [("resnet50", "ResNet50"), ("vgg16", "VGG16")])
+def test_without_torchvision_a_model_is_built_from_torch_nn(monkeypatch, name, cls):
     import builtins
+    import importlib
     real = builtins.__import__
 
     def no_torchvision(name, *a, **k):
@@ -73,14 +101,36 @@ def test_without_torchvision_resnet50_is_built_from_torch_nn(monkeypatch):
             raise ImportError("No module named 'torchvision'")
         return real(name, *a, **k)
     monkeypatch.setattr(builtins, "__import__", no_torchvision)
-    from lab.models.resnet50.net import ResNet50
-    model, _ = models.build("resnet50", 1, 28, 10)
-    assert type(model) is ResNet50 and model.conv1.in_channels == 1
+    twin = getattr(importlib.import_module(f"lab.models.{name}.net"), cls)
+    channels, size, classes = specs.get(name).input("digits")
+    model, _ = models.build(name, channels, size, classes)
+    assert type(model) is twin
+    first = model.conv1 if name == "resnet50" else model.features[0]
+    assert first.in_channels == 1
+    with torch.no_grad():
+        assert model.eval()(torch.zeros(1, channels, size, size)).shape == (1, classes)
+
+
+def test_vgg16_takes_the_digits_padded_to_32_with_their_background():
+    """Five 2x2 poolings take 28x28 to nothing: the digits reach VGG-16 centred in 32x32,
+    the border the images' blank pixel; the other models keep 28x28."""
+    from lab.worker import data
+    assert specs.get("vgg16").input("digits") == (1, 32, 10)
+    assert specs.get("vgg16").input("synthetic") == (3, 224, 1000)
+    assert specs.get("resnet50").input("digits") == (1, 28, 10)
+    small = RunConfig(model="resnet50", data="digits")
+    big = RunConfig(model="vgg16", data="digits")
+    a, b = data.load(small), data.load(big)
+    assert (a.size, b.size) == (28, 32) and b.train.images.shape[1:] == (1, 32, 32)
+    torch.testing.assert_close(b.train.images[:, :, 2:30, 2:30], a.train.images)
+    torch.testing.assert_close(b.test.labels, a.test.labels)
+    blank = a.train.images.min()                    # a blank pixel, normalised
+    assert torch.all(b.train.images[:, :, :2] == blank) and torch.all(b.train.images[:, :, :, 30:] == blank)
 
 
 def test_the_registry_is_what_the_flags_offer():
     assert RunConfig.__dataclass_fields__["model"].default in specs.names()
-    assert set(specs.names()) == {"mnist", "resnet50", "lstm"}
+    assert set(specs.names()) == {"mnist", "resnet50", "lstm", "vgg16"}
     for name in specs.names():
         for data in DATASETS:
             c, s, k = specs.get(name).input(data)

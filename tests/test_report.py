@@ -1011,3 +1011,47 @@ def test_the_full_labs_charts_are_written_without_a_word_from_matplotlib(tmp_pat
     assert written == ["throughput.png", "speedup.png", curves.ONE_COUNT_FILE, "memory.png"]
     text = report.render(lab_records(), written, "results/lab")
     assert "![one worker count](one-count.png)" in section(text, "Scalability curve")
+
+
+def test_two_models_across_servers_are_compared_by_their_measured_step_parts(tmp_path):
+    """ResNet-50 and VGG-16 as the lab's cross-server part runs them (2 workers on 2
+    servers over 1gbit, DDP over Gloo): the report sets each one's share of the step in
+    exposed communication side by side, with their gradient bytes and compute per sample,
+    every figure from the records (the step parts as the ranks write them); models that
+    did not run the same way are not compared."""
+    import types
+
+    from lab.worker import step_parts as worker_parts
+    ddp = types.SimpleNamespace(parts_note=None, replicated=True)
+
+    def model_rec(model, values, spans, batch, nodes=2, link="1gbit"):
+        step = sum(spans.values())
+        rows = [[{"data": 0.0, **spans, "waiting": 0.0, "step": step}] * 4 for _ in range(2)]
+        r = rec("ddp", "gloo", 2, step, 2 * batch / step, 0.1, nodes=nodes)
+        r["config"].update(model=model, batch_size=batch, link=link if nodes > 1 else "")
+        r["figures"].update(gradient_values=values,
+                            step_parts=worker_parts.record(ddp, rows, [[step] * 4] * 2))
+        r["record_id"] += f"-{model}-{nodes}"
+        return r
+
+    resnet = {"other": 0.01, "forward": 0.30, "backward": 0.60, "communication": 0.30, "optimizer": 0.04}
+    vgg = {"other": 0.01, "forward": 0.50, "backward": 1.00, "communication": 4.40, "optimizer": 0.09}
+    records = [model_rec("resnet50", 23_528_522, resnet, 16), model_rec("vgg16", 134_300_362, vgg, 16),
+               model_rec("vgg16", 134_300_362, vgg, 16, nodes=1)]    # within one server: no pair
+    run = tmp_path / "lab"
+    for r in records:
+        results.append_record(run / results.RESULTS_FILE, r)
+    text = report.write(str(run)).read_text()
+    said = section(text, "Models compared: computation against communication")
+    [line] = [ln for ln in said.splitlines() if ln.startswith("- ")]
+    share = lambda s: round(100 * s["communication"] / sum(s.values()))     # noqa: E731
+    compute = lambda s: (sum(s.values()) - s["communication"]) / 16        # noqa: E731
+    assert line.startswith(f"- vgg16 spent {share(vgg)}% of its step in exposed communication against "
+                           f"resnet50's {share(resnet)}% at 2 workers on 2 servers over 1gbit (DDP over Gloo, batch 16 a "
+                           f"worker)"), line
+    assert f"it has {134_300_362 / 23_528_522:.1f}x the gradient bytes (537 MB against 94 MB a step)" in line
+    assert f"for {compute(vgg) / compute(resnet):.1f}x the compute per sample" in line
+    assert "they are compared only where they ran the same way" in text
+    # the two models not run the same way (VGG-16 within one server only): not compared
+    apart = report.render([records[0], records[2]], [], "r")
+    assert "Models compared" not in apart and "no figure of one is compared" in apart

@@ -5,7 +5,8 @@ modules a pipeline cuts (layers), the units FSDP shards (fsdp_units). Nothing el
 kit names a model: adding one is its folder, a line at the end of this file, and tests.
 
 The input a model trains on is the data set's (DATA_INPUTS: MNIST and the digits are
-28x28 grey images of 10 classes) or, on synthetic data, the model's own (its spec's
+28x28 grey images of 10 classes), padded to the model's `min_size` where it takes no
+smaller (lab.worker.data.pad_to), or, on synthetic data, the model's own (its spec's
 `synthetic`); the compute ceiling measures the same input the run trains on."""
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ class ModelSpec:
     optimizer: str = "sgd"             # sgd (RunConfig's lr and momentum) or adam (its lr)
     refuses: dict = field(default_factory=dict)  # strategy -> why it cannot run this model
     channels_last: bool = False        # a CNN: channels-last on GPUs below fp32 (lab.worker.precision)
+    min_size: int = 0                  # the smallest image side it takes: a data set's smaller
+                                       # images are padded to it (lab.worker.data.pad_to)
 
     @property
     def net(self):
@@ -38,7 +41,8 @@ class ModelSpec:
 
     def input(self, data: str) -> tuple[int, int, int]:
         """(channels, size, classes) of what the model trains on with --data `data`."""
-        return DATA_INPUTS.get(data, self.synthetic)
+        channels, size, classes = DATA_INPUTS.get(data, self.synthetic)
+        return channels, max(size, self.min_size), classes
 
     def synthetic_train_size(self, batch_size: int) -> int:
         return self.synthetic_samples or 8 * batch_size
@@ -66,5 +70,5 @@ def get(name: str) -> ModelSpec:
 
 
 # The registered models (their folders), in the order --help lists them.
-for _folder in ("mnist", "resnet50", "lstm"):
+for _folder in ("mnist", "resnet50", "lstm", "vgg16"):
     importlib.import_module(f"{__name__}.{_folder}")

@@ -48,7 +48,7 @@ BACKWARD_SHARE = 2 / 3            # without measured parts: backward twice the f
 FRAMING = 1514 / 1448 * (1 + 66 / (2 * 1514))
 # Parameter tensors of the kit's models (lab.models): Horovod all-reduces tensor by tensor,
 # so no more collectives per step than tensors; unknown models: DEFAULT_TENSORS.
-MODEL_TENSORS = {"mnist": 8, "resnet50": 161, "lstm": 6}
+MODEL_TENSORS = {"mnist": 8, "resnet50": 161, "lstm": 6, "vgg16": 32}
 DEFAULT_TENSORS = 64
 
 

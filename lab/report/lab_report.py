@@ -17,6 +17,7 @@ from lab.report import (
     curves,
     html,
     markdown,
+    model_comparison,
     model_inputs,
     prediction,
     prediction_text,
@@ -165,9 +166,12 @@ def document(records: list[dict], images: list[str], source: str, sweeps: list[d
         blocks += _restarted(records)
         blocks += _analysis(records, 2)
     else:
+        compared = _compared(records)
         blocks.append(d.Para(f"The records hold {len(models)} models ({', '.join(map(str, models))}): "
-                             f"each has its own tables and ranking below, and no figure of one is "
-                             f"compared with another's."))
+                             f"each has its own tables and ranking below, and " + (
+                                 "they are compared only where they ran the same way across "
+                                 "servers, after them." if compared else
+                                 "no figure of one is compared with another's.")))
         model = _model(records, sweeps)
         for m in models:
             mine = [r for r in records if r.get("config", {}).get("model") == m]
@@ -176,6 +180,7 @@ def document(records: list[dict], images: list[str], source: str, sweeps: list[d
             blocks += _why(mine, 3, model)
             blocks += _by_configuration(mine, images, 3)
             blocks += _analysis(mine, 3)
+        blocks += compared
         blocks += _curves(images)
         blocks += _not_run(records)
         blocks += _restarted(records)
@@ -183,6 +188,20 @@ def document(records: list[dict], images: list[str], source: str, sweeps: list[d
                          "worker. Wire bytes are an estimate for ring algorithms (see the results "
                          "schema)."))
     return blocks
+
+
+def _compared(records: list[dict]) -> list:
+    """The models side by side: computation against communication, where two models ran
+    the same way across servers (lab.report.model_comparison)."""
+    said = model_comparison.sentences(records)
+    if not said:
+        return []
+    return [d.Heading(2, "Models compared: computation against communication"),
+            d.Para("Each model's measured step parts at the same workers, servers, link and "
+                   "stack (exposed communication: what the step waited for its gradients' "
+                   "exchange beyond the backward's compute; compute: forward, backward, "
+                   "optimizer and the rest, per sample of a worker's batch):"),
+            d.Items(said)]
 
 
 def _results_sections(records: list[dict], notes: d.Notes, level: int) -> list:

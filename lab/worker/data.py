@@ -186,14 +186,32 @@ def synthetic(channels: int, size: int, classes: int, train_size: int, test_size
     return Dataset("synthetic", split(train_size), split(test_size), channels, size, classes)
 
 
+def pad_to(ds: Dataset, size: int) -> Dataset:
+    """The data set with its images centred in size x size, the border its background
+    (a blank pixel, normalised as the images are); unchanged where they are that large."""
+    if ds.size >= size:
+        return ds
+    before = (size - ds.size) // 2
+    after = size - ds.size - before
+    blank = float(_normalise(torch.zeros(())))
+
+    def pad(split: Split) -> Split:
+        images = torch.nn.functional.pad(split.images, (before, after, before, after), value=blank)
+        return Split(images, split.labels)
+
+    return Dataset(ds.name, pad(ds.train), pad(ds.test), ds.channels, size, ds.classes)
+
+
 def load(cfg) -> Dataset:
-    """The data set a RunConfig asks for, on the CPU."""
+    """The data set a RunConfig asks for, on the CPU, at the size its model takes (the
+    model spec's input: MNIST and the digits padded to VGG-16's 32x32)."""
+    _, size, _ = models.get(cfg.model).input(cfg.data)
     if cfg.data == "mnist":
-        return load_mnist(cfg.data_dir)
+        return pad_to(load_mnist(cfg.data_dir), size)
     if cfg.data == "digits":
-        return load_digits(seed=cfg.seed)
+        return pad_to(load_digits(seed=cfg.seed), size)
     # Synthetic: the model's own input (its spec: MNIST's shape for the MNIST network and
-    # the LSTM, ImageNet's for ResNet-50); a test set of an eighth of that.
+    # the LSTM, ImageNet's for ResNet-50 and VGG-16); a test set of an eighth of that.
     n = cfg.train_size()
     channels, size, classes = models.get(cfg.model).input(cfg.data)
     return synthetic(channels, size, classes, n, max(n // 8, 1), seed=cfg.seed)

@@ -4,8 +4,8 @@ here starts a process or asks an engine (lab.host.suites.course runs the plan).
 
 The lab's parts, in the order its report presents them: time per step, throughput and
 speedup within one server for every back end that can run here; the same across two
-servers (the simulated cluster, each node's link shaped to 1 Gbit/s), for the CNN and
-ResNet-50; a recurrent model
+servers (the simulated cluster, each node's link shaped to 1 Gbit/s), for the CNN, and
+ResNet-50 beside VGG-16 (the model comparison: computation against communication); a recurrent model
 (the LSTM); gradient compression (accuracy and speed of fp16 and 8-bit codecs); the
 parallel strategies on ResNet-50. Each part is one bench run id under the lab's results
 folder, so `--resume` continues exactly where a stopped lab ended."""
@@ -173,18 +173,27 @@ def plan(results_dir: str = "results", *, quick: bool = False, gpus: int = 0,
          "link": "1gbit", **common, "epochs": epochs, "repeat": repeat, "run_id": "lab-across"},
         place="cluster", skipped=cluster, estimate_s=per_place, devices=cluster_cpus))
 
-    # ResNet-50 across the same shaped link (the full plan): a payload of about 100 MB a
-    # step against the CNN's 0.09 MB, short runs (its step takes seconds on a CPU).
-    if not quick:
-        r_steps = 8
+    # The model comparison across the same shaped link: ResNet-50 (25.6M parameters, about
+    # 94 MB of gradients a step on the digits' 10 classes) beside VGG-16 (134M, 537 MB),
+    # the same batch and back end, short runs (a step takes seconds on a CPU); the report
+    # sets the share of each one's step spent communicating side by side
+    # (lab.report.model_comparison). The full plan at 1 and 2 workers, within one server
+    # and across two, in both frameworks; --quick at 2 workers across two servers, DDP only.
+    for model, title, m_steps in (("resnet50", "ResNet-50", 8), ("vgg16", "VGG-16", 4)):
+        if quick:
+            where, m_steps, warmup, fws = {"nodes": "2", "np": "2"}, 2, 1, "ddp"
+        else:
+            where, warmup, fws = {"nodes": "1,2", "np": "1,2"}, min(2, m_steps // 2), "horovod,ddp"
+        runs = len(fws.split(","))
+        at_two = estimate(model, [2], runs, lambda np, n=m_steps: n, "cluster")
         parts.append(Part(
-            "across-resnet50", "results across servers (ResNet-50)",
-            {"nodes": "1,2", "np": "1,2", "framework": "horovod,ddp", "backend": "gloo",
-             "link": "1gbit", "model": "resnet50", **common, "batch_size": 16, "epochs": 1,
-             "max_steps": r_steps, "warmup_steps": 2, "repeat": 1, "run_id": "lab-across-resnet50"},
+            f"across-{model}", f"results across servers ({title})",
+            {**where, "framework": fws, "backend": "gloo", "link": "1gbit", "model": model, **common,
+             "batch_size": 16, "epochs": 1, "max_steps": m_steps, "warmup_steps": warmup, "repeat": 1,
+             "run_id": f"lab-across-{model}"},
             place="cluster", skipped=cluster, devices=cluster_cpus,
-            estimate_s=(estimate("resnet50", [1, 2], 2, lambda np: r_steps, "cluster")
-                        + estimate("resnet50", [2], 2, lambda np: r_steps, "cluster"))))
+            estimate_s=at_two if quick else (
+                at_two + estimate(model, [1, 2], runs, lambda np, n=m_steps: n, "cluster"))))
 
     # The recurrent model: the LSTM reading each image row by row.
     repeat, lstm_epochs = (1, 1) if quick else (2, 4)
