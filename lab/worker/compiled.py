@@ -43,6 +43,16 @@ def compile_module(module):
     return torch.compile(module)
 
 
+def watch(compiling) -> None:
+    """compiling(True) when the compiler starts and compiling(False) when it ends
+    (TorchDynamo's callbacks around each compilation, nested ones counted once:
+    torch/_dynamo/callback.py, torch 2.13, CompilationCallbackHandler): the rank's
+    heartbeat is in its compile phase meanwhile (lab.worker.heartbeat)."""
+    from torch._dynamo.callback import callback_handler
+    callback_handler.register_start_callback(lambda _args: compiling(True))
+    callback_handler.register_end_callback(lambda _args: compiling(False))
+
+
 def seconds() -> float:
     """The compiler's seconds so far in this process (TorchDynamo's count: see above)."""
     from torch._dynamo.utils import calculate_time_spent

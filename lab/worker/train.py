@@ -75,6 +75,9 @@ class NoHeartbeat:
     def mark(self, where):
         pass
 
+    def compiling(self, started):
+        pass
+
     def close(self, phase="done"):
         pass
 
@@ -150,6 +153,7 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
     strategy.build(model, loss_fn)
     if cfg.compile:
         strategy.compile()
+        compiled.watch(hb.compiling)
     marks = step_parts.StepParts(device)
     if device.type == "cuda":   # the first forward timed to its end (lab.worker.heartbeat)
         hb.synchronize = lambda: _sync(device)
