@@ -162,3 +162,23 @@ def test_horovods_hooks_average_the_compiled_modules_gradients(stack, tmp_path):
     DistributedOptimizer's hooks on the parameters fired under the compiled backward."""
     (r,) = run(stack, tmp_path, np=[2], framework="horovod", compile=True)
     check_compiled(r)
+
+
+def test_a_compiling_rank_is_in_a_phase_with_a_bound_of_its_own(tmp_path):
+    """The compiler runs inside a step for tens of steps' time: its phase's bound is
+    COMPILE_S (or a longer --stall-s), not ten times the steps so far."""
+    from lab.common import heartbeat
+    from lab.worker.heartbeat import Heartbeat
+    assert heartbeat.bound_s(0.0, "compile", slowest_step_s=0.02) == heartbeat.COMPILE_S
+    assert heartbeat.bound_s(0.0, "warm-up", slowest_step_s=0.02) < heartbeat.COMPILE_S
+    assert heartbeat.bound_s(5000.0, "compile", slowest_step_s=0.02) == 5000.0
+    hb = Heartbeat(tmp_path, "a", 0)
+    try:
+        hb.beat("warm-up", 1, "in")
+        hb.compiling(True)
+        assert (hb.state["phase"], hb.state["step"]) == ("compile", 1)
+        assert heartbeat.describe(hb.state) == "compiling in step 1"
+        hb.compiling(False)
+        assert (hb.state["phase"], hb.state["where"]) == ("warm-up", "in")
+    finally:
+        hb.close()
