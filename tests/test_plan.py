@@ -310,7 +310,7 @@ ONE_JOB_VALUES = {"framework": "horovod", "backend": ("mpi", {"framework": "horo
                   "micro_batches": ("8", {"strategy": "pipeline", "framework": "ddp"}),
                   "schedule": ("1f1b", {"strategy": "pipeline", "framework": "ddp"}),
                   "zero_stage": ("2", {"strategy": "deepspeed"}), "data_dir": "elsewhere",
-                  "precision": "bf16", "checkpoint_every": "10",
+                  "precision": "bf16", "checkpoint_every": "10", "compile": "True",
                   "max_restarts": ("2", {"framework": "horovod"})}   # a TrainJob refuses it
 
 

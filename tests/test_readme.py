@@ -43,6 +43,11 @@ RUN = {   # command -> arguments the test adds (results go to a temporary folder
     ". .venv/bin/activate": None,   # test_activating_the_environment_puts_its_commands_first
 }
 COVERED = {   # command -> the test that runs it, or ".ci/run runs `what .ci/run holds`"
+    "invoke bench --local --np 1,2 --framework ddp --data digits --batch-size 64 --max-steps 40 "
+    "--run-id mnist-c": "tests/test_compile.py::test_the_mnist_cnn_compiled_against_eager_at_1_and_2_ranks",
+    "invoke bench --local --np 1,2 --framework ddp --data digits --batch-size 64 --max-steps 40 "
+    "--run-id mnist-c --compile":
+        "tests/test_compile.py::test_the_mnist_cnn_compiled_against_eager_at_1_and_2_ranks",
     "invoke bench --local --np 2 --data synthetic --max-steps 40 --checkpoint-every 10 --max-restarts 1 "
     "--fault 1:15:kill": "tests/test_restarts.py::test_a_killed_rank_is_survived_from_the_last_checkpoint",
     "invoke acceptance --local":
@@ -119,6 +124,17 @@ COVERED = {   # command -> the test that runs it, or ".ci/run runs `what .ci/run
 LAB = "not runnable in the tests: its own test tests/test_lab.py"
 KUBERNETES = "needs a Kubernetes cluster with the operator installed; no API server can run here"
 NOT_HERE = {   # command -> why it cannot run on this machine
+    "invoke bench --local --np 1 --model resnet50 --batch-size 8 --max-steps 12 --run-id r50":
+        "measured by hand beside its --compile twin, whose compile takes minutes on a CPU (left out of "
+        "CI); the compiled path is tests/test_compile.py's with the MNIST CNN",
+    "invoke bench --local --np 1 --model resnet50 --batch-size 8 --max-steps 12 --run-id r50 --compile":
+        "ResNet-50's compile takes minutes on a CPU (left out of CI); the compiled path is "
+        "tests/test_compile.py's with the MNIST CNN",
+    "invoke bench --local --device cuda --framework ddp --backend nccl --np 1 --model resnet50 "
+    "--data synthetic --batch-size 256 --precision bf16 --max-steps 40 --run-id rn50-compile": "needs a GPU",
+    "invoke bench --local --device cuda --framework ddp --backend nccl --np 1 --model resnet50 "
+    "--data synthetic --batch-size 256 --precision bf16 --max-steps 40 --run-id rn50-compile --compile":
+        "needs a GPU",
     "invoke lab": LAB,
     "invoke lab --dry-run": LAB,
     "invoke lab --quick": LAB,

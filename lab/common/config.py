@@ -50,6 +50,19 @@ NO_AUTOCAST = {
     "rpc-pipeline": "each stage's forward runs in one of RPC's threads, which the caller's "
                     "autocast (a thread's state) does not reach",
 }
+# --compile (torch.compile of the model: lab.worker.compiled): the strategies that cannot
+# take it, and why (one clause each).
+NO_COMPILE = {
+    "pipeline": "torch.distributed.pipelining's schedule runs each stage's forward and backward "
+                "itself, outside the model the kit would compile",
+    "model-parallel": "it is the pipeline's schedule with one micro-batch, which runs each "
+                      "stage's forward and backward itself",
+    "rpc-pipeline": "each stage's forward runs inside RPC's agent, in threads of its own",
+    "deepspeed": "DeepSpeed's engine wraps the model and owns its forward (it has a compile of "
+                 "its own, engine.compile, which the kit does not drive)",
+    "dataparallel": "nn.DataParallel replicates the module into threads at every step, which "
+                    "TorchDynamo does not trace",
+}
 
 
 def framework_of(strategy: str) -> str | None:
@@ -117,6 +130,7 @@ class RunConfig:
     devices: int = 0              # dataparallel: GPUs of its one process (0: all it sees)
     precision: str = "fp32"       # fp32, tf32, bf16 or fp16 (PRECISIONS)
     checkpoint_every: int = 0     # steps between checkpoints (0: none; lab.worker.checkpoint)
+    compile: bool = False         # torch.compile the model (lab.worker.compiled)
     restart: int = 0              # which relaunch of its job this is (0: the first launch; set by bench)
 
     def check(self) -> None:
@@ -162,6 +176,10 @@ class RunConfig:
                               "or fp16")
         self.check_strategy()
         self.check_precision()
+        why = NO_COMPILE.get(self.strategy)
+        if self.compile and why:
+            raise ConfigError(f"the {self.strategy} strategy cannot run --compile ({why}): leave "
+                              f"--compile out, or use --strategy ddp")
 
     def check_precision(self) -> None:
         """What --precision needs: tf32 and fp16 are the GPU's (tf32 is a mode of NVIDIA's
@@ -312,9 +330,16 @@ def argument_parser() -> argparse.ArgumentParser:
     defaults = RunConfig()
     for f in dataclasses.fields(RunConfig):
         default = getattr(defaults, f.name)
-        p.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name,
-                       type=type(default), default=default)
+        kind = _flag_bool if isinstance(default, bool) else type(default)
+        p.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=kind, default=default)
     return p
+
+
+def _flag_bool(text: str) -> bool:
+    """A bool field's value as to_args writes it (str(True)); bool("False") would be True."""
+    if text not in ("True", "False"):
+        raise argparse.ArgumentTypeError(f"True or False, not {text!r}")
+    return text == "True"
 
 
 def parse_args(argv: list[str] | None = None) -> RunConfig:

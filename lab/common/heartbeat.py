@@ -28,6 +28,8 @@ S is --stall-s (0: auto):
   STEP_FACTOR times FORWARD_SHARE times that forward; before that first forward is timed nothing of this run's speed is known:
   max(S, STARTUP_S). So --stall-s bounds silence outside steps and is a floor for steps,
   never a cap that cuts a step that is merely slow;
+- compile (--compile: the compiler running inside a step, lab.worker.compiled): max(S,
+  COMPILE_S), whatever the steps took: a compile costs tens of steps' time or more;
 - evaluation: max(S or STARTUP_S, STEP_FACTOR x the slowest step x the test batches);
 - checkpoint (a checkpoint saved after a step, or loaded at a relaunch's start; the rank
   says which in `where`, "save" or "load", and the bytes of the state in
@@ -47,8 +49,8 @@ import re
 # "optimizer" (Horovod's synchronize waits there; lab.worker.strategies.base cites
 # both); "in": inside a strategy's step that marks no part of it). "checkpoint": between
 # steps, saving one ("save"), or in setup, a relaunch loading one ("load").
-PHASES = ("import", "rendezvous", "setup", "checkpoint", "warm-up", "step", "evaluation", "finish",
-          "done")
+PHASES = ("import", "rendezvous", "setup", "checkpoint", "warm-up", "step", "compile", "evaluation",
+          "finish", "done")
 FLUSH_S = 0.5          # a rank writes its heartbeat at most this often
 STREAM_S = 2.0         # a rank prints its heartbeat line at most this often
 CHANNEL_VAR = "LAB_HEARTBEAT_CHANNEL"
@@ -88,6 +90,11 @@ IMPORT_S = _from_env(IMPORT_VAR, 120.0, "seconds", "s")
 # cloud's cold network disk starts lower still. A slower store sets it lower; a rank
 # whose save needs longer than its bytes at this rate is called stalled.
 CHECKPOINT_MB_S = _from_env(CHECKPOINT_VAR, 20.0, "MB per second", "MB/s")
+# The compiler's bound (--compile): LAB_COMPILE_S seconds when set, else 1200. Not measured
+# as a ceiling: ResNet-50's compile took minutes on this 2-core machine (docs/pages/running.md),
+# and a compile waits for no other rank.
+COMPILE_VAR = "LAB_COMPILE_S"
+COMPILE_S = _from_env(COMPILE_VAR, 1200.0, "seconds", "s")
 STEP_FACTOR = 10.0
 STEP_MIN_S = 60.0
 FORWARD_SHARE = 3.0    # a step is about three forwards (the backward about two)
@@ -117,6 +124,8 @@ def bound_s(stall_s: float, phase: str, slowest_step_s: float | None,
         return max(ordinary, (checkpoint_bytes or 0) / (CHECKPOINT_MB_S * 1e6))
     if phase == "import":
         return max(stall_s, IMPORT_S)
+    if phase == "compile":
+        return max(stall_s, COMPILE_S)
     if phase in ("warm-up", "step"):
         floor = stall_s if stall_s > 0 else STEP_MIN_S
         if slowest_step_s:
@@ -167,6 +176,8 @@ def describe(beat: dict | None) -> str:
         return f"evaluation after step {beat.get('step')}"
     if phase == "checkpoint":
         return checkpoint_doing(beat)
+    if phase == "compile":
+        return f"compiling in step {beat.get('step')}"
     return phase
 
 

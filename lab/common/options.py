@@ -112,6 +112,10 @@ OPTIONS = (
            "bf16 or fp16 (autocast mixed precision, fp16 with a gradient scaler; GPUs, bf16 on "
            "CPUs too; DeepSpeed: its own bf16/fp16 mode); the ceiling is measured at it; a comma "
            "list sweeps", _E, tasks=ONE_JOB, choices=PRECISIONS, sweeps=True, key=True, setup=True),
+    Option("compile", "torch.compile the model (TorchDynamo and Inductor; DDP: its bucket-split graphs): "
+           "the compiler's seconds are recorded apart (figures.compile_s) and a step in which it "
+           "ran is never timed; the ddp, zero1 and fsdp strategies", _E, kind=bool, tasks=ONE_JOB,
+           key=True, setup=True),
     Option("batch_size", "images per rank per step", _E, kind=int, tasks=ONE_JOB, key=True, setup=True,
            crossed=(64, 16)),
     Option("epochs", "epochs per run", _E, kind=int, tasks=ONE_JOB, key=True, setup=True),

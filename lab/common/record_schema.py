@@ -22,7 +22,8 @@ SCHEMA = {
                "ddp, zero1, fsdp, pipeline, model-parallel, deepspeed, rpc-pipeline, dataparallel), "
                "micro_batches and schedule (pipelines), zero_stage (deepspeed), devices "
                "(dataparallel's GPUs), precision (fp32, tf32, bf16 or fp16; absent in records "
-               "made before it existed: fp32)"),
+               "made before it existed: fp32), compile (bench --compile: the model ran through "
+               "torch.compile; absent in records made before it existed: false)"),
     "world.np": ("int", "number of processes (ranks); on every record, whatever its status"),
     "world.nodes": ("int", "number of distinct hosts the ranks ran on (failed and skipped "
                     "records: the hosts asked for); on every record"),
@@ -65,10 +66,18 @@ SCHEMA = {
     "figures.codec_zeroed_fraction": ("float, optional", "8-bit codecs only: share of rank 0's nonzero gradient values "
                                       "that the codec sent as 0, over all steps"),
     "figures.collective": ("str, optional", "the ddp strategy: allreduce, or allgather for the 8-bit codecs (int8 sums would overflow)"),
+    "figures.compile_s": ("float, optional", "bench --compile: the seconds the compiler spent (TorchDynamo's own "
+                          "count, frames and their backward graphs: lab.worker.compiled) on the slowest "
+                          "rank; the steps in which it ran are never timed"),
+    "figures.compile_s_per_rank": ("list[float], optional", "bench --compile: the compiler's seconds on each rank"),
+    "figures.compile_steps": ("list[object], optional", "bench --compile: rank 0's steps in which the compiler "
+                              "ran: step (from 0) and step_s (its wall time, compiling included), kept out "
+                              "of the step-time figures"),
     "figures.step_time_mean_s": ("float", "mean time of a timed training step (rank 0)"),
     "figures.step_time_p50_s": ("float", "median step time (rank 0)"),
     "figures.step_time_p95_s": ("float", "95th-percentile step time (rank 0)"),
-    "figures.timed_steps": ("int", "steps timed per rank (warm-up steps excluded)"),
+    "figures.timed_steps": ("int", "steps timed per rank (warm-up steps, and with --compile the steps "
+                            "that compiled, excluded)"),
     "figures.test_accuracy": ("float", "test accuracy (0..1) after the last epoch, over all ranks"),
     "figures.final_loss": ("float", "mean training loss of the last epoch over all ranks"),
     "figures.step_losses": ("object or null, optional", "first, last: the training loss of the launch's first and "

@@ -81,6 +81,8 @@ def setup_part(name: str, value, r: dict) -> str:
         return _steps_label(value, r.get("config", {}).get("data"))
     if name in ("epochs", "threads", "torch"):
         return f"{name.replace('_', ' ')} {value}"
+    if name == "compile":
+        return "compiled" if value else "eager"
     return str(value)
 
 

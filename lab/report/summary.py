@@ -92,7 +92,8 @@ def rows(records: list[dict]) -> list[dict]:
         c = r.get("config", {})
         row = {"strategy": strategy_name(c), "model": c.get("model"), "framework": c.get("framework"),
                "back end": c.get("backend"), "compression": c.get("compression"),
-               "precision": c.get("precision") or "fp32", "np": r["world"]["np"], "record": r}
+               "precision": c.get("precision") or "fp32", "np": r["world"]["np"], "record": r,
+               "compiled": bool(c.get("compile"))}
         if r.get("status") != "ok":
             row.update({"servers": r["world"]["nodes"], "devices per server": None,
                         "failed": r.get("error", {}).get("reason", "failed"),
@@ -113,6 +114,7 @@ def rows(records: list[dict]) -> list[dict]:
                         x["figures"]["step_time_mean_s"] for x in runs) * 1000,
                     "throughput (img/s)": thr.median, "throughput_summary": thr,
                     "accuracy": None if None in accs else statistics.median(accs),
+                    "compile (s)": compile_seconds(runs),
                     "noisy": thr.relative_spread if stats.noisy(tput) else None})
         base = baselines.get(config_key(r))
         if base and r["world"]["np"] == 1:
@@ -126,6 +128,13 @@ def rows(records: list[dict]) -> list[dict]:
             row["efficiency"] = metrics.efficiency(sp.median, r["world"]["np"])
         out.append(row)
     return out
+
+
+def compile_seconds(runs: list[dict]) -> float | None:
+    """--compile: the median of the runs' compiler seconds (figures.compile_s); None for
+    eager runs."""
+    seconds = [x["figures"]["compile_s"] for x in runs if x["figures"].get("compile_s") is not None]
+    return statistics.median(seconds) if seconds else None
 
 
 def _num(v: float, col: str) -> str:
@@ -184,6 +193,9 @@ def render(table_rows: list[dict], width: int | None = None) -> str:
     if any(r.get("precision", "fp32") != "fp32" for r in table_rows):     # else every row is fp32
         at = columns.index("compression") + 1
         columns = columns[:at] + ("precision",) + columns[at:]
+    if any(r.get("compiled") for r in table_rows):     # else every row ran eagerly
+        at = columns.index("time per step (ms)")
+        columns = columns[:at] + ("compile (s)",) + columns[at:]
 
     # A run that did not finish: its status in the row, its reason a numbered note under
     # the table (no cell holds a sentence).
@@ -201,11 +213,13 @@ def render(table_rows: list[dict], width: int | None = None) -> str:
             return with_spread(row, col)
         v = row.get(col)
         if v is None:
-            return "n/a" if col == "accuracy" else ""
+            return {"accuracy": "n/a", "compile (s)": "eager"}.get(col, "")
         if col == "time per step (ms)":
             return f"{v:.2f}"
         if col == "accuracy":
             return f"{v:.1%}"
+        if col == "compile (s)":
+            return f"{v:.1f}"
         return str(v)
 
     cells = [[cell(r, c) for c in columns] for r in table_rows]

@@ -50,6 +50,7 @@ class Heartbeat:
         # first forward is launch time and the first step's bound falls to its floor.
         self.synchronize = _nothing_queued
         self._forward_at = 0.0
+        self._before_compile = ("setup", None)     # the phase a compile interrupts
         self.eval_steps = 0.0
         self.channel = os.environ.get(heartbeat.CHANNEL_VAR, "folder")
         self._printed_at = 0.0
@@ -91,6 +92,17 @@ class Heartbeat:
                 self.synchronize()
                 self.forward_s = time.perf_counter() - self._forward_at
         s["where"] = where
+        s["seq"] += 1
+
+    def compiling(self, started: bool) -> None:
+        """--compile: the compiler started inside the step (the phase `compile`, with a bound
+        of its own: lab.common.heartbeat.bound_s), or ended (the step's phase back)."""
+        s = self.state
+        if started:
+            self._before_compile = (s["phase"], s["where"])
+            s["phase"] = "compile"
+        else:
+            s["phase"], s["where"] = self._before_compile
         s["seq"] += 1
 
     def step_took(self, seconds: float) -> None:

@@ -14,7 +14,8 @@ start-up here (sympy, the compiler's tables). `skip_compiler_import` keeps it ou
 
 Nothing is changed once torch._dynamo is imported (something compiles: the marks are
 then built as torch builds them), and a torch whose wrapper differs is left as it is
-(the run is slower to start, never different)."""
+(the run is slower to start, never different). A run with --compile imports the
+compiler before anything here is called (lab.worker.compiled.load), so nothing is marked."""
 from __future__ import annotations
 
 import sys

@@ -75,6 +75,9 @@ class NoHeartbeat:
     def mark(self, where):
         pass
 
+    def compiling(self, started):
+        pass
+
     def close(self, phase="done"):
         pass
 
@@ -123,7 +126,7 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
 
     from lab.common import horovod_tuning, metrics
     from lab.worker import checkpoint as ckpt
-    from lab.worker import data, dist, manifest, models, precision, step_parts, strategies
+    from lab.worker import compiled, data, dist, manifest, models, precision, step_parts, strategies
     from lab.worker.strategies import memory
 
     started = results.now_iso()
@@ -148,6 +151,9 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
     if strategy.channels_last:
         model = model.to(memory_format=torch.channels_last)
     strategy.build(model, loss_fn)
+    if cfg.compile:
+        strategy.compile()
+        compiled.watch(hb.compiling)
     marks = step_parts.StepParts(device)
     if device.type == "cuda":   # the first forward timed to its end (lab.worker.heartbeat)
         hb.synchronize = lambda: _sync(device)
@@ -164,6 +170,9 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
     steps = cfg.steps_per_epoch(len(train_split), strategy.data_world)
 
     step_times: list[float] = []
+    # --compile: the steps in which the compiler ran (never timed) and its seconds
+    compile_steps: list[dict] = []
+    compiler_s = compiled.seconds() if cfg.compile else 0.0
     # this launch's first and last EDGE_STEPS losses (detached tensors: no sync inside a step)
     first_losses, last_losses = [], collections.deque(maxlen=EDGE_STEPS)
     if cfg.restart:     # a relaunch reads its checkpoint in a phase of its own
@@ -223,9 +232,13 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
             _sync(device)
             marks.mark("end")
             took = time.perf_counter() - t0
-            marks.end(global_step >= warm_until, lambda: strategy.eval_module().parameters(), took)
+            timed = global_step >= warm_until
+            if cfg.compile and compiled.seconds() > compiler_s:    # this step compiled
+                compiler_s, timed = compiled.seconds(), False
+                compile_steps.append({"step": global_step, "step_s": round(took, 4)})
+            marks.end(timed, lambda: strategy.eval_module().parameters(), took)
             hb.step_took(took)
-            if global_step >= warm_until:
+            if timed:
                 step_times.append(took)
             global_step += 1
             if ckpt.due(cfg, global_step, total_steps):
@@ -274,6 +287,8 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
                                   "held": strategy.holdings(),
                                   "digest": strategy.parameter_digest(),
                                   "startup": startup_phases(MARKS, cfg.launched_at),
+                                  "compile_s": compiler_s if cfg.compile else None,
+                                  "compile_steps": compile_steps,
                                   "parts": marks.rows, "step_times": step_times,
                                   "losses": edge_losses(first_losses, last_losses)})
     figures = strategy.figures()
@@ -318,6 +333,7 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
             "startup_s": slowest["total"],
             "startup_phases_s": {k: slowest[k] for k in STARTUP_PHASES},
             **({"collective_alone": probe} if probe else {}),
+            **(compile_figures(summary) if cfg.compile else {}),
             "step_parts": step_parts.record(strategy, [p["parts"] for p in summary],
                                             [p["step_times"] for p in summary]),
             **(ckpt.figures(loop_s) if cfg.checkpoint_every else {}),
@@ -327,6 +343,15 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
         step_times_s=[round(t, 7) for t in step_times],
         manifest=manifest.collect(hosts, results.run_dir(cfg.results_dir, cfg.run_id)))
     return record
+
+
+def compile_figures(summary: list[dict]) -> dict:
+    """--compile's figures: the compiler's seconds on the slowest rank (the job's steps wait
+    for it), each rank's, and rank 0's steps in which it ran (their wall time, compiling
+    included)."""
+    per_rank = [round(p["compile_s"], 3) for p in summary]
+    return {"compile_s": max(per_rank), "compile_s_per_rank": per_rank,
+            "compile_steps": summary[0]["compile_steps"]}
 
 
 def edge_losses(first, last) -> dict | None:
@@ -389,8 +414,11 @@ def main(argv=None) -> int:
         hb = start_heartbeat(cfg, rank)
         import torch  # noqa: F401 - timed apart from the framework's start
 
-        from lab.worker import lean
-        lean.skip_compiler_import()     # nothing compiles: torch._dynamo stays unimported
+        from lab.worker import compiled, lean
+        if cfg.compile:
+            compiled.load()             # the compiler first: lean's shortcut is for runs without it
+        else:
+            lean.skip_compiler_import()     # nothing compiles: torch._dynamo stays unimported
         MARKS["torch"] = time.time()
         from lab.worker import dist
         from lab.worker.heartbeat import rendezvous_detail

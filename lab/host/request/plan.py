@@ -134,7 +134,9 @@ def combinations(base: BenchSettings, lists: dict) -> list[BenchSettings]:
 def label(s: BenchSettings) -> str:
     how = f"strategy {s.strategy}, " if s.strategy != "ddp" else ""
     arithmetic = f", precision {s.precision}" if s.precision != options.BY_NAME["precision"].value else ""
-    return f"{how}{s.framework} over {s.backend}, compression {s.compression}{arithmetic}, {s.nodes} node(s)"
+    compiled = ", compiled" if s.compile else ""
+    return (f"{how}{s.framework} over {s.backend}, compression {s.compression}{arithmetic}{compiled}, "
+            f"{s.nodes} node(s)")
 
 
 def recorded(have: set, s: BenchSettings, np: int, repeat: int) -> str | None:

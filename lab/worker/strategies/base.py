@@ -9,7 +9,7 @@ import torch
 
 from lab import models
 from lab.common.config import ConfigError
-from lab.worker import collective, data, precision
+from lab.worker import collective, compiled, data, precision
 from lab.worker.compression import bytes_per_step, loss_scale_of
 from lab.worker.strategies import memory
 
@@ -49,6 +49,9 @@ class Strategy:
     def __init__(self, cfg, d, device):
         self.cfg, self.d, self.device = cfg, d, device
         self.model = self.optimizer = self.loss_fn = None
+        # --compile: the module the training step calls, compiled (lab.worker.compiled);
+        # None: the step calls self.model
+        self.compiled = None
         own = self.autocasts
         self.scaler = precision.scaler(cfg.precision, device, self.sharded_gradients) if own else None
         # the CNNs channels-last on a GPU below fp32 (train.py converts the model)
@@ -105,9 +108,10 @@ class Strategy:
         # Horovod's in its optimizer's step (horovod/torch/optimizer.py 0.28.1,
         # _DistributedOptimizer.step calls self.synchronize()).
         self.mark("forward")
+        module = self.model if self.compiled is None else self.compiled
         with precision.autocast(self.cfg.precision, self.device):
-            with self.watching(self.model) as seen:
-                out = self.model(x)
+            with self.watching(self.model) as seen, compiled.eager(self.watched(module)):
+                out = module(x)
             loss = self.loss_fn(out, y)
         self.saw(seen, out)
         self.mark("backward")
@@ -138,6 +142,17 @@ class Strategy:
         if self.forward_dtype is None:
             return precision.layer_dtypes(model)
         return contextlib.nullcontext(collections.Counter())
+
+    def watched(self, module) -> bool:
+        """Whether this forward of a compiled module runs eagerly: the first one, whose
+        layers `watching` hooks (traced, the hooks would be compiled into the graph)."""
+        return module is self.compiled and self.forward_dtype is None
+
+    def compile(self) -> None:
+        """--compile: the training step's forward through the compiled module (the
+        framework's wrapper included: lab.worker.compiled); evaluation, checkpoints and
+        the figures keep the module itself."""
+        self.compiled = compiled.compile_module(self.model)
 
     def saw(self, seen: collections.Counter, out: torch.Tensor) -> None:
         """After the forward `watching` watched: the first step's forward_dtype."""
