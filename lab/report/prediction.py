@@ -17,7 +17,6 @@ import json
 import statistics
 from pathlib import Path
 
-from lab.common.link import DELAY, rate_gbs, tbf_burst_bytes
 from lab.report import cost_model as cm
 from lab.report import model_inputs as mi
 from lab.report import records as rec
@@ -43,19 +42,6 @@ def _collective(row: dict) -> dict | None:
         return None
     t = statistics.median(f["time_s"] for f in figs)
     return {**figs[0], "time_s": t, "busbw_gbs": statistics.median(f["busbw_gbs"] for f in figs)}
-
-
-def _link(spec: str, nodes: int) -> tuple[float | None, float, float]:
-    """(rate in GB/s, delay in s, token bucket in bytes) of a multi-server run's shaped
-    link; (None, 0, 0) else."""
-    spec = spec or ""
-    if nodes < 2 or not spec:
-        return None, 0.0, 0.0
-    delay = spec.partition("/")[2]
-    m = DELAY.match(delay) if delay else None
-    scale = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
-    return (rate_gbs(spec), float(m.group(1)) * scale[m.group(2).lower()] if m else 0.0,
-            float(tbf_burst_bytes(spec) or 0))
 
 
 def fit_key(record: dict) -> tuple:
@@ -85,12 +71,12 @@ def fits(records: list[dict], sweeps: list[dict] = ()) -> dict[tuple, cm.Fit]:
         if c and c.get("time_s"):
             key = fit_key(r)
             points.setdefault(key, []).append(_without_cycle_wait(c, key[0], cm.horovod_cycle_s(r["world"].get("horovod"))))
-            links[key] = _link(r.get("config", {}).get("link", ""), r["world"]["nodes"])
+            links[key] = mi.link_of(r.get("config", {}).get("link", ""), r["world"]["nodes"])
     for e in sweeps:
         key = mi.sweep_key(e)
         points.setdefault(key, []).extend(_without_cycle_wait(p, key[0], cm.horovod_cycle_s(e))
                                           for p in e["points"] if p.get("time_s"))
-        links[key] = _link(key[4], 2 if key[3] else 1)
+        links[key] = mi.link_of(key[4], 2 if key[3] else 1)
     return {k: f for k, pts in points.items() if (f := cm.fit(pts, *links[k], backend=k[1]))}
 
 
@@ -103,7 +89,7 @@ def fit_for(key: tuple, fitted: dict[tuple, cm.Fit]) -> cm.Fit | None:
     if not moved:
         return None
     k, f = max(moved, key=lambda kf: kf[1].points)
-    return f.on_link(*_link(key[4], 2))
+    return f.onmi.link_of(*mi.link_of(key[4], 2))
 
 
 def _median(values: list) -> float | None:
@@ -111,30 +97,16 @@ def _median(values: list) -> float | None:
     return statistics.median(values) if values else None
 
 
-def inputs(row: dict, one: dict, ceilings: dict, rows: list[dict]) -> cm.Inputs:
-    """The model's inputs for `row`: the compute of its 1-worker row, the slowdown from the
-    compute ceilings (model_inputs.ceiling_slowdown), waiting from the other configurations
-    at its ranks, its framework's first (model_inputs.others_wait), the settings from its
-    record."""
+def inputs(row: dict, one: dict) -> cm.Inputs:
+    """The explained figure's inputs for `row` (_explain fills in its own slowdown and
+    wait): the compute and backward of its 1-worker row, the settings from its record."""
     r, n = row["record"], row["np"]
-    f = r["figures"]
-    compute = one["time per step (ms)"] / 1000
-    parts = step_parts.of_row(one)
-    backward = compute * parts["backward"] / parts["step"] if parts and parts["step"] else None
-    slow = mi.ceiling_slowdown(r, n, row["servers"], ceilings)
-    hv = r["world"].get("horovod") or {}
-    waiting, waiting_from = mi.others_wait(row, rows)
-    values = f.get("gradient_values")
-    grad = 4.0 * values if values else float(f.get("payload_bytes_per_step") or 0)
+    ow = mi.one_worker(one)
     return cm.Inputs(
-        framework=r["config"].get("framework", "ddp"), np=n, compute_s=compute, backward_s=backward,
-        grad_bytes=grad, payload_bytes=float(f.get("payload_bytes_per_step") or grad),
-        op=f.get("collective") or "allreduce",
-        slowdown=slow, slowdown_from="ceiling" if slow else None, waiting_s=waiting, waiting_from=waiting_from,
-        tensors=cm.MODEL_TENSORS.get(r["config"].get("model"), cm.DEFAULT_TENSORS),
-        tensor_bytes=[4.0 * v for v in f["gradient_tensors"]] if f.get("gradient_tensors") else None,
-        cycle_s=cm.horovod_cycle_s(hv),
-        fusion_bytes=hv.get("fusion_threshold_bytes", cm.HOROVOD_FUSION))
+        framework=ow.framework, np=n, compute_s=ow.compute_s, backward_s=ow.backward_s, grad_bytes=ow.grad_bytes,
+        payload_bytes=ow.payload_bytes, op=ow.op, tensors=ow.tensors, tensor_bytes=ow.tensor_bytes,
+        cycle_s=cm.horovod_cycle_s(r["world"].get("horovod")),
+        fusion_bytes=(r["world"].get("horovod") or {}).get("fusion_threshold_bytes", cm.HOROVOD_FUSION))
 
 
 def _pairs(records: list[dict], known: list[dict] | None = None):
@@ -196,49 +168,59 @@ def with_cycle_costs(cases: list[tuple[dict, cm.Inputs, cm.Fit]], blind: set[int
     return out
 
 
+def target_of(row: dict) -> cm.Target:
+    """The row's configuration as a target: its workers, servers (the ranks spread evenly),
+    link and the cores of a server (world.cores): what describes it, nothing it measured."""
+    r, n, servers = row["record"], row["np"], row["servers"]
+    gbs, delay, burst = mi.link_of(r.get("config", {}).get("link", ""), servers)
+    return cm.Target(workers=n, per_server=-(-n // servers) if servers > 1 else None,
+                     link_gbit=gbs * 8 if gbs else None, latency_s=delay, burst_bytes=burst,
+                     cores=(r.get("world") or {}).get("cores"))
+
+
+def predict_row(row: dict, one: dict, ceilings: dict, sweeps: list[dict]) -> dict:
+    """cost_model.predict_target of the row's target from its 1-worker row (one_worker) and
+    its back end's sweeps (sweep_fit: where its ranks exchange, across servers or not):
+    nothing of the row's own runs, nor of any other multi-worker run."""
+    ow = mi.one_worker(one, ceilings)
+    fit = mi.sweep_fit(sweeps, ow.backend, summary.place(row["record"]), row["servers"] > 1)
+    return {**cm.predict_target(ow, fit, target_of(row)), "one_worker": ow}
+
+
 def _cases(records: list[dict], sweeps: list[dict] = (), leave_out=None) -> list[dict]:
-    """Every multi-worker row with what predicting it needs, or why it cannot be. With
-    `leave_out` (a test on a record), only the rows it picks, each predicted from the
-    other records and the sweeps alone: not its collective probe, ceiling or step parts."""
+    """Every multi-worker row with its prediction (predict_row) or why it has none. With
+    `leave_out` (a test on a record), only the rows it picks, each predicted without their
+    records (a prediction never reads them; their 1-worker rows are the others')."""
     known = [r for r in records if not (leave_out and leave_out(r))]
-    fitted, ceilings, known_rows = fits(known, sweeps), mi.ceilings(known), summary.rows(known)
-    measured = [(row, e / c) for row, one in _pairs(known) if one is not None
-                and (e := mi.explained_slowdown(row, one)) and (c := mi.ceiling_slowdown(
-                    row["record"], row["np"], row["servers"], ceilings))]
+    ceilings = mi.ceilings(known)
     out = []
     for row, one in _pairs(records, known):
         left = bool(leave_out and leave_out(row["record"]))
-        fit = fit_for(fit_key(row["record"]), fitted)
-        x = inputs(row, one, ceilings, known_rows) if one is not None else None
-        if x is not None and x.slowdown:
-            factor, how = mi.contention(row, measured)
-            x = cm.Inputs(**{**x.__dict__, "contention": factor, "contention_from": how})
-        why = ("no 1-worker run of the same configuration" if one is None else
-               "no collective timed for its back end and place" if fit is None else
-               mi.no_ceiling(row["np"], row["servers"]) if not x.slowdown else None)
-        out.append({"row": row, "one": one, "inputs": x, "fit": fit, "why": why, "left": left, "explained": None})
-    ready = [c for c in out if not c["why"]]
-    blind = {i for i, c in enumerate(ready) if c["left"]}
-    for c, x in zip(ready, with_cycle_costs([(c["row"], c["inputs"], c["fit"]) for c in ready], blind)):
-        c["inputs"] = x
-    _explain([c for c in out if c["fit"] is not None and c["one"] is not None and not c["row"]["record"].get("planned")])
+        p = predict_row(row, one, ceilings, sweeps) if one is not None else {
+            "why": "no 1-worker run of the same configuration"}
+        out.append({"row": row, "one": one, "inputs": p.get("inputs"), "fit": p.get("fit"), "why": p["why"],
+                    "model": p, "left": left, "explained": None})
+    _explain(known, sweeps, [c for c in out if c["one"] is not None and not c["row"]["record"].get("planned")
+                             and not c["why"]])
     return [c for c in out if c["left"] or not leave_out]
 
 
-def _explain(cases: list[dict]) -> None:
+def _explain(known: list[dict], sweeps: list[dict], cases: list[dict]) -> None:
     """Each case's step explained by the row's own measurements (its compute parts'
-    slowdown, its own wait, Horovod's cycle cost from the other rows' exposed time as for a
-    prediction): not a prediction, shown apart as one; None without the row's step parts."""
+    slowdown, its own wait, its own collective probe in the fit): not a prediction, shown
+    apart as one; None without the row's step parts."""
+    fitted = fits(known, sweeps)
     mine = []
     for c in cases:
-        slow = mi.explained_slowdown(c["row"], c["one"])
-        if slow is not None:
-            mine.append((c, cm.Inputs(**{**c["inputs"].__dict__, "slowdown": slow, "slowdown_from": "step parts",
-                                         "contention": 1.0, "contention_from": None,
-                                         "waiting_s": mi.mean_wait(c["row"]), "waiting_from": "itself", "cycle_cost_s": 0.0,
-                                         "cycle_cost_from": None})))
-    for (c, _), x in zip(mine, with_cycle_costs([(c["row"], x, c["fit"]) for c, x in mine])):
-        p, step = cm.predict(x, c["fit"]), c["row"]["time per step (ms)"]
+        slow, fit = mi.explained_slowdown(c["row"], c["one"]), fit_for(fit_key(c["row"]["record"]), fitted)
+        if slow is not None and fit is not None:
+            x = inputs(c["row"], c["one"])
+            mine.append((c, fit, cm.Inputs(**{**x.__dict__, "slowdown": slow, "slowdown_from": "step parts",
+                                              "contention": 1.0, "contention_from": None,
+                                              "waiting_s": mi.mean_wait(c["row"]), "waiting_from": "itself",
+                                              "cycle_cost_s": 0.0, "cycle_cost_from": None})))
+    for (c, fit, _), x in zip(mine, with_cycle_costs([(c["row"], x, fit) for c, fit, x in mine])):
+        p, step = cm.predict(x, fit), c["row"]["time per step (ms)"]
         c["explained"] = {"step_ms": p["step_s"] * 1000, "slowdown": x.slowdown, "waiting_ms": p["waiting_s"] * 1000,
                           "error": p["step_s"] * 1000 / step - 1 if step else None}
 
@@ -250,8 +232,7 @@ def predictions(records: list[dict], sweeps: list[dict] = (), leave_out=None) ->
     for c in _cases(records, sweeps, leave_out):
         if c["why"]:
             continue
-        row, one, x, fit = c["row"], c["one"], c["inputs"], c["fit"]
-        p = cm.predict(x, fit)
+        row, one, x, fit, p = c["row"], c["one"], c["inputs"], c["fit"], c["model"]
         step = row["time per step (ms)"]
         ran = not row["record"].get("planned")      # planned (not run yet): no measurement of its own
         out.append({"gap": _gap(row, one) if ran else None,
@@ -331,7 +312,7 @@ def what_if(records: list[dict], preds: list[dict]) -> list[dict]:
         x = p["inputs"]
         for n in WHAT_IF_WORKERS:
             for g in WHAT_IF_LINKS_GBIT:
-                fit = p["fit"].on_link(g / 8)
+                fit = p["fit"].onmi.link_of(g / 8)
                 y = cm.Inputs(**{**x.__dict__, "np": n, "slowdown": None, "contention": 1.0,
                                  "contention_from": None})
                 m = cm.predict(y, fit)
