@@ -17,16 +17,16 @@ import json
 import statistics
 from pathlib import Path
 
+from lab.report import algorithms, step_parts, summary
 from lab.report import cost_model as cm
 from lab.report import model_inputs as mi
 from lab.report import records as rec
-from lab.report import step_parts, summary
 from lab.report.cost_assumptions import ASSUMPTIONS
 from lab.report.prediction_text import fp16_sentences, sentences, split_sentences  # noqa: F401 (the report's)
 from lab.report.tables import row_oversubscribed
 
 HEADERS = ["configuration", "np", "servers", "compute", "slowdown", "exposed", "waiting",
-           "predicted", "measured", "error", "pred. speedup", "speedup", "unexplained"]
+           "predicted", "measured", "error", "no-model error", "pred. speedup", "speedup", "unexplained"]
 WHAT_IF_WORKERS = (1, 2, 4, 8, 16, 64)
 WHAT_IF_LINKS_GBIT = (1, 10, 100)
 WHAT_IF_HEADERS = ["configuration", "workers", *(f"{g} Gbit/s" for g in WHAT_IF_LINKS_GBIT)]
@@ -228,14 +228,18 @@ def _explain(known: list[dict], sweeps: list[dict], cases: list[dict]) -> None:
 def predictions(records: list[dict], sweeps: list[dict] = (), leave_out=None) -> list[dict]:
     """One entry per multi-worker row that has its 1-worker row, a fitted collective and
     the compute ceilings at 1 and at its ranks (_cases: `leave_out`)."""
-    out = []
+    out, rows, ceilings = [], summary.rows([r for r in records if not r.get("planned")]), mi.ceilings(records)
     for c in _cases(records, sweeps, leave_out):
         if c["why"]:
             continue
         row, one, x, fit, p = c["row"], c["one"], c["inputs"], c["fit"], c["model"]
         step = row["time per step (ms)"]
         ran = not row["record"].get("planned")      # planned (not run yet): no measurement of its own
-        out.append({"gap": _gap(row, one) if ran else None,
+        base = baseline_ms(row, rows) if ran else None
+        out.append({"baseline_ms": base, "baseline_error": base / step - 1 if base and step else None,
+                    "ceiling_img_s": p["ceiling_img_s"],
+                    "ceiling_measured_img_s": ceilings.get((mi.compute_key(row["record"]), row["np"],
+                                                            row["servers"])) if ran else None,"gap": _gap(row, one) if ran else None,
                     "row": row, "np": row["np"], "servers": row["servers"], "inputs": x, "fit": fit,
                     "model": p, "collective": _collective(row) if ran else None, "explained": c["explained"],
                     "predicted_ms": p["step_s"] * 1000, "step_ms": step,
@@ -245,6 +249,36 @@ def predictions(records: list[dict], sweeps: list[dict] = (), leave_out=None) ->
                     "predicted_speedup": p["speedup"], "speedup": row.get("speedup"),
                     "oversubscribed": row_oversubscribed(row)})
     return out
+
+
+def baseline_ms(row: dict, rows: list[dict]) -> float | None:
+    """The no-model baseline of a row across servers (ms): the same configuration's measured
+    step on the link nearest in rate among the others it ran on (same workers, servers and
+    cores of their own or not), plus its payload's bytes on the wire beyond each link's
+    token bucket at the slower rate less at the faster (cost_model.link_s_per_byte); None
+    where it ran on no other link."""
+    r = row["record"]
+    link = r.get("config", {}).get("link", "") or ""
+    gbs, _, burst = mi.link_of(link, row["servers"])
+    if not gbs:
+        return None
+    key = summary.group_key(r)
+    near = []
+    for o in rows:
+        ol = o["record"].get("config", {}).get("link", "") or ""
+        og, _, oburst = mi.link_of(ol, o["servers"])
+        if o.get("runs") and og and ol != link and summary.group_key({**o["record"], "config": {
+                **o["record"]["config"], "link": link}}) == key:
+            near.append((abs(og - gbs) / gbs, o, og, oburst))
+    if not near:
+        return None
+    _, o, og, oburst = min(near, key=lambda t: t[0])
+    f = r.get("figures") or {}
+    wire = algorithms.wire_bytes(f.get("collective") or "allreduce", float(f.get("payload_bytes_per_step") or 0),
+                                 row["np"], mi.framework_key(r)[1])
+    extra = (max(0.0, wire - burst / cm.FRAMING) * cm.link_s_per_byte(gbs)
+             - max(0.0, wire - oburst / cm.FRAMING) * cm.link_s_per_byte(og))
+    return o["time per step (ms)"] + 1000 * extra
 
 
 def _gap(row: dict, one: dict) -> dict | None:
@@ -294,32 +328,41 @@ def table(records: list[dict], preds: list[dict]) -> list[list]:
             f"{p['compute_ms']:.1f}", f"{m['slowdown']:.2f}", f"{m['exposed_s'] * 1000:.1f}",
             f"{m['waiting_s'] * 1000:.1f}", f"{p['predicted_ms']:.1f}", f"{p['step_ms']:.1f}",
             _fmt(None if p["error"] is None else 100 * p["error"], "+.0f") + "%",
+            _fmt(None if p.get("baseline_error") is None else 100 * p["baseline_error"], "+.0f")
+            + ("%" if p.get("baseline_error") is not None else ""),
             _fmt(p["predicted_speedup"], ".2f"), _fmt(p["speedup"], ".2f"),
             f"{p['unexplained_ms']:+.1f}" + (" (oversubscribed)" if p["oversubscribed"] else "")])
     return rows
 
 
-def what_if(records: list[dict], preds: list[dict]) -> list[dict]:
+def what_if_fit(sweeps: list[dict], backend: str | None) -> cm.Fit | None:
+    """The what-if's collective of a back end, one for all its configurations: doctor's
+    sweep across servers where there is one, else within one (model_inputs.sweep_fit, any
+    place), carried to each link by cost_model.target_fit."""
+    return mi.sweep_fit(sweeps, backend, None, True)
+
+
+def what_if(records: list[dict], preds: list[dict], sweeps: list[dict] = ()) -> list[dict]:
     """Each predicted configuration at WHAT_IF_WORKERS on links of WHAT_IF_LINKS_GBIT, every
-    worker on a server of its own (no shared cores), waiting as measured at the most workers."""
-    best: dict[tuple, dict] = {}
+    worker on a server of its own (no shared cores), by the same code as its prediction
+    (cost_model.predict_target) from one source: its 1-worker row and its back end's
+    what_if_fit, so two configurations of one model differ only as their 1-worker runs do."""
+    first: dict[tuple, dict] = {}
     for p in preds:
-        key = summary.config_key(p["row"]["record"])
-        if key not in best or (p["np"], p["servers"]) > (best[key]["np"], best[key]["servers"]):
-            best[key] = p
+        first.setdefault(summary.config_key(p["row"]["record"]), p)
     out = []
-    for p in best.values():
-        x = p["inputs"]
+    for p in first.values():
+        one = p["model"]["one_worker"]
+        fit = what_if_fit(sweeps, one.backend)
         for n in WHAT_IF_WORKERS:
             for g in WHAT_IF_LINKS_GBIT:
-                fit = p["fit"].onmi.link_of(g / 8)
-                y = cm.Inputs(**{**x.__dict__, "np": n, "slowdown": None, "contention": 1.0,
-                                 "contention_from": None})
-                m = cm.predict(y, fit)
+                m = cm.predict_target(one, fit, cm.Target(workers=n, per_server=1, link_gbit=g))
+                if m["why"]:
+                    continue
                 out.append({"configuration": rec.config_label(p["row"]["record"], records, " / "),
                             "workers": n, "link_gbit": g, "predicted_step_ms": m["step_s"] * 1000,
-                            "predicted_speedup": m["speedup"], "extrapolated": True,
-                            "terms": _terms(m, fit)})
+                            "predicted_speedup": m["speedup"], "efficiency": m["efficiency"],
+                            "extrapolated": True, "terms": _terms(m, m["fit"]) if m["fit"] else _terms(m, fit)})
     return out
 
 
@@ -336,11 +379,12 @@ def _terms(m: dict, fit: cm.Fit) -> dict:
             "slowdown": m["slowdown"], "backward_ms": m["backward_s"] * 1000,
             "exposed_communication_ms": m["exposed_s"] * 1000, "waiting_ms": m["waiting_s"] * 1000,
             "collective_fitted_ms": m["collective_fitted_s"] * 1000, "collectives_per_step": m["buckets"],
-            "collectives_ms": m["collectives_s"] * 1000, "fit": fit.as_dict(),
+            "collectives_ms": m["collectives_s"] * 1000, "fit": fit.as_dict() if fit else None,
             "slowdown_from": m["slowdown_from"], "contention": m["contention"],
             "contention_from": m["contention_from"], "waiting_from": m["waiting_from"],
             "horovod_cycle_cost_ms": m["cycle_cost_s"] * 1000,
             "ddp_bucket_cost_ms": m["bucket_cost_s"] * 1000,
+            **{k: m[k] for k in ("throughput_img_s", "efficiency", "ceiling_img_s") if k in m},
             "assumptions": m["assumptions"]}
 
 
@@ -367,7 +411,7 @@ def document(records: list[dict], sweeps: list[dict] = ()) -> dict | None:
                 "measured_step_ms": u["row"]["time per step (ms)"], "why": u["why"],
                 "explained": u["explained"]}
                for u in unpredicted(records, sweeps)],
-            "what_if": what_if(records, preds)}
+            "what_if": what_if(records, preds, sweeps)}
 
 
 def write_json(records: list[dict], out_dir: Path, sweeps: list[dict] = ()) -> Path | None:
