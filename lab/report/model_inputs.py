@@ -33,14 +33,20 @@ def compute_key(record: dict) -> tuple:
             c.get("device"), summary.place(record), summary.stack(record))
 
 
+def own_cores(record: dict) -> bool:
+    """Whether the run's servers had cores of their own (the simulated cluster's pinned
+    nodes: world.node_cores): rows with and without never share a term."""
+    return bool((record.get("world") or {}).get("node_cores"))
+
+
 def ceilings(records: list[dict]) -> dict[tuple, float]:
-    """(compute_key, processes, servers) -> the median images per second of every ok
-    record's compute ceiling there (figures.ceiling, all the processes together)."""
+    """(compute_key, processes, servers, own_cores) -> the median images per second of every
+    ok record's compute ceiling there (figures.ceiling, all the processes together)."""
     found: dict[tuple, list[float]] = {}
     for r in records:
         c = (r.get("figures") or {}).get("ceiling") if r.get("status") == "ok" else None
         if c and c.get("images_per_s"):
-            key = (compute_key(r), c.get("processes", r["world"]["np"]), r["world"]["nodes"])
+            key = (compute_key(r), c.get("processes", r["world"]["np"]), r["world"]["nodes"], own_cores(r))
             found.setdefault(key, []).append(c["images_per_s"])
     return {k: statistics.median(v) for k, v in found.items()}
 
@@ -166,7 +172,7 @@ def one_worker(one: dict, ceilings_: dict | None = None) -> cm.OneWorker:
         grad_bytes=grad, payload_bytes=float(f.get("payload_bytes_per_step") or grad),
         op=f.get("collective") or "allreduce", batch=int(c.get("batch_size") or 1), threads=int(c.get("threads") or 1),
         cores=w.get("cores"), step_times_s=steps or None,
-        ceiling_img_s=(ceilings_ or {}).get((compute_key(r), 1, 1)),
+        ceiling_img_s=(ceilings_ or {}).get((compute_key(r), 1, 1, own_cores(r))),
         tensors=cm.MODEL_TENSORS.get(c.get("model"), cm.DEFAULT_TENSORS),
         tensor_bytes=[4.0 * v for v in f["gradient_tensors"]] if f.get("gradient_tensors") else None,
         cycle_s=cm.horovod_cycle_s(hv), fusion_bytes=hv.get("fusion_threshold_bytes", cm.HOROVOD_FUSION),

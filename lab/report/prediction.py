@@ -238,8 +238,8 @@ def predictions(records: list[dict], sweeps: list[dict] = (), leave_out=None) ->
         base = baseline_ms(row, rows) if ran else None
         out.append({"baseline_ms": base, "baseline_error": base / step - 1 if base and step else None,
                     "ceiling_img_s": p["ceiling_img_s"],
-                    "ceiling_measured_img_s": ceilings.get((mi.compute_key(row["record"]), row["np"],
-                                                            row["servers"])) if ran else None,"gap": _gap(row, one) if ran else None,
+                    "ceiling_measured_img_s": ceilings.get((mi.compute_key(row["record"]), row["np"], row["servers"],
+                                                            mi.own_cores(row["record"]))) if ran else None,"gap": _gap(row, one) if ran else None,
                     "row": row, "np": row["np"], "servers": row["servers"], "inputs": x, "fit": fit,
                     "model": p, "collective": _collective(row) if ran else None, "explained": c["explained"],
                     "predicted_ms": p["step_s"] * 1000, "step_ms": step,
