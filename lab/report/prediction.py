@@ -89,7 +89,7 @@ def fit_for(key: tuple, fitted: dict[tuple, cm.Fit]) -> cm.Fit | None:
     if not moved:
         return None
     k, f = max(moved, key=lambda kf: kf[1].points)
-    return f.onmi.link_of(*mi.link_of(key[4], 2))
+    return f.on_link(*mi.link_of(key[4], 2))
 
 
 def _median(values: list) -> float | None:
@@ -201,7 +201,7 @@ def _cases(records: list[dict], sweeps: list[dict] = (), leave_out=None) -> list
         out.append({"row": row, "one": one, "inputs": p.get("inputs"), "fit": p.get("fit"), "why": p["why"],
                     "model": p, "left": left, "explained": None})
     _explain(known, sweeps, [c for c in out if c["one"] is not None and not c["row"]["record"].get("planned")
-                             and not c["why"]])
+                             and summary.strategy_name(c["row"]["record"].get("config", {})) == "ddp"])
     return [c for c in out if c["left"] or not leave_out]
 
 
