@@ -31,7 +31,6 @@ WHAT_IF_WORKERS = (1, 2, 4, 8, 16, 64)
 WHAT_IF_LINKS_GBIT = (1, 10, 100)
 WHAT_IF_HEADERS = ["configuration", "workers", *(f"{g} Gbit/s" for g in WHAT_IF_LINKS_GBIT)]
 JSON_FILE = "prediction.json"
-SELF_FITTED = "‡"               # marks a row whose Horovod cycle cost was fitted on its own exposed time
 
 
 def _collective(row: dict) -> dict | None:
@@ -323,8 +322,8 @@ def table(records: list[dict], preds: list[dict]) -> list[list]:
     for p in preds:
         m = p["model"]
         rows.append([
-            rec.config_label(p["row"]["record"], records, " / ") + rec.link_label(p["row"]["record"])
-            + (f" {SELF_FITTED}" if p["inputs"].cycle_cost_from == "itself" else ""), p["np"], p["servers"],
+            rec.config_label(p["row"]["record"], records, " / ") + rec.link_label(p["row"]["record"]),
+            p["np"], p["servers"],
             f"{p['compute_ms']:.1f}", f"{m['slowdown']:.2f}", f"{m['exposed_s'] * 1000:.1f}",
             f"{m['waiting_s'] * 1000:.1f}", f"{p['predicted_ms']:.1f}", f"{p['step_ms']:.1f}",
             _fmt(None if p["error"] is None else 100 * p["error"], "+.0f") + "%",
