@@ -93,10 +93,9 @@ def _why(records: list[dict], level: int, model: tuple[list[dict], list[dict], l
         "bandwidth fitted on doctor's sweeps of the back end) + waiting (the expected wait for the "
         "slowest of the ranks, each step drawn from the 1-worker run's); measured: the mean of all timed "
         "steps (the step parts below are of the typical steps); error: predicted against measured; "
-        "no-model error: the same configuration's step measured on the nearest other link plus its "
-        "payload at the slower rate, against measured (n/a where it ran on no other link); "
-        "pred. speedup, speedup: the throughput over one worker's, from the predicted and the measured step; "
-        "unexplained: the measured step less the predicted one"
+        "no-model: the error of a baseline with no model, the same configuration's step measured on the "
+        "nearest other link plus its payload at the slower rate (n/a where it ran on no other link); "
+        "pred. speedup, speedup: the throughput over one worker's, from the predicted and the measured step"
         + ("; (oversubscribed): the run had more ranks than cores, so its step measures ranks taking turns on them"
            if any(p["oversubscribed"] for p in preds) else "") + ". Every term is in prediction.json.",
         *_ceiling_checks(records, preds), *unpredicted]),

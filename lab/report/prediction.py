@@ -26,7 +26,7 @@ from lab.report.prediction_text import fp16_sentences, sentences, split_sentence
 from lab.report.tables import row_oversubscribed
 
 HEADERS = ["configuration", "np", "servers", "compute", "slowdown", "exposed", "waiting",
-           "predicted", "measured", "error", "no-model error", "pred. speedup", "speedup", "unexplained"]
+           "predicted", "measured", "error", "no-model", "pred. speedup", "speedup"]
 WHAT_IF_WORKERS = (1, 2, 4, 8, 16, 64)
 WHAT_IF_LINKS_GBIT = (1, 10, 100)
 WHAT_IF_HEADERS = ["configuration", "workers", *(f"{g} Gbit/s" for g in WHAT_IF_LINKS_GBIT)]
@@ -325,12 +325,12 @@ def table(records: list[dict], preds: list[dict]) -> list[list]:
             rec.config_label(p["row"]["record"], records, " / ") + rec.link_label(p["row"]["record"]),
             p["np"], p["servers"],
             f"{p['compute_ms']:.1f}", f"{m['slowdown']:.2f}", f"{m['exposed_s'] * 1000:.1f}",
-            f"{m['waiting_s'] * 1000:.1f}", f"{p['predicted_ms']:.1f}", f"{p['step_ms']:.1f}",
+            f"{m['waiting_s'] * 1000:.1f}", f"{p['predicted_ms']:.1f}",
+            f"{p['step_ms']:.1f}" + (" (oversubscribed)" if p["oversubscribed"] else ""),
             _fmt(None if p["error"] is None else 100 * p["error"], "+.0f") + "%",
             _fmt(None if p.get("baseline_error") is None else 100 * p["baseline_error"], "+.0f")
             + ("%" if p.get("baseline_error") is not None else ""),
-            _fmt(p["predicted_speedup"], ".2f"), _fmt(p["speedup"], ".2f"),
-            f"{p['unexplained_ms']:+.1f}" + (" (oversubscribed)" if p["oversubscribed"] else "")])
+            _fmt(p["predicted_speedup"], ".2f"), _fmt(p["speedup"], ".2f")])
     return rows
 
 
@@ -402,6 +402,8 @@ def document(records: list[dict], sweeps: list[dict] = ()) -> dict | None:
                  "servers": p["servers"], "link": p["row"]["record"].get("config", {}).get("link", ""),
                  "predicted_step_ms": p["predicted_ms"], "measured_step_ms": p["step_ms"],
                  "error": p["error"], "unexplained_ms": p["unexplained_ms"],
+                 "no_model_baseline_ms": p["baseline_ms"], "no_model_baseline_error": p["baseline_error"],
+                 "ceiling_predicted_img_s": p["ceiling_img_s"], "ceiling_measured_img_s": p["ceiling_measured_img_s"],
                  "predicted_speedup": p["predicted_speedup"], "measured_speedup": p["speedup"],
                  "terms": _terms(p["model"], p["fit"]), "explained": p["explained"]} for p in preds]
             + [{"case": rec.case_name(u["row"], records),
