@@ -33,7 +33,9 @@ def test_the_fit_recovers_latency_and_per_byte_cost_and_extrapolates_in_n_and_si
     alpha, beta = 50e-6, 1 / 0.1e9          # 50 us a step, 0.1 GB/s
     f = cm.fit(points(alpha, beta, [4096, 65536, 1 << 20, 16 << 20]))
     assert f.alpha_s == pytest.approx(alpha, rel=1e-6) and f.beta_s_per_byte == pytest.approx(beta, rel=1e-6)
-    assert f.sizes == 4 and f.how == "least squares"
+    assert f.sizes == 4 and f.how.startswith("two regimes")     # 4 KiB timed: the latency from it
+    g = cm.fit(points(alpha, beta, [65536, 1 << 20, 16 << 20]))
+    assert g.how == "least squares" and g.alpha_s == pytest.approx(alpha, rel=1e-6)
     # ring all-reduce at 8 ranks: 14 latency steps, 2*7/8 of the bytes (nccl-tests' bus factor)
     assert f.time("allreduce", 1e6, 8) == pytest.approx(14 * alpha + 1.75e6 * beta)
     assert algorithms.wire_bytes("allreduce", 1e6, 8) == 1e6 * collectives.bus_factor("allreduce", 8)

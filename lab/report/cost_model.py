@@ -110,11 +110,12 @@ def fit(points: list[dict], link_gbs: float | None = None, delay_s: float = 0.0,
     """Least squares of alpha and beta over `points` (op, size_bytes, ranks, time_s), each
     residual relative to what was timed (sizes spanning decades weigh alike): its time, or
     `timed_s` where the point's time is less than the timing (Horovod's, less the wait for
-    its cycle: horovod_collective_s); both kept at 0 or above. Where least squares would
-    put the latency at 0 but messages of SMALL_BYTES or less were timed, two regimes
-    instead (_two_regimes: the latency from the smallest messages, the bandwidth from the
-    rest), so a latency that was timed is never dropped. One distinct size: beta alone
-    through the points. None without points."""
+    its cycle: horovod_collective_s); both kept at 0 or above. Where messages of
+    SMALL_BYTES or less and larger ones were timed, two regimes instead (_two_regimes: the
+    latency from the smallest messages, the bandwidth from the rest): least squares over
+    sizes spanning decades trades the small messages' time away (a 4 KiB all-reduce of
+    1.2 ms fitted with a latency of 3 us), and the latency is what grows with the ranks.
+    One distinct size: beta alone through the points. None without points."""
     kept = [p for p in points if p.get("time_s") and p.get("ranks", 0) > 1 and p.get("size_bytes")]
     rows = [(algorithms.steps(p["op"], p["ranks"], backend, p["size_bytes"]),
              algorithms.wire_bytes(p["op"], p["size_bytes"], p["ranks"], backend), p["time_s"],
@@ -126,6 +127,9 @@ def fit(points: list[dict], link_gbs: float | None = None, delay_s: float = 0.0,
     # relative residuals: each equation divided by what was timed
     a = [(s / T, w / T, t / T) for s, w, t, T in rows]
     if sizes >= 2:
+        two = _two_regimes([(p["size_bytes"], *r) for p, r in zip(kept, rows)])
+        if two is not None:
+            return out(*two, "two regimes: latency from the smallest messages, bandwidth from the rest")
         s11 = sum(x * x for x, _, _ in a)
         s12 = sum(x * y for x, y, _ in a)
         s22 = sum(y * y for _, y, _ in a)
@@ -133,11 +137,8 @@ def fit(points: list[dict], link_gbs: float | None = None, delay_s: float = 0.0,
         det = s11 * s22 - s12 * s12
         if det > 0:
             alpha, beta = (b1 * s22 - b2 * s12) / det, (s11 * b2 - s12 * b1) / det
-            if alpha > 0 and beta >= 0:
+            if alpha >= 0 and beta >= 0:
                 return out(alpha, beta, "least squares")
-        two = _two_regimes([(p["size_bytes"], *r) for p, r in zip(kept, rows)])
-        if two is not None:
-            return out(*two, "two regimes: latency from the smallest messages, bandwidth from the rest")
         # a negative term: the best fit with it at 0
         alpha_only = b1 / s11 if s11 else 0.0
         beta_only = b2 / s22 if s22 else 0.0
@@ -153,21 +154,22 @@ def fit(points: list[dict], link_gbs: float | None = None, delay_s: float = 0.0,
 def _two_regimes(rows: list[tuple[float, int, float, float, float]]) -> tuple[float, float] | None:
     """(alpha, beta) from (size, steps, wire bytes, time, timed) rows in two regimes: beta
     by least squares (relative) over the messages above SMALL_BYTES with the latency taken
-    out, alpha the median over the smallest messages (at most SMALL_BYTES) of their time
-    less their bytes at beta, per step (twice, each with the other's last value). None
-    without both kinds of message, or where the smallest messages' time is all bandwidth."""
+    out; alpha the median over the small messages (at most SMALL_BYTES) of their time less
+    their bytes at beta, per step, and no more than the fastest message of any size allows
+    (every message waits its steps' latency: a noisy small message is not the latency);
+    each with the other's last value to their fixed point. None without both kinds of
+    message, or where the small messages' time is all bandwidth."""
     small = [r for r in rows if r[0] <= SMALL_BYTES and r[1] > 0]
     large = [r for r in rows if r[0] > SMALL_BYTES]
     if not small or not large:
         return None
-    smallest = min(r[0] for r in small)
-    small = [r for r in small if r[0] == smallest]
-    alpha, beta = statistics.median(t / s for _, s, _, t, _ in small), 0.0
-    for _ in range(2):
+    floor = min(t / s for _, s, _, t, _ in rows if s > 0)
+    alpha, beta = min(statistics.median(t / s for _, s, _, t, _ in small), floor), 0.0
+    for _ in range(50):
         num = sum(w / T * (t - alpha * s) / T for _, s, w, t, T in large)
         den = sum((w / T) ** 2 for _, _, w, _, T in large)
         beta = max(0.0, num / den) if den else 0.0
-        alpha = statistics.median((t - beta * w) / s for _, s, w, t, _ in small)
+        alpha = min(statistics.median((t - beta * w) / s for _, s, w, t, _ in small), floor)
     return (alpha, beta) if alpha > 0 else None
 
 
