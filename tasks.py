@@ -370,7 +370,7 @@ def acceptance(c, results_dir=None, dry_run=False, full=False, local=False):
         print(f"wrote {archive}")
 
 
-@task(help={"quick": "the short version (about 3 minutes on 2 cores): one repeat, fewer steps, no ResNet-50 across servers, two strategies",
+@task(help={"quick": "the short version (about 4 minutes on 2 cores): one repeat, fewer steps, no ResNet-50 across servers, two strategies",
             "resume": "continue a lab that stopped: run only what has no record yet",
             "results-dir": "where the lab's run folders (lab-within, lab-across, ...) and lab-report go",
             "device": "auto (GPUs when NVML sees some), cpu or cuda",
