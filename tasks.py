@@ -337,6 +337,37 @@ def published(c, comparison=None, link_gbits=None):
         raise Exit(f"error: {e}", code=2)
 
 
+@task(help={
+    "results": "a results folder holding a 1-worker run (and doctor's sweeps: invoke doctor --save FOLDER); "
+               "or leave it out and state a device with --throughput, --batch and --gradient-mb",
+    "np": "workers to predict",
+    "per-server": "workers a server (0: all on one server)",
+    "link": "the link between servers, a rate as tc writes it (10gbit, 100mbit)",
+    "latency-us": "the link's one-way latency in microseconds, added to every latency step",
+    "algorithm": "the all-reduce's algorithm: auto (the back end's own choice), ring, tree, "
+                 "recursive-doubling or rabenseifner",
+    "cores": "cores of a server (0: as many as the 1-worker run's server had)",
+    "framework": "which 1-worker run of the folder: its framework (ddp, horovod)",
+    "backend": "which 1-worker run: its back end (gloo, mpi, nccl); with a stated device, its back end",
+    "model": "which 1-worker run: its model (mnist, resnet50, lstm, vgg16)",
+    "place": "which 1-worker run: where it ran (local, image, cluster)",
+    "throughput": "a stated device instead of a folder: its images per second at one worker",
+    "batch": "a stated device: its batch per worker",
+    "gradient-mb": "a stated device: the model's float32 gradients in MB",
+    "sweeps-from": "a folder with doctor's sweeps (doctor-collectives.jsonl) to add to the results folder's"})
+def predict(c, results=None, np=None, per_server=None, link=None, latency_us=None, algorithm=None, cores=None,
+            framework=None, backend=None, model=None, place=None, throughput=None, batch=None, gradient_mb=None,
+            sweeps_from=None):
+    """Predict the step, throughput, speedup and scaling efficiency of a configuration not run, from a 1-worker run."""
+    flags = {k: v for k, v in locals().items() if k != "c" and v is not None}
+    from lab.report.records import ReportError
+    from lab.report.what_if import from_flags
+    try:
+        print("\n".join(from_flags({**_defaults(c, "predict", settings_of(predict)), **flags})))
+    except ReportError as e:
+        raise Exit(f"error: {e}", code=2)
+
+
 @task(help={"results-dir": "where the acceptance folder and its archive go",
             "dry-run": "print the plan (each command, its image, the estimated minutes) and the "
                        "images not built yet, and run nothing",

@@ -33,7 +33,9 @@ def test_the_fit_recovers_latency_and_per_byte_cost_and_extrapolates_in_n_and_si
     alpha, beta = 50e-6, 1 / 0.1e9          # 50 us a step, 0.1 GB/s
     f = cm.fit(points(alpha, beta, [4096, 65536, 1 << 20, 16 << 20]))
     assert f.alpha_s == pytest.approx(alpha, rel=1e-6) and f.beta_s_per_byte == pytest.approx(beta, rel=1e-6)
-    assert f.sizes == 4 and f.how == "least squares"
+    assert f.sizes == 4 and f.how.startswith("two regimes")     # 4 KiB timed: the latency from it
+    g = cm.fit(points(alpha, beta, [65536, 1 << 20, 16 << 20]))
+    assert g.how == "least squares" and g.alpha_s == pytest.approx(alpha, rel=1e-6)
     # ring all-reduce at 8 ranks: 14 latency steps, 2*7/8 of the bytes (nccl-tests' bus factor)
     assert f.time("allreduce", 1e6, 8) == pytest.approx(14 * alpha + 1.75e6 * beta)
     assert algorithms.wire_bytes("allreduce", 1e6, 8) == 1e6 * collectives.bus_factor("allreduce", 8)
@@ -70,7 +72,7 @@ def test_a_payload_byte_costs_the_link_with_tcps_framing_as_doctors_sweep_on_it_
     from lab.report import model_inputs
     [entry] = [e for e in model_inputs.load_sweeps(str(REPO / "tests" / "fixtures" / folder))
                if model_inputs.sweep_key(e) == ("ddp", "gloo", "cluster", True, "100mbit")]
-    f = cm.fit(entry["points"], *prediction._link("100mbit", 2), backend="gloo")
+    f = cm.fit(entry["points"], *mi.link_of("100mbit", 2), backend="gloo")
     assert f.beta_s_per_byte == pytest.approx(cm.link_s_per_byte(0.0125), rel=0.01)
     assert abs(f.beta_s_per_byte * 12.5e6 - 1) > 0.05
 
@@ -296,55 +298,53 @@ def records():
             rec(2, 0.025, {**PARTS_TWO, "waiting": 0.005}, coll_s=0.0012, compression="fp16", payload=43_680)]
 
 
+def sweeps(alpha=0.0005, beta=1e-9, backend="gloo", ranks=2, sizes=(4096, 65536, 1048576)):
+    """doctor's sweep of `backend` within one server (place local) as the report stores it."""
+    name = "collectives_mpi" if backend == "mpi" else "collectives"
+    return mi.sweep_entries([sweep_check(name, backend, ranks, alpha, beta, sizes)])
+
+
 def test_the_prediction_is_its_terms_and_the_error_is_against_the_measured_step(tmp_path):
-    recs = records()
-    preds = {p["row"]["record"]["config"]["compression"]: p for p in prediction.predictions(recs)}
+    recs, sw = records(), sweeps()
+    preds = {p["row"]["record"]["config"]["compression"]: p for p in prediction.predictions(recs, sw)}
     p = preds["none"]
     m = p["model"]
-    # two sizes of the same back end and place: alpha and beta from both
-    assert p["fit"].sizes == 2 and p["fit"].alpha_s > 0
-    # the slowdown is the compute ceiling's (2 x 2000 / 3000), measured apart from the
-    # steps, times the contention the other configuration (fp16) measured beyond its
-    # ceiling (its parts 1.0 against the ceiling's 4/3): never the run's own compute parts
-    # (1.25), which only explain it, shown apart
-    assert m["slowdown"] == pytest.approx(1.0) and m["slowdown_from"] == "ceiling"
-    assert m["contention"] == pytest.approx(0.75) and m["contention_from"] == "its framework and model"
-    # the collective alone (the fit goes through its own points: 2 ms) and DDP's bucket cost
-    # from the fp16 row (its 2 ms exposed against its collective's 1.2 ms alone)
-    assert p["inputs"].cycle_cost_s == pytest.approx(0.0008, rel=1e-6) and p["inputs"].cycle_cost_from == "others"
-    assert p["fit"].time("allreduce", 87_360, 2) == pytest.approx(0.002, rel=1e-6)
-    assert m["buckets"] == 1 and m["exposed_s"] == pytest.approx(0.002 + 0.0008, rel=1e-6)
-    assert m["bucket_cost_s"] == pytest.approx(0.0008, rel=1e-6) and "bucket" in m["assumptions"]
-    assert any("2.8 exposed of 1 collective(s) costing 2.8 ms, of which 0.8 ms a collective DDP's bucket cost, fitted on the other configurations" in x
-               for x in prediction.sentences(recs, [p]))
-    # waiting: the other configuration's ranks' mean wait (fp16: one waited 5 ms, the other
-    # none), not the row's own (3 ms and none)
-    assert m["waiting_s"] == pytest.approx(0.0025, rel=1e-3)
-    assert p["predicted_ms"] == pytest.approx(16.5 * 1.0 + 2.8 + 2.5, rel=1e-3)
+    # the collective from doctor's sweep alone (three sizes, latency and bandwidth), never
+    # from the row's own probe (2 ms)
+    assert p["fit"].alpha_s == pytest.approx(0.0005) and p["fit"].beta_s_per_byte == pytest.approx(1e-9)
+    # the compute: the 1-worker step, slowed by the cores the ranks share (none recorded:
+    # none shared), never by the row's own compute parts (1.25) nor its ceiling at 2
+    assert m["slowdown"] == pytest.approx(1.0) and m["slowdown_from"] == "cores"
+    # one bucket, ready at the end of the backward: all of it exposed
+    coll = 2 * 0.0005 + 87_360e-9
+    assert m["buckets"] == 1 and m["exposed_s"] == pytest.approx(coll)
+    # waiting: the 1-worker run's steps are all alike here, so no straggler
+    assert m["waiting_s"] == 0.0 and m["waiting_from"] == "the 1-worker run's step spread"
+    assert p["predicted_ms"] == pytest.approx(16.5 + coll * 1000, rel=1e-6)
+    # the ceiling at 2 processes checks the prediction (2 x 2000 img/s, measured 3000)
+    assert p["ceiling_img_s"] == pytest.approx(4000.0) and p["ceiling_measured_img_s"] == pytest.approx(3000.0)
     e = p["explained"]
     assert e["slowdown"] == pytest.approx(1.25) and e["waiting_ms"] == pytest.approx(1.5, rel=1e-3)
-    assert e["step_ms"] == pytest.approx(16.5 * 1.25 + 2.8 + 1.5, rel=1e-3)   # the bucket cost as predicted
     assert p["unexplained_ms"] == pytest.approx(30.0 - p["predicted_ms"])
     assert p["error"] == pytest.approx(p["predicted_ms"] / 30.0 - 1)
     assert p["predicted_speedup"] == pytest.approx(2 * 16.5 / p["predicted_ms"])
-    assert "ready" in m["assumptions"] and "slowdown_ceiling" in m["assumptions"] and "contention" in m["assumptions"]
-    assert "slowdown" not in m["assumptions"] and "slowdown_parts" not in m["assumptions"]
-    # fp16 measured no ceiling: the uncompressed runs' serves it (same model, batch, place),
-    # and its contention is the uncompressed run's (1.25 against 4/3)
-    assert preds["fp16"]["model"]["slowdown"] == pytest.approx(4 / 3 * 1.25 / (4 / 3))
-    assert preds["fp16"]["model"]["waiting_s"] == pytest.approx(0.0015, rel=1e-3)
+    assert {"ready", "cores", "straggler", "sweeps"} <= set(m["assumptions"])
+    assert not {"slowdown_ceiling", "contention", "bucket", "waiting"} & set(m["assumptions"])
+    # fp16: its own 1-worker run, half the payload
+    assert preds["fp16"]["model"]["exposed_s"] == pytest.approx(2 * 0.0005 + 43_680e-9)
+    assert p["baseline_ms"] is None          # on no link: no other link to start from
 
     run = tmp_path / "m"
     for r in recs:
         results.append_record(run / results.RESULTS_FILE, r)
+    mi.save_sweeps(sw, str(run))
     lab_report.write(str(run))
     doc = json.loads((run / "prediction.json").read_text())
     [c] = [c for c in doc["configurations"] if c["configuration"] == "ddp / gloo"]
     t = c["terms"]
     assert c["predicted_step_ms"] == pytest.approx(t["compute_ms"] + t["exposed_communication_ms"] + t["waiting_ms"])
     assert t["compute_ms"] == pytest.approx(t["compute_one_worker_ms"] * t["slowdown"])
-    assert t["slowdown_from"] == "ceiling" and t["horovod_cycle_cost_ms"] == 0
-    assert t["ddp_bucket_cost_ms"] == pytest.approx(0.8, rel=1e-6)     # fitted on the fp16 row
+    assert t["slowdown_from"] == "cores" and t["horovod_cycle_cost_ms"] == 0
     assert c["explained"]["step_ms"] == pytest.approx(e["step_ms"])
     assert c["error"] == pytest.approx(c["predicted_step_ms"] / c["measured_step_ms"] - 1)
     assert {w["workers"] for w in doc["what_if"]} == {1, 2, 4, 8, 16, 64}
@@ -354,27 +354,26 @@ def test_the_prediction_is_its_terms_and_the_error_is_against_the_measured_step(
     header = next(ln for ln in section.splitlines() if ln.startswith("| configuration"))
     assert [h.strip() for h in header.strip("|").split("|")] == prediction.HEADERS
     assert "What if (extrapolated, not measured)" in section and "1 Gbit/s" in section
-    assert ASSUMPTIONS["ready"] in section and ASSUMPTIONS["link"] in section
-    assert max(len(ln) for ln in section.splitlines() if ln.startswith("|")) <= 160
+    assert ASSUMPTIONS["ready"] in section and ASSUMPTIONS["cores"] in section
+    assert "4000 img/s predicted, 3000 measured (+33%)" in section
 
 
-def test_without_the_ceiling_at_n_the_row_is_not_predicted_only_explained(tmp_path):
-    recs = [rec(1, 0.0165, PARTS_ONE, ceiling=2000.0, with_parts=False),
-            rec(2, 0.030, PARTS_GROWN, coll_s=0.002, ceiling=3000.0, with_parts=False)]
-    [p] = prediction.predictions(recs)
-    assert p["model"]["slowdown"] == pytest.approx(2 * 2000 / 3000) and p["explained"] is None
-    # no ceiling at 2 processes: its own step parts do not stand in for one
+def test_without_doctors_sweep_the_row_is_not_predicted_only_explained(tmp_path):
+    # the row's own collective probe does not stand in for doctor's sweep
     recs = [rec(1, 0.0165, PARTS_ONE, ceiling=2000.0), rec(2, 0.030, PARTS_GROWN, coll_s=0.002)]
     assert prediction.predictions(recs) == []
     [u] = prediction.unpredicted(recs)
-    assert "compute ceiling" in u["why"] and "--ceiling" in u["why"]
+    assert "doctor" in u["why"] and "--save" in u["why"]
     assert u["explained"]["slowdown"] == pytest.approx(1.25)
+    # no ceiling at 2 processes: predicted all the same (it only checks)
+    [p] = prediction.predictions(recs, sweeps())
+    assert p["ceiling_measured_img_s"] is None and p["ceiling_img_s"] == pytest.approx(4000.0)
     run = tmp_path / "m"
     for r in recs:
         results.append_record(run / results.RESULTS_FILE, r)
     lab_report.write(str(run))
     section = (run / "report.md").read_text().split("## Why it scales as it does", 1)[1].split("\n## ", 1)[0]
-    assert "Not predicted: ddp / gloo at 2 workers (no compute ceiling" in section
+    assert "Not predicted: ddp / gloo at 2 workers (no collective sweep" in section
     assert "explained by its own measurements (not a prediction)" in section
     # what the step lost, split into its measured parts, and what fp16 would buy it (from
     # those parts): measurements, in the report without a prediction
@@ -394,69 +393,22 @@ def test_with_an_8_bit_codecs_note_the_backward_is_left_out_of_the_slowdown():
     assert u["explained"]["slowdown"] == pytest.approx(1.25)
 
 
-def horovod_records(comm_none=0.012, comm_half=0.010):
-    """Horovod at 1 and 2 workers, uncompressed and fp16 (two sizes of one fit), each
-    2-worker run with its exposed communication."""
-    return [rec(1, 0.0165, PARTS_ONE, framework="horovod", ceiling=2000.0),
-            rec(2, 0.030, {**PARTS_TWO, "communication": comm_none}, coll_s=0.002, framework="horovod",
-                ceiling=4000.0),
-            rec(1, 0.0160, PARTS_ONE, framework="horovod", compression="fp16", payload=43_680),
-            rec(2, 0.028, {**PARTS_TWO, "communication": comm_half}, coll_s=0.0012, framework="horovod",
-                compression="fp16", payload=43_680)]
-
-
-def test_horovods_cycle_cost_comes_from_the_other_configurations_exposed_time():
-    preds = {p["row"]["record"]["config"]["compression"]: p for p in prediction.predictions(horovod_records())}
-    none, half = preds["none"], preds["fp16"]
-    assert none["fit"] is half["fit"]                               # one back end, place and link
-    # each row's cost is what its twin's own exposed time fits (leave one out)
-    bare = cm.Inputs(**{**half["inputs"].__dict__, "cycle_cost_s": 0.0, "cycle_cost_from": None})
-    assert none["inputs"].cycle_cost_s == pytest.approx(cm.cycle_cost(bare, half["fit"], 0.010))
-    assert none["inputs"].cycle_cost_from == "others" and "cycle" in none["model"]["assumptions"]
-    assert none["model"]["cycle_cost_s"] > 0 and none["model"]["exposed_s"] > 0.005
-    assert "Horovod cycles with work (a mean over their phase against the backward), each costing" in " ".join(prediction.sentences(horovod_records(), [none]))
-    # a row alone: fitted on its own exposed time, said so, and its exposed time comes back
-    [solo] = prediction.predictions(horovod_records()[:2])
-    assert solo["inputs"].cycle_cost_from == "itself" and "cycle_self" in solo["model"]["assumptions"]
-    assert solo["model"]["exposed_s"] == pytest.approx(0.012, rel=1e-3)
-    # the what-if carries the cost to configurations not run
-    case = next(c for c in prediction.what_if(horovod_records()[:2], [solo]) if c["workers"] == 4)
-    assert case["terms"]["horovod_cycle_cost_ms"] == pytest.approx(solo["model"]["cycle_cost_s"] * 1000)
-
-
-def test_the_cycle_cost_comes_from_the_same_model_where_one_measured_it_else_from_others():
-    lstm = [rec(1, 0.0165, PARTS_ONE, framework="horovod", model="lstm", ceiling=2000.0),
-            rec(2, 0.040, {**PARTS_TWO, "communication": 0.030}, coll_s=0.002, framework="horovod", model="lstm",
-                ceiling=4000.0)]
-    preds = {(p["row"]["record"]["config"]["model"], p["row"]["record"]["config"]["compression"]): p
-             for p in prediction.predictions(horovod_records() + lstm)}
-    measured = {("mnist", "none"): 0.012, ("mnist", "fp16"): 0.010, ("lstm", "none"): 0.030}
-    own = {k: cm.cycle_cost(cm.Inputs(**{**preds[k]["inputs"].__dict__, "cycle_cost_s": 0.0}), preds[k]["fit"], t)
-           for k, t in measured.items()}
-    assert own[("lstm", "none")] > own[("mnist", "none")] > 0
-    # MNIST's rows: each other's cost, not the LSTM's (another model)
-    assert preds[("mnist", "none")]["inputs"].cycle_cost_s == pytest.approx(own[("mnist", "fp16")])
-    assert preds[("mnist", "fp16")]["inputs"].cycle_cost_s == pytest.approx(own[("mnist", "none")])
-    # the LSTM, alone of its model: the median of the MNIST rows' costs
-    assert preds[("lstm", "none")]["inputs"].cycle_cost_s == pytest.approx(
-        (own[("mnist", "none")] + own[("mnist", "fp16")]) / 2)
-    assert preds[("lstm", "none")]["inputs"].cycle_cost_from == "others"
-
-
 def test_what_if_grows_with_workers_on_a_slow_link_and_shrinks_on_a_fast_one():
-    preds = prediction.predictions(records())
-    cases = [c for c in prediction.what_if(records(), preds) if c["configuration"] == "ddp / gloo"]
+    preds = prediction.predictions(records(), sweeps())
+    cases = [c for c in prediction.what_if(records(), preds, sweeps()) if c["configuration"] == "ddp / gloo"]
     step = {(c["workers"], c["link_gbit"]): c["predicted_step_ms"] for c in cases}
     assert step[(1, 1)] == pytest.approx(16.5)                      # one worker: the compute alone
     assert step[(64, 1)] > step[(2, 1)] and step[(2, 1)] > step[(2, 100)]
     assert all(step[(n, 1)] >= step[(n, 10)] >= step[(n, 100)] for n in prediction.WHAT_IF_WORKERS)
+    # the sweep's latency (0.5 ms a step) grows with the ring's 2(n-1) steps
+    assert step[(64, 100)] - step[(2, 100)] > 0.5 * (2 * 63 - 2) * 0.99
 
 
 def test_rows_without_a_timed_collective_are_listed_not_predicted_and_no_file_without_workers(tmp_path):
     recs = [rec(1, 0.0165, PARTS_ONE, ceiling=2000.0), rec(2, 0.030, PARTS_TWO, ceiling=4000.0)]
     assert prediction.predictions(recs) == []
     [u] = prediction.unpredicted(recs)
-    assert "no collective timed" in u["why"]
+    assert "no collective sweep" in u["why"]
     assert prediction.document(recs)["configurations"][0]["predicted_step_ms"] is None
     assert prediction.write_json(recs[:1], tmp_path) is None and not (tmp_path / "prediction.json").exists()
 
@@ -480,16 +432,6 @@ def test_the_published_cases_are_read_back_from_their_figures():
     assert cases[name][0] == pytest.approx(t1 + 34.0, rel=1e-3) and cycle > 0
     table = "\n".join(model_check.lines(model_check.published()))
     assert "without the cases fitted on themselves" in table and "(5 cases)" in table
-
-
-def test_model_check_marks_a_run_whose_own_exposed_time_fitted_its_cycle_cost(tmp_path):
-    for name, recs in (("solo", horovod_records()[:2]), ("pair", horovod_records())):
-        for r in recs:
-            results.append_record(tmp_path / name / results.RESULTS_FILE, r)
-    solo, _, _ = model_check.of_results(str(tmp_path / "solo"))
-    pair, _, _ = model_check.of_results(str(tmp_path / "pair"))
-    assert [model_check.SELF in name for name, _, _ in solo] == [True]
-    assert len(pair) == 2 and not any(model_check.SELF in name for name, _, _ in pair)
 
 
 def test_model_checks_table_gives_each_cases_own_runs_and_counts_the_far_errors_inside_them(tmp_path):
@@ -524,13 +466,13 @@ def test_model_checks_table_gives_each_cases_own_runs_and_counts_the_far_errors_
     assert plan and model_check.run_steps(recs + plan) == runs
 
 
-def test_the_recorded_runs_without_ceilings_are_explained_not_predicted():
+def test_the_recorded_runs_without_sweeps_are_explained_not_predicted():
     """The records of tests/fixtures/model-check (docs/pages/report.md publishes their
-    table) measured no compute ceiling: no row is predicted, each says why, and what their
-    own parts explain keeps the published errors (recorded data, no timing)."""
+    table) were saved without doctor's sweeps: no row is predicted, each says why, and what
+    their own parts explain keeps the published errors (recorded data, no timing)."""
     from pathlib import Path
     rows, why, explained = model_check.of_results(str(Path(__file__).parent / "fixtures" / "model-check"))
-    assert rows == [] and len(why) == 8 and all("compute ceiling" in w for w in why)
+    assert rows == [] and len(why) == 8 and all("doctor" in w for w in why)
     assert len(explained) == 8
     errors = sorted(abs(pred / meas - 1) for _, pred, meas in explained)
     assert (errors[3] + errors[4]) / 2 <= 0.10 and errors[-1] <= 0.25
@@ -540,15 +482,6 @@ def across(np, step_s, parts, link, coll_s=None, framework="ddp", ceiling=None, 
     r = rec(np, step_s, parts, nodes=2 if np > 1 else 1, link=link if np > 1 else "", coll_s=coll_s,
             framework=framework, ceiling=ceiling, payload=payload)
     r["world"]["place"] = "cluster"
-    return r
-
-
-def lender(np, link, comm=0.0, model="mnist", framework="ddp"):
-    """A row across the cluster's servers (one server at np 1) whose measured exposed time,
-    `comm`, fits a cost it can lend to its neighbours: Horovod's per cycle, DDP's per bucket."""
-    r = across(np, 0.0165 if np == 1 else 0.030, {**PARTS_TWO, "communication": comm} if np > 1 else PARTS_ONE,
-               link, coll_s=0.002 if np > 1 else None, framework=framework, ceiling=2000.0 if np == 1 else 3000.0)
-    r["config"] = {**r["config"], "model": model}
     return r
 
 
@@ -579,47 +512,48 @@ def test_doctors_sweep_is_stored_where_the_report_finds_it_and_fits_its_key(tmp_
     assert f.link_gbs == pytest.approx(0.0125)
 
 
-def test_a_left_out_configuration_is_predicted_from_the_others_and_doctors_sweep_alone(tmp_path, capsys):
+def test_a_left_out_configuration_is_predicted_from_its_1_worker_run_and_doctors_sweep_alone(tmp_path, capsys):
     """np 2 on 2 servers at 100 Mbit left out: its collective from doctor's sweep on that
-    link, its ceiling and waiting from the 1 Gbit runs; nothing of its own records goes in
-    (changing them changes nothing), and where it has not run yet it is still predicted."""
-    known = [across(1, 0.0165, PARTS_ONE, "", ceiling=2000.0),
-             across(2, 0.030, {**PARTS_TWO, "waiting": 0.004}, "1gbit", coll_s=0.002, ceiling=3600.0)]
+    link, its compute from the 1-worker run; nothing of its own records nor of the 1 Gbit
+    run goes in (changing or deleting them changes nothing), and where it has not run yet it
+    is still predicted."""
+    one = across(1, 0.0165, PARTS_ONE, "", ceiling=2000.0)
+    gbit = across(2, 0.030, {**PARTS_TWO, "waiting": 0.004}, "1gbit", coll_s=0.002, ceiling=3600.0)
     left = across(2, 0.040, PARTS_GROWN, "100mbit", coll_s=0.5, ceiling=100.0)
     sweep = mi.sweep_entries([sweep_check("collectives_across", "gloo", 2, 0.001, cm.FRAMING / 12.5e6)], "100mbit")
     test = model_check.leave_out_test("np=2,nodes=2,link=100mbit")
-    [p] = prediction.predictions(known + [left], sweep, test)
+    [p] = prediction.predictions([one, gbit, left], sweep, test)
     assert p["row"]["record"] is left and p["fit"].link_gbs == pytest.approx(0.0125)
-    # the 1 Gbit run's ceiling (2 x 2000 / 3600) and its contention beyond it (its parts
-    # 1.0 against that ceiling: 0.9), its wait
-    assert p["model"]["slowdown"] == pytest.approx(2 * 2000 / 3600 * 0.9)
-    assert p["model"]["contention"] == pytest.approx(0.9)
-    assert p["model"]["waiting_s"] == pytest.approx(0.002, rel=1e-3)
+    assert p["model"]["slowdown"] == 1.0 and p["model"]["waiting_s"] == 0.0
     # the link's bucket (tbf: 50 kB at 100 Mbit/s) sends the step's first 50 kB unshaped
-    # (and DDP's bucket cost that the 1 Gbit run's exposed communication fits)
     coll = 0.001 * 2 + (87_360 * cm.FRAMING - 50_000) / 12.5e6
-    bucket = p["inputs"].cycle_cost_s
-    assert bucket > 0 and p["inputs"].cycle_cost_from == "others"
-    assert p["predicted_ms"] == pytest.approx(16.5 + 2.0 + (coll + bucket) * 1000, rel=1e-3)
+    assert p["predicted_ms"] == pytest.approx(16.5 + coll * 1000, rel=1e-3)
+    # the no-model baseline: the 1 Gbit run's 30 ms plus the payload beyond the bucket at 100 Mbit
+    base = 30.0 + 1000 * (87_360 - 50_000 / cm.FRAMING) * cm.link_s_per_byte(0.0125)
+    assert p["baseline_ms"] == pytest.approx(base - 1000 * max(0.0, 87_360 - 125_000 / cm.FRAMING)
+                                             * cm.link_s_per_byte(0.125))
     other = across(2, 0.090, {**PARTS_GROWN, "waiting": 0.05}, "100mbit", coll_s=0.05, ceiling=1.0)
-    [q] = prediction.predictions(known + [other], sweep, test)
+    [q] = prediction.predictions([one, gbit, other], sweep, test)
     assert q["predicted_ms"] == pytest.approx(p["predicted_ms"]) and q["step_ms"] == pytest.approx(90.0)
-    # without doctor's sweep: the 1 Gbit fit moved to the 100 Mbit link (its nominal rate)
-    [m] = prediction.predictions(known + [left], [], test)
+    # the target's own records deleted, the other multi-worker run deleted: the same prediction
+    [plan] = model_check.planned([one, gbit], "np=2,nodes=2,link=100mbit")
+    [r] = prediction.predictions([one, plan], sweep, test)
+    assert r["predicted_ms"] == pytest.approx(p["predicted_ms"])
+    # without doctor's sweep across the servers: the one within a server, moved to the link
+    [m] = prediction.predictions([one, gbit, left], sweeps(), test)
     assert m["fit"].link_gbs == pytest.approx(0.0125) and "moved" in m["fit"].how
     # not run yet: planned from the 1 Gbit run, predicted, "not run yet" in model_check
-    for r in known:
-        results.append_record(tmp_path / "r" / results.RESULTS_FILE, r)
+    for x in (one, gbit):
+        results.append_record(tmp_path / "r" / results.RESULTS_FILE, x)
     mi.save_sweeps(sweep, str(tmp_path))
-    [plan] = model_check.planned(known, "np=2,nodes=2,link=100mbit")
     assert plan["planned"] and plan["config"]["link"] == "100mbit"
     # a model named in the spec picks the runs to start from: a ResNet-50 run is not made
     # into an MNIST one with ResNet-50's data and batch
     resnet = across(2, 1.5, PARTS_TWO, "1gbit", coll_s=0.2, ceiling=10.0)
     resnet["config"] = {**resnet["config"], "model": "resnet50", "data": "synthetic", "batch_size": 4}
-    [only] = model_check.planned(known + [resnet], "np=2,nodes=2,link=100mbit,model=mnist")
+    [only] = model_check.planned([one, gbit, resnet], "np=2,nodes=2,link=100mbit,model=mnist")
     assert only["config"]["model"] == "mnist" and only["config"]["data"] == "digits"
-    assert model_check.planned(known + [resnet], "np=2,nodes=2,link=100mbit,model=lstm") == []
+    assert model_check.planned([one, gbit, resnet], "np=2,nodes=2,link=100mbit,model=lstm") == []
     assert model_check.main(["--leave-out", "np=2,nodes=2,link=100mbit", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "1 doctor sweep(s) alone" in out
@@ -628,8 +562,6 @@ def test_a_left_out_configuration_is_predicted_from_the_others_and_doctors_sweep
     assert "KEY=VALUE" in capsys.readouterr().err
     assert model_check.main(["--leave-out", "np=two", str(tmp_path)]) == 2
     assert "whole number" in capsys.readouterr().err
-
-
 
 
 def test_the_model_benchmark_measures_every_term_and_prints_the_errors(tmp_path, capsys):
@@ -653,6 +585,7 @@ def test_the_model_benchmark_measures_every_term_and_prints_the_errors(tmp_path,
     assert all("mnist" not in " ".join(c) and "resnet50" in c for c in cmds["across-resnet50"])
     for r in records():
         results.append_record(tmp_path / "m" / results.RESULTS_FILE, r)
+    mi.save_sweeps(sweeps(), str(tmp_path / "m"))
     out = model_bench.table(str(tmp_path))
     assert out[0].startswith("| case |") and "within one server: median absolute error" in "\n".join(out)
     assert "across servers: no case" in out
@@ -688,153 +621,6 @@ def test_the_model_benchmark_prints_the_machines_speed_on_each_link():
         r["world"]["place"] = "cluster"
         one_server.append(r)
     assert model_bench.speed_by_link(recs + one_server) == [line]
-
-
-def test_horovods_cycle_cost_comes_from_another_link_before_the_row_itself():
-    def hvd(np, link, comm=0.0):
-        return across(np, 0.0165 if np == 1 else 0.030, {**PARTS_TWO, "communication": comm} if np > 1 else PARTS_ONE,
-                      link, coll_s=0.002 if np > 1 else None, framework="horovod",
-                      ceiling=2000.0 if np == 1 else 3000.0)
-    preds = {p["row"]["record"]["config"]["link"]: p for p in prediction.predictions(
-        [hvd(1, ""), hvd(2, "1gbit", 0.012), hvd(2, "100mbit", 0.020)])}
-    costs = {link: cm.cycle_cost(cm.Inputs(**{**p["inputs"].__dict__, "cycle_cost_s": 0.0}), p["fit"], t)
-             for (link, p), t in zip(sorted(preds.items()), (0.020, 0.012))}
-    assert costs["100mbit"] != costs["1gbit"]
-    assert preds["1gbit"]["inputs"].cycle_cost_from == "others"
-    assert preds["1gbit"]["inputs"].cycle_cost_s == pytest.approx(costs["100mbit"])
-    assert preds["100mbit"]["inputs"].cycle_cost_s == pytest.approx(costs["1gbit"])
-
-
-def test_horovods_cycle_cost_comes_from_its_model_on_another_link_before_another_model_on_its_own():
-    """A fitted cycle cost carries what is particular to a model's exposed time: MNIST's
-    row at 1 Gbit takes MNIST's cost at 100 Mbit, not the LSTM's at 1 Gbit."""
-    def hvd(np, link, comm=0.0, model="mnist"):
-        return lender(np, link, comm, model, "horovod")
-    recs = [hvd(1, ""), hvd(2, "1gbit", 0.012), hvd(2, "100mbit", 0.020),
-            hvd(1, "", model="lstm"), hvd(2, "1gbit", 0.025, model="lstm")]
-    preds = {(p["row"]["record"]["config"]["model"], p["row"]["record"]["config"]["link"]): p
-             for p in prediction.predictions(recs)}
-    cost = {k: cm.cycle_cost(cm.Inputs(**{**preds[k]["inputs"].__dict__, "cycle_cost_s": 0.0}), preds[k]["fit"], t)
-            for k, t in ((("mnist", "100mbit"), 0.020), (("lstm", "1gbit"), 0.025))}
-    assert cost[("mnist", "100mbit")] != pytest.approx(cost[("lstm", "1gbit")])
-    assert preds[("mnist", "1gbit")]["inputs"].cycle_cost_s == pytest.approx(cost[("mnist", "100mbit")])
-
-
-def test_horovods_cycle_cost_comes_from_its_model_on_other_servers_before_another_model_on_its_own():
-    """MNIST on one node of the cluster, whose own exposed time fits no cost, takes MNIST's
-    cost across the two nodes, not the LSTM's on its own node (a ResNet-50 row's 3 ms a
-    cycle made such a row 35% slow)."""
-    def hvd(np, nodes, comm=0.0, model="mnist", link="1gbit"):
-        r = across(np, 0.0165 if np == 1 else 0.030, {**PARTS_TWO, "communication": comm} if np > 1 else PARTS_ONE,
-                   link, coll_s=0.002 if np > 1 else None, framework="horovod",
-                   ceiling=2000.0 if np == 1 else 3000.0)
-        r["config"] = {**r["config"], "model": model}
-        if nodes == 1:
-            r["world"] = {**r["world"], "nodes": 1}
-            r["config"] = {**r["config"], "link": ""}
-        return r
-    recs = [hvd(1, 1), hvd(2, 1, 0.0), hvd(2, 2, 0.012), hvd(1, 1, model="lstm"), hvd(2, 1, 0.025, model="lstm")]
-    preds = {(p["row"]["record"]["config"]["model"], p["row"]["record"]["world"]["nodes"]): p
-             for p in prediction.predictions(recs)}
-    assert prediction.fit_key(recs[1])[:4] != prediction.fit_key(recs[2])[:4]      # one node and two
-    cost = {k: cm.cycle_cost(cm.Inputs(**{**preds[k]["inputs"].__dict__, "cycle_cost_s": 0.0}), preds[k]["fit"], t)
-            for k, t in ((("mnist", 2), 0.012), (("lstm", 1), 0.025))}
-    assert cost[("mnist", 2)] != pytest.approx(cost[("lstm", 1)])
-    assert preds[("mnist", 1)]["inputs"].cycle_cost_from == "others"
-    assert preds[("mnist", 1)]["inputs"].cycle_cost_s == pytest.approx(cost[("mnist", 2)])
-    # the LSTM has no other row of its model: another model's on its node, before across
-    on_its_node = cm.cycle_cost(preds[("mnist", 1)]["inputs"], preds[("mnist", 1)]["fit"], 0.0)
-    assert on_its_node != pytest.approx(cost[("mnist", 2)])
-    assert preds[("lstm", 1)]["inputs"].cycle_cost_s == pytest.approx(on_its_node)
-    # its model on another link of its servers comes before its model on other servers
-    more = recs + [hvd(2, 2, 0.020, link="100mbit")]
-    by = {(p["row"]["record"]["world"]["nodes"], p["row"]["record"]["config"]["link"]): p
-          for p in prediction.predictions(more) if p["row"]["record"]["config"]["model"] == "mnist"}
-    slow = cm.cycle_cost(by[(2, "100mbit")]["inputs"], by[(2, "100mbit")]["fit"], 0.020)
-    assert slow != pytest.approx(cm.cycle_cost(by[(1, "")]["inputs"], by[(1, "")]["fit"], 0.0))
-    assert by[(2, "1gbit")]["inputs"].cycle_cost_s == pytest.approx(slow)
-
-
-def test_contention_and_waiting_are_carried_along_the_framework_and_model_before_the_place():
-    """DDP across servers takes the contention and the wait that its own framework and
-    model measured within one server, not those of Horovod beside it on the same servers."""
-    ddp_local = [rec(1, 0.0165, PARTS_ONE, ceiling=2000.0),
-                 rec(2, 0.030, {**PARTS_GROWN, "waiting": 0.004}, coll_s=0.002, ceiling=3000.0)]
-    hvd = [across(1, 0.0165, PARTS_ONE, "", framework="horovod", ceiling=2000.0),
-           across(2, 0.040, {**PARTS_TWO, "waiting": 0.010}, "1gbit", coll_s=0.002, framework="horovod",
-                  ceiling=4000.0)]
-    target = [across(1, 0.0165, PARTS_ONE, ""), across(2, 0.030, PARTS_TWO, "1gbit", coll_s=0.002)]
-    [p] = [p for p in prediction.predictions(ddp_local + hvd + target)
-           if p["row"]["record"] is target[1]]
-    # DDP within one server: parts 1.25 against its ceiling's 4/3; Horovod's here: 1 and 1
-    assert p["model"]["contention"] == pytest.approx(1.25 / (4 / 3))
-    assert p["model"]["contention_from"] == "its framework and model"
-    # its ranks' mean wait (none and 4 ms), not Horovod's (none and 10 ms)
-    assert p["model"]["waiting_s"] == pytest.approx(0.002, rel=1e-3)
-    # and the row's sentence says whose they are
-    [line] = prediction.sentences(ddp_local + hvd + target, [p])
-    assert (f"(of which contention {1.25 / (4 / 3):.2f}, as the other configurations of its framework and model "
-            "measured it)") in line
-    assert f"2.0 waiting (as the other configurations of {p['model']['waiting_from']} measured it)" in line
-
-
-def test_a_framework_new_to_a_model_takes_the_others_there_scaled_by_its_ratio_to_them():
-    """Horovod never ran the LSTM, DDP did: Horovod's LSTM row takes DDP's contention and
-    wait on the LSTM times Horovod's over DDP's on MNIST (framework and model multiply),
-    not Horovod's MNIST figures as they are nor DDP's LSTM ones as they are."""
-    grown_by = lambda k, wait: {**PARTS_TWO, "forward": 0.005 * k, "backward": 0.010 * k,  # noqa: E731
-                                "optimizer": 0.001 * k, "waiting": wait}
-    mnist = [rec(1, 0.0165, PARTS_ONE, ceiling=2000.0), rec(2, 0.030, grown_by(1.25, 0.004), coll_s=0.002,
-                                                            ceiling=3000.0),
-             rec(1, 0.0165, PARTS_ONE, framework="horovod"),
-             rec(2, 0.030, grown_by(1.5, 0.002), coll_s=0.002, framework="horovod", ceiling=3000.0)]
-    lstm = [rec(1, 0.0165, PARTS_ONE, ceiling=2000.0, model="lstm"),
-            rec(2, 0.030, grown_by(1.0, 0.010), coll_s=0.002, ceiling=3000.0, model="lstm"),
-            rec(1, 0.0165, PARTS_ONE, framework="horovod", model="lstm")]
-    target = rec(2, 0.030, PARTS_TWO, coll_s=0.002, framework="horovod", model="lstm")
-    recs = mnist + lstm + [target]
-    [p] = [p for p in prediction.predictions(recs) if p["row"]["record"] is target]
-    m = p["model"]
-    # contention (parts over the ceiling's 4/3): DDP's LSTM 0.75 x Horovod's MNIST 1.125
-    # over DDP's MNIST 0.9375
-    assert m["contention"] == pytest.approx(0.75 * 1.125 / 0.9375) and m["contention_from"] == mi.SCALED
-    # waits (the ranks' mean: half the one that waited): DDP's LSTM 5 ms x 1 / 2
-    assert m["waiting_s"] == pytest.approx(0.0025, rel=1e-3) and m["waiting_from"] == mi.SCALED
-    [line] = prediction.sentences(recs, [p])
-    assert ("(of which contention 0.90, as other frameworks or back ends measured it on its model, "
-            "scaled by its framework's ratio to theirs on other models)") in line
-    # without DDP's MNIST row there is nothing to scale by: Horovod's own MNIST figures,
-    # then DDP's LSTM wait as it is
-    rest = mnist[:1] + mnist[2:] + lstm + [target]
-    [p] = [p for p in prediction.predictions(rest) if p["row"]["record"] is target]
-    assert p["model"]["contention"] == pytest.approx(1.125) and p["model"]["contention_from"] == "its framework"
-    assert p["model"]["waiting_s"] == pytest.approx(0.005, rel=1e-3)
-    assert p["model"]["waiting_from"] == "its model, place and servers"
-
-
-def test_the_wait_falls_back_from_its_servers_to_its_model_to_any_framework():
-    """A row's wait: its framework's at its servers first (not its framework's within one
-    server, not Horovod's beside it), then its framework's elsewhere, then any framework's
-    at its model, place and servers; and prediction.json says whose."""
-    def ddp2(wait, link="1gbit", nodes=2):
-        return (across(2, 0.030, {**PARTS_TWO, "waiting": wait}, link, coll_s=0.002, ceiling=3600.0) if nodes == 2
-                else rec(2, 0.030, {**PARTS_TWO, "waiting": wait}, coll_s=0.002, ceiling=3000.0))
-    one = [rec(1, 0.0165, PARTS_ONE, ceiling=2000.0), across(1, 0.0165, PARTS_ONE, "", ceiling=2000.0)]
-    hvd = [across(1, 0.0165, PARTS_ONE, "", framework="horovod"),
-           across(2, 0.030, {**PARTS_TWO, "waiting": 0.020}, "1gbit", coll_s=0.002, framework="horovod",
-                  ceiling=3600.0)]
-    target = across(2, 0.030, PARTS_TWO, "100mbit", coll_s=0.002)
-
-    def wait(recs):
-        [p] = [p for p in prediction.predictions(recs) if p["row"]["record"] is target]
-        return p["model"]["waiting_s"], p["model"]["waiting_from"]
-    # DDP at 1 Gbit/s on the same 2 servers (mean of none and 6 ms), before DDP on one
-    # server (4 ms) and Horovod on the 2 servers (10 ms)
-    assert wait(one + hvd + [ddp2(0.012), ddp2(0.008, nodes=1), target]) == (
-        pytest.approx(0.006, rel=1e-3), "its framework, model, place and servers")
-    assert wait(one + hvd + [ddp2(0.008, nodes=1), target]) == (pytest.approx(0.004, rel=1e-3),
-                                                                 "its framework and model")
-    assert wait(one + hvd + [target]) == (pytest.approx(0.010, rel=1e-3), "its model, place and servers")
 
 
 def test_the_split_of_what_the_step_lost_gives_a_part_that_shrank_a_share_below_zero():
@@ -874,79 +660,6 @@ def test_ddps_bucket_cost_is_recovered_from_its_exposed_time_and_adds_to_each_bu
     assert p["cycle_cost_s"] == 0.0 and "bucket" in p["assumptions"]
     assert "bucket_none" in cm.predict(x, f)["assumptions"]
 
-
-def test_ddps_bucket_cost_comes_from_its_own_model_only():
-    """MNIST's DDP rows lend each other their bucket cost (its row at 100 Mbit/s takes the one
-    fitted at 1 Gbit/s); a row of another model lends none: ResNet-50's 25 MiB buckets cost
-    more than MNIST's one of 87 KB."""
-    recs = [lender(1, ""), lender(2, "1gbit", 0.006), lender(2, "100mbit", 0.012),
-            lender(1, "", model="lstm"), lender(2, "10gbit", 0.050, model="lstm")]
-    preds = {(p["row"]["record"]["config"]["model"], p["row"]["record"]["config"]["link"]): p
-             for p in prediction.predictions(recs)}
-    own = {k: cm.cycle_cost(cm.Inputs(**{**preds[k]["inputs"].__dict__, "cycle_cost_s": 0.0}), preds[k]["fit"], t)
-           for k, t in ((("mnist", "1gbit"), 0.006), (("mnist", "100mbit"), 0.012))}
-    assert own[("mnist", "1gbit")] > 0 and own[("mnist", "100mbit")] > 0
-    assert preds[("mnist", "100mbit")]["inputs"].cycle_cost_s == pytest.approx(own[("mnist", "1gbit")])
-    assert preds[("mnist", "1gbit")]["inputs"].cycle_cost_s == pytest.approx(own[("mnist", "100mbit")])
-    assert preds[("mnist", "1gbit")]["inputs"].cycle_cost_from == "others"
-    # the LSTM's row: no other LSTM row, and MNIST's cost is not its own
-    lstm = preds[("lstm", "10gbit")]
-    assert lstm["inputs"].cycle_cost_s == 0.0 and lstm["inputs"].cycle_cost_from is None
-    assert "bucket_none" in lstm["model"]["assumptions"]
-
-
-def test_horovods_cycle_cost_comes_from_its_model_at_another_place_before_another_model_at_its_own():
-    """MNIST on local processes, whose own exposed time fits no cost, takes MNIST's cost in
-    the cluster, not the LSTM's on local processes: a cycle's cost grows with the tensors
-    and bytes it fuses (ResNet-50's 3.18 ms a cycle made such a row 32% slow)."""
-    def local(np, comm=0.0, model="mnist"):
-        r = rec(np, 0.0165 if np == 1 else 0.030, {**PARTS_TWO, "communication": comm} if np > 1 else PARTS_ONE,
-                coll_s=0.002 if np > 1 else None, framework="horovod", ceiling=2000.0 if np == 1 else 3000.0,
-                model=model)
-        return r
-    recs = [local(1), local(2), local(1, model="lstm"), local(2, 0.025, model="lstm"),
-            lender(1, "", framework="horovod"), lender(2, "1gbit", 0.012, framework="horovod")]
-    preds = {(p["row"]["record"]["config"]["model"], p["servers"]): p for p in prediction.predictions(recs)}
-    assert prediction.fit_key(recs[1])[2] != prediction.fit_key(recs[5])[2]       # local, cluster
-    cost = {k: cm.cycle_cost(cm.Inputs(**{**preds[k]["inputs"].__dict__, "cycle_cost_s": 0.0}), preds[k]["fit"], t)
-            for k, t in ((("mnist", 2), 0.012), (("lstm", 1), 0.025))}
-    assert cost[("mnist", 2)] != pytest.approx(cost[("lstm", 1)])
-    assert preds[("mnist", 1)]["inputs"].cycle_cost_from == "others"
-    assert preds[("mnist", 1)]["inputs"].cycle_cost_s == pytest.approx(cost[("mnist", 2)])
-    # without MNIST's row in the cluster, the LSTM's at its place
-    rest = {(p["row"]["record"]["config"]["model"], p["servers"]): p for p in prediction.predictions(recs[:4])}
-    assert rest[("mnist", 1)]["inputs"].cycle_cost_s == pytest.approx(cost[("lstm", 1)])
-
-
-def test_ddps_bucket_cost_comes_from_its_model_at_another_place_and_never_from_another_model():
-    """DDP's MNIST on local processes, the only local DDP row of its model, takes the bucket
-    cost MNIST's DDP row measured in the cluster (its own model at another place), never
-    the LSTM's beside it on local processes (a bucket's cost grows with its bytes); with
-    no MNIST row elsewhere it keeps its collective at its fitted cost."""
-    def local(np, comm=0.0, model="mnist"):
-        return rec(np, 0.0165 if np == 1 else 0.030, {**PARTS_TWO, "communication": comm} if np > 1 else PARTS_ONE,
-                   coll_s=0.002 if np > 1 else None, ceiling=2000.0 if np == 1 else 3000.0, model=model)
-    recs = [local(1), local(2), local(1, model="lstm"), local(2, 0.025, model="lstm"),
-            lender(1, ""), lender(2, "1gbit", 0.012), lender(1, "", model="lstm"),
-            lender(2, "1gbit", 0.030, model="lstm")]
-    preds = {(p["row"]["record"]["config"]["model"], p["servers"], p["np"]): p for p in prediction.predictions(recs)}
-    assert prediction.fit_key(recs[1])[2] != prediction.fit_key(recs[5])[2]       # local, cluster
-
-    def cost(key, exposed):
-        fitted = cm.Inputs(**{**preds[key]["inputs"].__dict__, "cycle_cost_s": 0.0})
-        return cm.cycle_cost(fitted, preds[key]["fit"], exposed)
-    mnist = cost(("mnist", 2, 2), 0.012)
-    assert mnist > 0 and mnist != pytest.approx(cost(("lstm", 2, 2), 0.030))
-    assert preds[("mnist", 1, 2)]["inputs"].cycle_cost_from == "others"
-    assert preds[("mnist", 1, 2)]["inputs"].cycle_cost_s == pytest.approx(mnist)
-    # another MNIST row at its own place comes first: 4 local workers that exposed 20 ms
-    more = {(p["row"]["record"]["config"]["model"], p["servers"], p["np"]): p
-            for p in prediction.predictions(recs + [local(4, 0.020)])}
-    assert more[("mnist", 1, 2)]["inputs"].cycle_cost_s == pytest.approx(
-        cm.cycle_cost(cm.Inputs(**{**more[("mnist", 1, 4)]["inputs"].__dict__, "cycle_cost_s": 0.0}),
-                      more[("mnist", 1, 4)]["fit"], 0.020))
-    rest = {(p["row"]["record"]["config"]["model"], p["servers"]): p for p in prediction.predictions(recs[:4] + recs[6:])}
-    assert rest[("mnist", 1)]["inputs"].cycle_cost_s == 0.0 and rest[("mnist", 1)]["inputs"].cycle_cost_from != "others"
 
 def test_horovods_timings_lose_the_wait_for_its_cycle_before_the_fit():
     """A synchronous Horovod operation timed back to back takes one cycle while its work fits

@@ -35,7 +35,25 @@ def test_the_estimate_fits_the_promise_on_a_two_core_machine(quick):
     p = cpu_plan(quick)
     assert 0 < p.estimate_s <= course_plan.BUDGET_MIN[quick] * 60
     assert p.estimate_s == pytest.approx(
-        sum(x.estimate_s for x in p.parts) + estimate.LAB_REPORT_S + estimate.CLUSTER_UP_S)
+        sum(x.estimate_s for x in p.parts) + estimate.LAB_REPORT_S + estimate.CLUSTER_UP_S + p.sweeps.estimate_s)
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_the_lab_first_saves_doctors_sweeps_where_its_report_finds_them(quick, tmp_path):
+    """What the report's cost model needs beside the 1-worker runs: doctor's collective
+    sweeps, saved in the lab's results folder (the folder above every part's run folder)."""
+    from lab.host.suites import course
+    from lab.report import model_inputs
+    p = course_plan.plan(str(tmp_path), quick=quick, gpus=0, backends=("gloo", "mpi"))
+    assert p.sweeps.kind == "doctor" and p.sweeps.command() == f"invoke doctor --local --np 2 --save {tmp_path}"
+    assert p.render().splitlines()[1].startswith("  first: the collectives' cost")
+    # every part with multi-worker data-parallel rows also runs them at 1 worker (the model's input)
+    for part in p.parts:
+        if part.flags.get("strategy", "ddp") == "ddp" and "compression" not in part.flags and not part.skipped:
+            assert "1" in str(part.flags["np"]).split(","), part.name
+    # resumed with the sweeps saved: not measured again
+    (tmp_path / model_inputs.SWEEP_FILE).write_text("")
+    assert course.sweeps(p.sweeps, True) == "ok (saved before)"
 
 
 @pytest.mark.parametrize("quick", [False, True])
@@ -157,7 +175,7 @@ def test_a_cluster_that_cannot_run_is_said_in_the_plan_and_costs_nothing():
     assert p.parts[1].skipped == p.parts[2].skipped == why
     assert f"results across servers: skipped: {why}" in p.render()
     assert p.estimate_s == pytest.approx(sum(x.estimate_s for x in p.parts if not x.skipped)
-                                         + estimate.LAB_REPORT_S)
+                                         + estimate.LAB_REPORT_S + p.sweeps.estimate_s)
 
 
 def test_an_earlier_lab_is_not_mixed_into(tmp_path):
@@ -182,6 +200,7 @@ def test_a_shrunk_lab_runs_every_local_part_and_reports_them(tmp_path):
     """The quick plan with the steps cut to a few and one process count: real ranks, the
     real sweep, the report of all parts in one folder."""
     plan = course.make(str(tmp_path), True, course.Machine(0, ("gloo",), "not in this test", False))
+    plan.sweeps = None           # doctor's 50 s of probes: tests/test_doctor.py runs them
     for part in plan.parts:      # six short runs in all
         part.flags.update(max_steps=3, warmup_steps=1, epochs=1, np="2")
         if part.name == "strategies":

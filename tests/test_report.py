@@ -371,6 +371,24 @@ def test_the_example_report_is_what_its_records_give(tmp_path, example):
     assert (run / "prediction.json").read_text() == (src / "prediction.json").read_text()
 
 
+@pytest.mark.parametrize("example", ["example-report", "example-report-b"])
+def test_the_examples_what_if_rows_of_one_configuration_differ_as_their_1_worker_steps_do(example):
+    """Two what-if rows of one model, framework, back end and codec (run at two places, or
+    on two stacks) at the same workers and link: no more than 1.5 times apart unless their
+    1-worker steps are, as each comes from its 1-worker run and one fit per back end."""
+    import itertools
+    doc = json.loads((Path(__file__).parent / "fixtures" / example / "prediction.json").read_text())
+    groups = {}
+    for w in doc["what_if"]:
+        name = w["configuration"]
+        same = (name.split(",")[0], name.rsplit(":", 1)[1].strip()) if ":" in name else ("", name)
+        groups.setdefault((*same, w["workers"], w["link_gbit"]), []).append(
+            (w["predicted_step_ms"], w["terms"]["compute_one_worker_ms"]))
+    assert doc["what_if"] and all(w["terms"]["assumptions"] for w in doc["what_if"])
+    for (a, a1), (b, b1) in (pair for rows in groups.values() for pair in itertools.combinations(rows, 2)):
+        assert max(a, b) / min(a, b) <= max(1.5, max(a1, b1) / min(a1, b1))
+
+
 def test_a_cell_with_a_pipe_or_a_newline_keeps_the_table_whole():
     from lab.report import markdown
     text = markdown.table(["rank", "reason"], [[1, "gloo: a|b failed\nTraceback line"], [2, None]])

@@ -18,7 +18,9 @@ and the buffer twice more for the ranks folded in: ring 2(n-1) steps, 2(n-1)/n x
 log2 p steps, log2 p x size; Rabenseifner 2 log2 p steps, 2(p-1)/p x size;
 nonoverlapping 2 log2 p steps, 2 log2 p x size (a binomial reduce, then broadcast).
 Other operations: all-gather and reduce-scatter n-1 steps, (n-1)/n of the output; the
-rest 1 step, the buffer once. Standard library only."""
+rest 1 step, the buffer once. A target may name the algorithm instead of its back end's
+choice (ALGORITHMS: "tree" is a binomial reduce then broadcast, Thakur et al.'s
+nonoverlapping cost). Standard library only."""
 from __future__ import annotations
 
 import math
@@ -29,6 +31,9 @@ from lab.common import collectives
 # [(buffers below these bytes, algorithm), ...]); the last bound of each is None: the rest.
 RING, SEGMENTED_RING, RECURSIVE_DOUBLING, RABENSEIFNER, NONOVERLAPPING = (
     "ring", "segmented ring", "recursive doubling", "rabenseifner", "nonoverlapping")
+# What a target may name (invoke predict --algorithm): its cost, or "auto" (the back end's own)
+ALGORITHMS = {"auto": None, "ring": RING, "tree": NONOVERLAPPING, "recursive-doubling": RECURSIVE_DOUBLING,
+              "rabenseifner": RABENSEIFNER}
 _MPI_ALLREDUCE = [
     (4, [(8, RING), (4096, RECURSIVE_DOUBLING), (8192, RING), (16384, RECURSIVE_DOUBLING),
          (65536, RING), (262144, SEGMENTED_RING), (None, RABENSEIFNER)]),
@@ -47,8 +52,11 @@ _MPI_ALLREDUCE = [
 ]
 
 
-def allreduce_algorithm(backend: str | None, size: float, n: int) -> str:
-    """The all-reduce algorithm `backend` runs for a buffer of `size` bytes on n ranks."""
+def allreduce_algorithm(backend: str | None, size: float, n: int, algorithm: str | None = None) -> str:
+    """The all-reduce algorithm `backend` runs for a buffer of `size` bytes on n ranks
+    (`algorithm`, a key of ALGORITHMS: that one instead, "auto" or None the back end's)."""
+    if ALGORITHMS.get(algorithm or "auto"):
+        return ALGORITHMS[algorithm]
     if backend != "mpi":
         return RING
     for below, table in _MPI_ALLREDUCE:
@@ -73,19 +81,21 @@ def _cost(alg: str, n: int) -> tuple[int, float]:
     return 2 * k, 2.0 * k     # nonoverlapping: a binomial reduce, then a broadcast
 
 
-def steps(op: str, n: int, backend: str | None = None, size: float = 0.0) -> int:
-    """Latency steps one rank waits through for `op` on n ranks (`size`: the buffer)."""
+def steps(op: str, n: int, backend: str | None = None, size: float = 0.0, algorithm: str | None = None) -> int:
+    """Latency steps one rank waits through for `op` on n ranks (`size`: the buffer;
+    `algorithm`: allreduce_algorithm's)."""
     if n < 2:
         return 0
     if op == "allreduce":
-        return _cost(allreduce_algorithm(backend, size, n), n)[0]
+        return _cost(allreduce_algorithm(backend, size, n, algorithm), n)[0]
     return n - 1 if op in ("allgather", "reducescatter") else 1
 
 
-def wire_bytes(op: str, size: float, n: int, backend: str | None = None) -> float:
-    """Bytes each rank moves for `op` on a buffer of `size` bytes (nccl-tests' size)."""
+def wire_bytes(op: str, size: float, n: int, backend: str | None = None, algorithm: str | None = None) -> float:
+    """Bytes each rank moves for `op` on a buffer of `size` bytes (nccl-tests' size;
+    `algorithm`: allreduce_algorithm's)."""
     if n < 2:
         return 0.0
     if op == "allreduce":
-        return size * _cost(allreduce_algorithm(backend, size, n), n)[1]
+        return size * _cost(allreduce_algorithm(backend, size, n, algorithm), n)[1]
     return size * collectives.bus_factor(op, n)

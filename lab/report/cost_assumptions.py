@@ -78,4 +78,16 @@ ASSUMPTIONS = {
                   "is taken as the collective's, below two cycles twice what it took beyond one (at "
                   "least 5% of it; where the work fits in a cycle it cannot be seen).",
     "fit": "With one size timed the latency is taken as 0 and the whole time as bandwidth.",
+    "cores": "Ranks on one server share its cores in equal turns: each computes max(1, ranks x threads / "
+             "cores) times slower than the 1-worker run did (oversubscription included), the cores being "
+             "the 1-worker run's server's unless the target names them; memory bandwidth and caches are "
+             "taken as not shared (a ceiling measured at N processes checks this).",
+    "straggler": "Each rank's step is drawn from the 1-worker run's steps, independently: the ranks' mean "
+                 "wait for the slowest is the expected maximum of N draws less their mean, times the "
+                 "ranks' slowdown.",
+    "agreement": "Each Horovod cycle with work costs, beyond its collectives, its agreement on the ready "
+                 "tensors: one small all-reduce at the fitted cost (Horovod 0.28.1 controller.cc).",
+    "sweeps": "The collective's latency and bandwidth come from doctor's sweeps of the back end alone "
+              "(2 ranks, small and large messages; two regimes where least squares would drop the "
+              "latency), never from a run of the configuration predicted.",
 }

@@ -67,12 +67,13 @@ class Fit:
     delay_s: float = 0.0
     backend: str | None = None
     burst_bytes: float = 0.0
+    algorithm: str | None = None    # the all-reduce's algorithm where a target names one
 
     def time(self, op: str, size: float, n: int) -> float:
         if n < 2 or size <= 0:
             return 0.0
-        return (self.alpha_s * algorithms.steps(op, n, self.backend, size)
-                + self.beta_s_per_byte * algorithms.wire_bytes(op, size, n, self.backend))
+        return (self.alpha_s * algorithms.steps(op, n, self.backend, size, self.algorithm)
+                + self.beta_s_per_byte * algorithms.wire_bytes(op, size, n, self.backend, self.algorithm))
 
     def cost(self, op: str, size: float, n: int, tokens: float = 0.0) -> tuple[float, float]:
         """(seconds, tokens left): `time` less the link's cost of the bytes that `tokens`
@@ -80,7 +81,7 @@ class Fit:
         t = self.time(op, size, n)
         if t <= 0 or tokens <= 0 or not self.link_gbs:
             return t, tokens
-        free = min(tokens / FRAMING, algorithms.wire_bytes(op, size, n, self.backend))
+        free = min(tokens / FRAMING, algorithms.wire_bytes(op, size, n, self.backend, self.algorithm))
         return t - free * min(link_s_per_byte(self.link_gbs), self.beta_s_per_byte), tokens - free * FRAMING
 
     def on_link(self, gbs: float | None, delay_s: float = 0.0, burst_bytes: float = 0.0) -> Fit:
@@ -90,7 +91,7 @@ class Fit:
         host_alpha = max(0.0, self.alpha_s - self.delay_s)
         return Fit(host_alpha + delay_s, host_beta + (link_s_per_byte(gbs) if gbs else 0.0), self.points,
                    self.sizes, self.how + ", moved to another link", gbs, delay_s, self.backend,
-                   burst_bytes if gbs else 0.0)
+                   burst_bytes if gbs else 0.0, self.algorithm)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -101,23 +102,34 @@ def link_s_per_byte(gbs: float) -> float:
     return FRAMING / (gbs * 1e9)
 
 
+SMALL_BYTES = 16 * 1024     # a message this small or smaller: the latency regime of a sweep
+
+
 def fit(points: list[dict], link_gbs: float | None = None, delay_s: float = 0.0, burst_bytes: float = 0.0,
         backend: str | None = None) -> Fit | None:
     """Least squares of alpha and beta over `points` (op, size_bytes, ranks, time_s), each
     residual relative to what was timed (sizes spanning decades weigh alike): its time, or
     `timed_s` where the point's time is less than the timing (Horovod's, less the wait for
-    its cycle: horovod_collective_s); both kept at 0 or above. One distinct size: beta alone
-    through the points. None without points."""
+    its cycle: horovod_collective_s); both kept at 0 or above. Where messages of
+    SMALL_BYTES or less and larger ones were timed, two regimes instead (_two_regimes: the
+    latency from the smallest messages, the bandwidth from the rest): least squares over
+    sizes spanning decades trades the small messages' time away (a 4 KiB all-reduce of
+    1.2 ms fitted with a latency of 3 us), and the latency is what grows with the ranks.
+    One distinct size: beta alone through the points. None without points."""
+    kept = [p for p in points if p.get("time_s") and p.get("ranks", 0) > 1 and p.get("size_bytes")]
     rows = [(algorithms.steps(p["op"], p["ranks"], backend, p["size_bytes"]),
              algorithms.wire_bytes(p["op"], p["size_bytes"], p["ranks"], backend), p["time_s"],
-             max(p.get("timed_s") or 0.0, p["time_s"]))
-            for p in points if p.get("time_s") and p.get("ranks", 0) > 1 and p.get("size_bytes")]
+             max(p.get("timed_s") or 0.0, p["time_s"])) for p in kept]
     if not rows:
         return None
     sizes = len({round(w) for _, w, _, _ in rows})
+    out = lambda a, b, how: Fit(a, b, len(rows), sizes, how, link_gbs, delay_s, backend, burst_bytes)  # noqa: E731
     # relative residuals: each equation divided by what was timed
     a = [(s / T, w / T, t / T) for s, w, t, T in rows]
     if sizes >= 2:
+        two = _two_regimes([(p["size_bytes"], *r) for p, r in zip(kept, rows)])
+        if two is not None:
+            return out(*two, "two regimes: latency from the smallest messages, bandwidth from the rest")
         s11 = sum(x * x for x, _, _ in a)
         s12 = sum(x * y for x, y, _ in a)
         s22 = sum(y * y for _, y, _ in a)
@@ -126,17 +138,39 @@ def fit(points: list[dict], link_gbs: float | None = None, delay_s: float = 0.0,
         if det > 0:
             alpha, beta = (b1 * s22 - b2 * s12) / det, (s11 * b2 - s12 * b1) / det
             if alpha >= 0 and beta >= 0:
-                return Fit(alpha, beta, len(rows), sizes, "least squares", link_gbs, delay_s, backend, burst_bytes)
+                return out(alpha, beta, "least squares")
         # a negative term: the best fit with it at 0
         alpha_only = b1 / s11 if s11 else 0.0
         beta_only = b2 / s22 if s22 else 0.0
         err_a = sum((x * alpha_only - r) ** 2 for x, _, r in a)
         err_b = sum((y * beta_only - r) ** 2 for _, y, r in a)
         if err_a < err_b:
-            return Fit(alpha_only, 0.0, len(rows), sizes, "least squares, beta 0", link_gbs, delay_s, backend, burst_bytes)
-        return Fit(0.0, beta_only, len(rows), sizes, "least squares, alpha 0", link_gbs, delay_s, backend, burst_bytes)
+            return out(alpha_only, 0.0, "least squares, beta 0")
+        return out(0.0, beta_only, "least squares, alpha 0")
     beta = sum(y * r for _, y, r in a) / sum(y * y for _, y, _ in a)
-    return Fit(0.0, beta, len(rows), 1, "one size: bandwidth only", link_gbs, delay_s, backend, burst_bytes)
+    return out(0.0, beta, "one size: bandwidth only")
+
+
+def _two_regimes(rows: list[tuple[float, int, float, float, float]]) -> tuple[float, float] | None:
+    """(alpha, beta) from (size, steps, wire bytes, time, timed) rows in two regimes: beta
+    by least squares (relative) over the messages above SMALL_BYTES with the latency taken
+    out; alpha the median over the small messages (at most SMALL_BYTES) of their time less
+    their bytes at beta, per step, and no more than the fastest message of any size allows
+    (every message waits its steps' latency: a noisy small message is not the latency);
+    each with the other's last value to their fixed point. None without both kinds of
+    message, or where the small messages' time is all bandwidth."""
+    small = [r for r in rows if r[0] <= SMALL_BYTES and r[1] > 0]
+    large = [r for r in rows if r[0] > SMALL_BYTES]
+    if not small or not large:
+        return None
+    floor = min(t / s for _, s, _, t, _ in rows if s > 0)
+    alpha, beta = min(statistics.median(t / s for _, s, _, t, _ in small), floor), 0.0
+    for _ in range(50):
+        num = sum(w / T * (t - alpha * s) / T for _, s, w, t, T in large)
+        den = sum((w / T) ** 2 for _, _, w, _, T in large)
+        beta = max(0.0, num / den) if den else 0.0
+        alpha = min(statistics.median((t - beta * w) / s for _, s, w, t, _ in small), floor)
+    return (alpha, beta) if alpha > 0 else None
 
 
 def horovod_cycle_s(settings: dict | None) -> float:
@@ -325,7 +359,7 @@ class Inputs:
     op: str                         # allreduce, or allgather for the 8-bit codecs
     slowdown: float | None = None   # measured: compute at N / compute at 1
     waiting_s: float | None = None  # measured: the ranks' mean wait for the slowest
-    waiting_from: str | None = None  # whose (lab.report.model_inputs.others_wait)
+    waiting_from: str | None = None  # whose (predict_target: the 1-worker run's step spread)
     tensors: int = DEFAULT_TENSORS
     cycle_s: float = HOROVOD_CYCLE_S
     fusion_bytes: float = HOROVOD_FUSION
@@ -334,7 +368,7 @@ class Inputs:
     # DDP: what a bucket's collective exposes in the step beyond its fitted cost, fitted
     cycle_cost_from: str | None = None  # "others", "itself" where cycle_cost_s was fitted
     contention: float = 1.0         # the compute's slowdown beyond the ceiling's, fitted on others
-    contention_from: str | None = None  # which others (lab.report.model_inputs.contention)
+    contention_from: str | None = None  # which others (not set by predict_target)
     tensor_bytes: list[float] | None = None  # each parameter's fp32 bytes, in the model's order
 
 
@@ -401,3 +435,157 @@ def predict(x: Inputs, fit_: Fit) -> dict:
             "cycle_cost_s": x.cycle_cost_s if x.framework == "horovod" else 0.0,
             "bucket_cost_s": x.cycle_cost_s if x.framework != "horovod" else 0.0,
             "cycles": sched.get("cycles", 0), "assumptions": used}
+
+
+# A configuration not run, predicted from what one worker and doctor's sweeps measured
+
+
+@dataclass
+class OneWorker:
+    """What a prediction of any target takes from the machine a user has: the 1-worker run
+    (its step, its backward, its step times, its gradients and settings), the compute
+    ceiling of one process (figures.ceiling; None where not measured) and the cores and
+    threads that run had. Nothing here comes from a run of more than one worker."""
+    framework: str                  # ddp or horovod
+    backend: str | None             # gloo, mpi, nccl
+    compute_s: float                # the 1-worker step
+    backward_s: float | None        # its backward (None: BACKWARD_SHARE of compute)
+    grad_bytes: float               # float32 gradient bytes (4 per value)
+    payload_bytes: float            # what one rank hands to the collective per step
+    op: str = "allreduce"           # allreduce, or allgather for the 8-bit codecs
+    batch: int = 1                  # images per worker per step
+    threads: int = 1                # CPU threads per rank (config.threads)
+    cores: int | None = None        # the cores the 1-worker run's server had (world.cores)
+    step_times_s: list[float] | None = None  # its steps, one by one (the ranks' spread)
+    ceiling_img_s: float | None = None  # the compute ceiling of one process
+    tensors: int = DEFAULT_TENSORS
+    tensor_bytes: list[float] | None = None
+    cycle_s: float = HOROVOD_CYCLE_S
+    fusion_bytes: float = HOROVOD_FUSION
+    strategy: str = "ddp"
+
+
+@dataclass
+class Target:
+    """A configuration to predict: `workers` ranks, `per_server` of them a server (None: all
+    on one), the link between servers (`link_gbit` Gbit/s, `latency_s` one way, its token
+    bucket `burst_bytes`; None: the fit's own), the all-reduce's algorithm (a key of
+    lab.report.algorithms.ALGORITHMS; None: the back end's choice) and the cores of a
+    server (None: as many as the 1-worker run's)."""
+    workers: int
+    per_server: int | None = None
+    link_gbit: float | None = None
+    latency_s: float = 0.0
+    algorithm: str | None = None
+    cores: int | None = None
+    burst_bytes: float = 0.0
+
+    @property
+    def servers(self) -> int:
+        return -(-self.workers // self.per_server) if self.per_server else 1
+
+    @property
+    def on_server(self) -> int:
+        """The ranks sharing the busiest server."""
+        return min(self.workers, self.per_server or self.workers)
+
+
+def shared_slowdown(ranks: int, threads: int, cores: int | None, cores_one: int | None = None) -> float:
+    """How much slower each of `ranks` ranks of `threads` threads computes on `cores` cores
+    than one rank did on `cores_one` (None: the same cores): the cores are shared in equal
+    turns, so a rank gets min(1, cores / (ranks x threads)) of its threads' time
+    (oversubscription included); None cores: not shared (1)."""
+    if not cores:
+        return 1.0
+    alone = max(1.0, threads / (cores_one or cores))
+    return max(1.0, ranks * threads / cores) / alone
+
+
+def straggler_wait(step_times_s: list[float] | None, n: int) -> float:
+    """The ranks' mean wait for the slowest of n (seconds), each rank's step drawn from the
+    1-worker run's steps: E[max of n draws] - their mean, over the empirical distribution
+    (sorted x_1..x_m: x_i is the maximum with probability (i/m)^n - ((i-1)/m)^n); 0
+    without steps or below 2 ranks."""
+    xs = sorted(step_times_s or [])
+    if n < 2 or len(xs) < 2:
+        return 0.0
+    m = len(xs)
+    top = sum(x * (((i + 1) / m) ** n - (i / m) ** n) for i, x in enumerate(xs))
+    return max(0.0, top - statistics.fmean(xs))
+
+
+def horovod_agreement_s(fit_: Fit, n: int) -> float:
+    """What a Horovod cycle costs beyond its collectives: its agreement on the ready tensors,
+    one small all-reduce of the response cache's bits every cycle (horovod 0.28.1
+    controller.cc 154-159, response_cache.cc 428), at the fit's cost of a SMALL_BYTES
+    message (in practice the latency term)."""
+    return fit_.time("allreduce", 8.0, n)
+
+
+def target_fit(fit_: Fit, target: Target) -> Fit:
+    """The fit carried to the target: across servers on the target's link (Fit.on_link; the
+    fit's own where the target names no rate), its algorithm where it names one."""
+    f = fit_
+    if target.servers > 1 and target.link_gbit:
+        f = f.on_link(target.link_gbit / 8, target.latency_s, target.burst_bytes)
+    if target.algorithm and target.algorithm != "auto":
+        f = Fit(**{**f.__dict__, "algorithm": target.algorithm})
+    return f
+
+
+def predict_target(one: OneWorker, fit_: Fit | None, target: Target) -> dict:
+    """The step of `target`, predicted from one worker (`one`) and a fit of the back end's
+    collective (from doctor's sweeps, lab.report.model_inputs.sweep_fit): compute = the
+    1-worker step x shared_slowdown of the ranks on a server; the exposed communication of
+    the bucket schedule (ddp_schedule; Horovod's cycles, horovod_schedule, each costing its
+    agreement beyond its collectives: horovod_agreement_s) on target_fit; waiting =
+    straggler_wait x the slowdown. Returns predict()'s terms with "throughput_img_s",
+    "efficiency", "ceiling_img_s" (the N-process ceiling this predicts, for a measured one
+    to check) and "why" (None, or why the target is not predicted)."""
+    n = target.workers
+    if one.strategy not in ("ddp", None):
+        return {"why": not_predicted(one.strategy)}
+    if n > 1 and fit_ is None and one.grad_bytes > 0:
+        return {"why": "no collective sweep of its back end (`invoke doctor --save RESULTS` measures one)"}
+    slow = shared_slowdown(target.on_server, one.threads, target.cores or one.cores, one.cores)
+    f = target_fit(fit_, target) if fit_ is not None else None
+    x = Inputs(framework=one.framework, np=n, compute_s=one.compute_s, backward_s=one.backward_s,
+               grad_bytes=one.grad_bytes, payload_bytes=one.payload_bytes, op=one.op, slowdown=slow,
+               slowdown_from="cores", waiting_s=straggler_wait(one.step_times_s, n) * slow,
+               waiting_from="the 1-worker run's step spread", tensors=one.tensors, cycle_s=one.cycle_s,
+               fusion_bytes=one.fusion_bytes, tensor_bytes=one.tensor_bytes,
+               cycle_cost_s=horovod_agreement_s(f, n) if one.framework == "horovod" and f and n > 1 else 0.0,
+               cycle_cost_from="agreement" if one.framework == "horovod" else None)
+    p = predict(x, f)
+    p["assumptions"] = [a for a in p["assumptions"] if a not in ("slowdown", "slowdown_ceiling", "contention",
+                                                                    "contention_none", "cycle", "cycle_none",
+                                                                    "bucket_none", "waiting")]
+    p["assumptions"] += ["cores", "straggler", "sweeps"] + (["agreement"] if one.framework == "horovod" else []) + (
+        ["link"] if target.servers > 1 else [])
+    step = p["step_s"]
+    p.update({"why": None, "inputs": x, "fit": f, "workers": n, "servers": target.servers,
+              "throughput_img_s": n * one.batch / step if step else None,
+              "efficiency": p["speedup"] / n if p["speedup"] else None,
+              "ceiling_img_s": one.ceiling_img_s * n / slow if one.ceiling_img_s else None})
+    return p
+
+
+NOT_PREDICTED = {
+    "zero1": "ZeRO-1 adds an all-gather of the updated parameter shards after each step, and the "
+             "kit's records hold no timing of it apart",
+    "fsdp": "FSDP gathers each unit's parameters in the forward and the backward and reduce-scatters "
+            "its gradients; the records hold neither the units nor when each is gathered",
+    "deepspeed": "DeepSpeed's ZeRO stages bucket and overlap their collectives by their own settings, "
+                 "which the model does not follow",
+    "pipeline": "a pipeline's step is its stages' schedule and bubble, not an all-reduce",
+    "model-parallel": "model parallelism sends activations between stages, not gradients",
+    "rpc-pipeline": "an RPC pipeline sends activations between stages, not gradients",
+    "dataparallel": "DataParallel is one process: nothing to scale across workers",
+}
+
+
+def not_predicted(strategy: str) -> str:
+    """Why a strategy other than plain data parallelism is not predicted, in one sentence
+    (never as DDP with no communication)."""
+    return ("not predicted: " + NOT_PREDICTED.get(strategy, f"the model covers plain data parallelism, "
+                                                           f"not {strategy}"))

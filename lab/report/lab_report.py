@@ -50,13 +50,14 @@ def _results(records: list[dict], across: bool, notes: d.Notes, empty: str) -> l
                     + tables.devices_note(shown, records))]
 
 
-def _model(records: list[dict], sweeps: list[dict] = ()) -> tuple[list[dict], list[dict]]:
+def _model(records: list[dict], sweeps: list[dict] = ()) -> tuple[list[dict], list[dict], list[dict]]:
     """The cost model over all the report's records and doctor's `sweeps`, once: (the
-    predictions, the rows not predicted), as prediction.json and model_check make them."""
-    return prediction.predictions(records, sweeps), prediction.unpredicted(records, sweeps)
+    predictions, the rows not predicted, the sweeps for the what-if), as prediction.json and
+    model_check make them."""
+    return prediction.predictions(records, sweeps), prediction.unpredicted(records, sweeps), list(sweeps)
 
 
-def _why(records: list[dict], level: int, model: tuple[list[dict], list[dict]]) -> list:
+def _why(records: list[dict], level: int, model: tuple[list[dict], list[dict], list[dict]]) -> list:
     """Predicted against measured scaling (lab.report.prediction; `model`: _model of all
     the report's records, of which a model's section shows its own rows). The measured
     split of what each multi-worker row lost, and what fp16 would buy it, for every row with
@@ -80,31 +81,39 @@ def _why(records: list[dict], level: int, model: tuple[list[dict], list[dict]]) 
     if not preds:
         return [head, *split, *([d.Items(said)] if said else []),
                 d.Para("No multi-worker run could be predicted: that takes a 1-worker run "
-                       "of the same configuration, a timed collective and the compute "
-                       "ceiling at 1 and N processes (data-parallel runs at 1 and 2 or "
-                       "more workers with --ceiling make one)."),
+                       "of the same configuration and doctor's sweep of its back end's collective "
+                       "(`invoke doctor --save RESULTS`; `invoke bench --ceiling` adds the compute "
+                       "ceiling that checks the compute's slowdown)."),
                 *([d.Items(unpredicted)] if unpredicted else [])]
     return [head, d.Table(prediction.HEADERS, prediction.table(records, preds), [
-        "Milliseconds but for slowdown, error and speedups. Predicted step = compute (the 1-worker "
-        "step) x slowdown (N x the compute ceiling of 1 process against that of N processes placed as "
-        "the ranks are, times the contention beyond it that the other configurations' step parts "
-        "measured) + exposed (communication: DDP's bucket schedule, or Horovod's "
-        "cycles, each bucket or cycle with its cost fitted to the exposed time the other configurations "
-        "measured, against the backward pass, the "
-        "collective's cost fitted per back end and place from its timings and doctor's sweeps) + waiting "
-        "(the mean wait for the slowest rank the other configurations measured); measured: the mean of all timed "
+        "Milliseconds but for slowdown, errors and speedups. Each row predicted from its 1-worker run, "
+        "doctor's sweeps and its own description alone (workers, servers, link, cores), never from a "
+        "run of more than one worker: predicted step = compute (the 1-worker step) x slowdown (the ranks "
+        "on a server sharing its cores: max(1, ranks x threads / cores)) + exposed (communication: DDP's "
+        "bucket schedule, or Horovod's cycles, against the backward pass, the collective's latency and "
+        "bandwidth fitted on doctor's sweeps of the back end) + waiting (the expected wait for the "
+        "slowest of the ranks, each step drawn from the 1-worker run's); measured: the mean of all timed "
         "steps (the step parts below are of the typical steps); error: predicted against measured; "
-        "pred. speedup, speedup: the throughput over one worker's, from the predicted and the measured step; "
-        "unexplained: the measured step less the predicted one"
+        "no-model: the error of a baseline with no model, the same configuration's step measured on the "
+        "nearest other link plus its payload at the slower rate (n/a where it ran on no other link); "
+        "pred. speedup, speedup: the throughput over one worker's, from the predicted and the measured step"
         + ("; (oversubscribed): the run had more ranks than cores, so its step measures ranks taking turns on them"
            if any(p["oversubscribed"] for p in preds) else "") + ". Every term is in prediction.json.",
-        *([f"{prediction.SELF_FITTED}: Horovod's cycle cost fitted on this row's own exposed communication (no "
-            "other configuration of its back end at its place, nor of its model elsewhere, measured one): that "
-            "term is an input, not a prediction."]
-          if any(p["inputs"].cycle_cost_from == "itself" for p in preds) else []),
-        *unpredicted]), *_what_if(records, preds), *split,
+        *_ceiling_checks(records, preds), *unpredicted]),
+        *_what_if(prediction.what_if(records, preds, model[2])), *split,
         d.Items(prediction.sentences(records, preds) + said),
         d.Para("The model's assumptions:"), d.Items(_assumed(preds))]
+
+
+def _ceiling_checks(records: list[dict], preds: list[dict]) -> list[str]:
+    """The compute ceiling at N processes the model implies against the one measured there
+    (`--ceiling`): a check of the compute's slowdown, never an input."""
+    out = [f"{config_label(p['row']['record'], records, ' / ')}{link_label(p['row']['record'])} at {p['np']}: "
+           f"{p['ceiling_img_s']:.4g} img/s predicted, {p['ceiling_measured_img_s']:.4g} measured "
+           f"({100 * (p['ceiling_img_s'] / p['ceiling_measured_img_s'] - 1):+.0f}%)"
+           for p in preds if p.get("ceiling_img_s") and p.get("ceiling_measured_img_s")]
+    return ["The compute ceiling at N processes the model implies (the 1-process ceiling x N / slowdown) "
+            "against the one measured (`--ceiling`, a check, not an input): " + "; ".join(out) + "."] if out else []
 
 
 def _model_of(case: dict) -> str | None:
@@ -118,18 +127,18 @@ def _unpredicted(records: list[dict], u: dict) -> str:
             f"({u['why']}){prediction_text.explained(u['explained'])}.")
 
 
-def _what_if(records: list[dict], preds: list[dict]) -> list:
-    cases = prediction.what_if(records, preds)
+def _what_if(cases: list[dict]) -> list:
     if not cases:
         return []
     return [d.Para("What if (extrapolated, not measured): the predicted step, and the speedup in "
                    "brackets, at more workers and on other links, each worker on a server of its own:"),
             d.Table(prediction.WHAT_IF_HEADERS, prediction.what_if_table(cases), [
-                "Extrapolated: no row of this table ran. The link's rate replaces the fitted place's "
-                "in the collective's per-byte cost, its fitted latency per step is kept (0 where the fit "
-                "found none: the figures at many workers depend on it) and the links add no delay; "
-                "compute is the 1-worker step, with no slowdown (no worker shares a server's cores); "
-                "Horovod's cycle cost and DDP's bucket cost are carried as fitted."])]
+                "Extrapolated: no row of this table ran. The same model as the predictions above, from each "
+                "configuration's 1-worker run and one fit per back end (doctor's sweep across servers where "
+                "there is one, else within one): the link's rate replaces the fitted link's in the "
+                "collective's per-byte cost, the fitted latency per step is kept and the links add no "
+                "delay; compute is the 1-worker step, with no slowdown (no worker shares a server's "
+                "cores); waiting the expected wait for the slowest of the workers."])]
 
 
 def _assumed(preds: list[dict]) -> list[str]:

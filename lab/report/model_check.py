@@ -113,7 +113,7 @@ def of_results(*paths: str, leave_out=None) -> tuple[list[tuple[str, float, floa
     `leave_out`: prediction.predictions'."""
     recs, sweeps = _records(list(paths)), model_inputs.load_sweeps(*paths)
     preds = prediction.predictions(recs, sweeps, leave_out)
-    rows = [(_name(p, recs) + (SELF if p["inputs"].cycle_cost_from == "itself" else ""), p["predicted_ms"],
+    rows = [(_name(p, recs), p["predicted_ms"],
              None if p["row"]["record"].get("planned") else p["step_ms"]) for p in preds]
     left = prediction.unpredicted(recs, sweeps, leave_out)
     why = [f"{config_label(u['row']['record'], recs, ' / ')} at {u['row']['np']} workers: {u['why']}" for u in left]

@@ -1,25 +1,14 @@
-"""Where the cost model's predicted terms come from, apart from the step they predict
-(lab.report.prediction uses them):
+"""Where the cost model's terms come from (lab.report.prediction uses them):
 
-- the compute slowdown at N ranks on S servers: N x the compute ceiling of one process
-  over that of N processes placed as the ranks are (`bench --ceiling`, figures.ceiling),
-  from any run of the same model, input, batch, threads, precision, device and place
-  (the ceiling runs no framework, so every configuration of a sweep shares it). A row
-  whose N-process ceiling no run measured is not predicted: the report says so and names
-  the flag that measures it. The row's own step parts give only the "explained" figure;
-- the contention beyond the ceiling (the framework's threads and waits sharing the
-  ranks' cores): the median ratio of step-part slowdown to ceiling slowdown over the
-  other configurations at the same ranks of the same framework and model (contention);
-  where the framework ran the model nowhere else, the other frameworks' on the model
-  times the framework's ratio to theirs on the configurations of other models that both
-  ran (_scaled: framework and model multiply);
-- waiting for the slowest rank: the median of the mean waits that the other
-  configurations measured at the same ranks, of the same framework first, scaled so
-  where it never ran the model (others_wait);
-- the collective's points: the runs' own probes (figures.collective_alone) and the size
-  sweeps `invoke doctor --save FOLDER` stores (SWEEP_FILE): torch.distributed's Gloo
-  sweep (DDP's back end, on this machine or in the image, and across the cluster's nodes
-  on its shaped link) and Horovod's over MPI.
+- a prediction of a configuration (cost_model.predict_target) takes only what one worker
+  measured and doctor's sweeps: one_worker (the 1-worker row's step, backward, steps one
+  by one, gradients, settings and cores, and its compute ceiling of one process from
+  ceilings: `bench --ceiling`, figures.ceiling), sweep_fit (the back end's collective from
+  doctor's sweeps, `invoke doctor --save FOLDER`: SWEEP_FILE) and sweep_check (that fit
+  against doctor's sweeps at more ranks). A ceiling measured at N processes only checks
+  the prediction (the report shows both);
+- the explained figure (the row's own measurements, never a prediction): its compute
+  parts' slowdown (explained_slowdown) and its ranks' mean wait (mean_wait).
 
 Standard library only."""
 from __future__ import annotations
@@ -28,7 +17,9 @@ import json
 import statistics
 from pathlib import Path
 
-from lab.report import step_parts, summary
+from lab.common.link import DELAY, rate_gbs, tbf_burst_bytes
+from lab.report import algorithms, step_parts, summary
+from lab.report import cost_model as cm
 
 SWEEP_FILE = "doctor-collectives.jsonl"
 SWEEP_OP = "allreduce"          # the op the data-parallel step's fit is made of
@@ -42,31 +33,22 @@ def compute_key(record: dict) -> tuple:
             c.get("device"), summary.place(record), summary.stack(record))
 
 
+def own_cores(record: dict) -> bool:
+    """Whether the run's servers had cores of their own (the simulated cluster's pinned
+    nodes: world.node_cores): rows with and without never share a term."""
+    return bool((record.get("world") or {}).get("node_cores"))
+
+
 def ceilings(records: list[dict]) -> dict[tuple, float]:
-    """(compute_key, processes, servers) -> the median images per second of every ok
-    record's compute ceiling there (figures.ceiling, all the processes together)."""
+    """(compute_key, processes, servers, own_cores) -> the median images per second of every
+    ok record's compute ceiling there (figures.ceiling, all the processes together)."""
     found: dict[tuple, list[float]] = {}
     for r in records:
         c = (r.get("figures") or {}).get("ceiling") if r.get("status") == "ok" else None
         if c and c.get("images_per_s"):
-            key = (compute_key(r), c.get("processes", r["world"]["np"]), r["world"]["nodes"])
+            key = (compute_key(r), c.get("processes", r["world"]["np"]), r["world"]["nodes"], own_cores(r))
             found.setdefault(key, []).append(c["images_per_s"])
     return {k: statistics.median(v) for k, v in found.items()}
-
-
-def ceiling_slowdown(record: dict, np: int, servers: int, table: dict) -> float | None:
-    """N x the 1-process ceiling over the N-process one on `servers` servers (table:
-    ceilings()); None where either is missing."""
-    key = compute_key(record)
-    one, many = table.get((key, 1, 1)), table.get((key, np, servers))
-    return np * one / many if one and many else None
-
-
-def no_ceiling(np: int, servers: int) -> str:
-    """Why a row is not predicted without its ceiling, in one sentence."""
-    where = f"{servers} servers" if servers > 1 else "1 server"
-    return (f"no compute ceiling of this model, batch and place at 1 process and at {np} processes on "
-            f"{where} (`invoke bench --ceiling` measures it beside each run)")
 
 
 def mean_wait(row: dict) -> float | None:
@@ -87,64 +69,6 @@ def framework_key(record: dict) -> tuple:
     return c.get("framework"), record["world"].get("controller") or c.get("backend")
 
 
-def _framework(row: dict) -> tuple:
-    return framework_key(row["record"])
-
-
-def others_wait(row: dict, rows: list[dict]) -> tuple[float | None, str | None]:
-    """(the median of mean_wait over the other rows (other configurations) at the row's
-    ranks, from whom): those of its framework and back end, compute key and servers where
-    any measured it, else of its framework and back end and model (any place and servers),
-    else the other frameworks' at its compute key and servers scaled by its framework's
-    ratio to theirs on other models (_scaled), else of its compute key and servers (any
-    framework); (None, None) where none measured it. The framework first: how long the ranks wait for the slowest is its threads' doing
-    as much as the model's (Horovod over Gloo's ResNet-50 ranks waited 1.4 to 4 times DDP's
-    on one server in the model benchmark's two runs: docs/pages/report.md)."""
-    mine, key = summary.group_key(row["record"]), compute_key(row["record"])
-    near = [(r, w) for r in rows if r.get("runs") and summary.group_key(r["record"]) != mine
-            and r["np"] == row["np"] and (w := mean_wait(r)) is not None]
-    here = lambda r: compute_key(r["record"]) == key and r["servers"] == row["servers"]  # noqa: E731
-    for how, pick in (("its framework, model, place and servers", lambda r: _framework(r) == _framework(row)
-                       and here(r)),
-                      ("its framework and model", lambda r: _framework(r) == _framework(row)
-                       and compute_key(r["record"])[:6] == key[:6])):
-        waits = [w for r, w in near if pick(r)]
-        if waits:
-            return statistics.median(waits), how
-    scaled = _scaled(row, near, here)
-    if scaled is not None:
-        return scaled, SCALED
-    waits = [w for r, w in near if here(r)]
-    return (statistics.median(waits), "its model, place and servers") if waits else (None, None)
-
-
-SCALED = "other frameworks on its model, scaled by its framework's ratio to theirs on other models"  # a `how`
-
-
-def _scaled(row: dict, values: list[tuple[dict, float]], here) -> float | None:
-    """Where the row's framework measured nothing on its model: for each other framework
-    or back end G that measured it (rows `here` picks), G's median there times the median,
-    over the configurations of the other models that both ran (same compute key, servers
-    and link), of the row's framework's value over G's (framework and model taken to
-    multiply); the median over the G that have both. None without any."""
-    fw, model = _framework(row), compute_key(row["record"])[:6]
-
-    def by_config(framework: tuple) -> dict[tuple, float]:
-        found: dict[tuple, list[float]] = {}
-        for r, v in values:
-            if _framework(r) == framework and compute_key(r["record"])[:6] != model:
-                link = (r["record"].get("config", {}).get("link") or "") if r["servers"] > 1 else ""
-                found.setdefault((compute_key(r["record"]), r["servers"], link), []).append(v)
-        return {k: statistics.median(v) for k, v in found.items()}
-    mine, out = by_config(fw), []
-    for g in sorted({_framework(r) for r, _ in values} - {fw}, key=str):
-        there, theirs = [v for r, v in values if _framework(r) == g and here(r)], by_config(g)
-        ratios = [mine[k] / theirs[k] for k in sorted(mine.keys() & theirs.keys(), key=str) if theirs[k] > 0]
-        if there and ratios:
-            out.append(statistics.median(there) * statistics.median(ratios))
-    return statistics.median(out) if out else None
-
-
 def explained_slowdown(row: dict, one: dict) -> float | None:
     """The row's own compute parts (forward, backward, optimizer, other) over its 1-worker
     row's: what explains its step, never a prediction of it; where a record's note says a
@@ -157,31 +81,6 @@ def explained_slowdown(row: dict, one: dict) -> float | None:
     keys = [k for k in step_parts.COMPUTE if not (noted and k == "backward")]
     one_s = sum(parts_one[k] for k in keys)
     return sum(parts[k] for k in keys) / one_s if one_s > 0 else None
-
-
-def contention(row: dict, measured: list[tuple[dict, float]]) -> tuple[float, str | None]:
-    """(the compute's slowdown beyond the ceiling's, from whom): the median of `measured`'s
-    ratios (each another row's explained_slowdown over its ceiling_slowdown) over the other
-    configurations at the row's ranks of its framework and back end and its model (input,
-    batch, threads, precision, device; any place and servers) where any, else the other
-    frameworks' on its model scaled by its framework's ratio to theirs on other models
-    (_scaled), else of its framework and back end, else all; (1, None) without. Carried along the framework and
-    the model, not the place: the framework's threads and waits sharing the ranks' cores
-    are what it measures, and they grow with the model's step."""
-    mine, model = summary.group_key(row["record"]), compute_key(row["record"])[:6]
-    near = [(r, v) for r, v in measured if summary.group_key(r["record"]) != mine and r["np"] == row["np"]]
-    on_model = lambda r: compute_key(r["record"])[:6] == model  # noqa: E731
-    values = [v for r, v in near if _framework(r) == _framework(row) and on_model(r)]
-    if values:
-        return statistics.median(values), "its framework and model"
-    scaled = _scaled(row, near, on_model)
-    if scaled is not None:
-        return scaled, SCALED
-    for how, pick in (("its framework", lambda r: _framework(r) == _framework(row)), ("others", lambda r: True)):
-        values = [v for r, v in near if pick(r)]
-        if values:
-            return statistics.median(values), how
-    return 1.0, None
 
 
 # doctor's sweeps
@@ -249,3 +148,118 @@ def sweep_key(entry: dict) -> tuple:
     """The fit_key of the runs a sweep's cost is theirs."""
     return (entry["framework"], entry["backend"], entry["place"], bool(entry["across"]),
             entry.get("link", "") if entry["across"] else "")
+
+
+# What a prediction of a target takes: one worker's run and doctor's sweeps (cost_model.predict_target)
+
+
+def one_worker(one: dict, ceilings_: dict | None = None) -> cm.OneWorker:
+    """cost_model.OneWorker of a 1-worker row (summary.rows'): its median step, its backward
+    (step parts), its steps one by one (the repeats' together), its gradients and settings,
+    the cores its server had and its compute ceiling of one process (`ceilings_`:
+    ceilings(); the ceiling at 1 process of its compute key, None where not measured)."""
+    r = one["record"]
+    c, f, w = r.get("config", {}), r.get("figures") or {}, r.get("world") or {}
+    compute = one["time per step (ms)"] / 1000
+    parts = step_parts.of_row(one)
+    values = f.get("gradient_values")
+    grad = 4.0 * values if values else float(f.get("payload_bytes_per_step") or 0)
+    steps = [s for x in one.get("records") or [r] for s in (x.get("step_times_s") or [])]
+    hv = w.get("horovod") or {}
+    return cm.OneWorker(
+        framework=c.get("framework", "ddp"), backend=w.get("controller") or c.get("backend"),
+        compute_s=compute, backward_s=compute * parts["backward"] / parts["step"] if parts and parts["step"] else None,
+        grad_bytes=grad, payload_bytes=float(f.get("payload_bytes_per_step") or grad),
+        op=f.get("collective") or "allreduce", batch=int(c.get("batch_size") or 1), threads=int(c.get("threads") or 1),
+        cores=w.get("cores"), step_times_s=steps or None,
+        ceiling_img_s=(ceilings_ or {}).get((compute_key(r), 1, 1, own_cores(r))),
+        tensors=cm.MODEL_TENSORS.get(c.get("model"), cm.DEFAULT_TENSORS),
+        tensor_bytes=[4.0 * v for v in f["gradient_tensors"]] if f.get("gradient_tensors") else None,
+        cycle_s=cm.horovod_cycle_s(hv), fusion_bytes=hv.get("fusion_threshold_bytes", cm.HOROVOD_FUSION),
+        strategy=c.get("strategy") or "ddp")
+
+
+def _sweep_points(entry: dict) -> list[dict]:
+    """A sweep's points as the fit takes them: Horovod's without the wait for its cycle
+    (cost_model.horovod_collective_s; a sweep saved before doctor recorded its cycle time
+    ran at the default)."""
+    if entry.get("framework") != "horovod":
+        return [p for p in entry["points"] if p.get("time_s")]
+    cycle = cm.horovod_cycle_s(entry)
+    return [{**p, "time_s": cm.horovod_collective_s(p["time_s"], cycle), "timed_s": p["time_s"]}
+            for p in entry["points"] if p.get("time_s")]
+
+
+def sweep_place(place: str | None, across: bool) -> str | None:
+    """Where a sweep for ranks at `place` was timed: across servers, the cluster's; within
+    one, the place's own (the cluster's containers: the image's)."""
+    return "cluster" if across else ("image" if place == "cluster" else place)
+
+
+def sweep_fit(sweeps: list[dict], backend: str | None, place: str | None, across: bool,
+              ranks: int = 2) -> cm.Fit | None:
+    """The back end's collective fitted (cost_model.fit, two regimes where it needs them) on
+    doctor's sweeps alone at `ranks` ranks: those timed where ranks at `place` exchange
+    (sweep_place; `place` None: any) across servers or not; across servers without one,
+    the sweep within one (its host's costs: target_fit moves it to the target's link);
+    the back end's sweep whichever framework timed it (Horovod's over Gloo and DDP's run
+    gloo::allreduce alike). None where doctor swept no collective of the back end."""
+    def pick(across_: bool) -> list[dict]:
+        want = sweep_place(place, across_) if place else None
+        return [e for e in sweeps if e.get("backend") == backend and bool(e.get("across")) == across_
+                and (want is None or e.get("place") == want or (not across_ and place is None))
+                and (e.get("ranks") or 2) == ranks]
+    chosen = (pick(True) if across else []) or pick(False)
+    if not chosen and place:
+        chosen = [e for e in sweeps if e.get("backend") == backend and not e.get("across")
+                  and (e.get("ranks") or 2) == ranks]
+    if not chosen:
+        return None
+    e0 = chosen[0]
+    link = e0.get("link", "") if e0.get("across") else ""
+    gbs, delay, burst = link_of(link, 2 if e0.get("across") else 1)
+    points = [p for e in chosen if (e.get("link", "") if e.get("across") else "") == link for p in _sweep_points(e)]
+    fit = cm.fit(points, gbs, delay, burst, backend=backend)
+    if fit is None or not e0.get("across") or min(p["size_bytes"] for p in points) <= cm.SMALL_BYTES:
+        return fit
+    # across servers with no small message timed: the latency of the host's own sweep (the same
+    # stack's small messages) plus the link's delay, the bandwidth the cross-server sweep's
+    host = sweep_fit(sweeps, backend, place, False, ranks)
+    if host is None or host.alpha_s <= fit.alpha_s:
+        return fit
+    def left(p: dict) -> float:      # its time less the latency's steps
+        return p["time_s"] - (host.alpha_s + delay) * algorithms.steps(p["op"], p["ranks"], backend, p["size_bytes"])
+    betas = [left(p) / algorithms.wire_bytes(p["op"], p["size_bytes"], p["ranks"], backend)
+             for p in points if left(p) > 0]
+    beta = statistics.median(betas) if betas else None
+    if not beta:
+        return fit
+    return cm.Fit(host.alpha_s + delay, beta, fit.points, fit.sizes, "latency from the host's sweep (no small "
+                  "message timed across servers), bandwidth from the cross-server sweep", gbs, delay, backend, burst)
+
+
+def sweep_check(fit_: cm.Fit, sweeps: list[dict], backend: str | None) -> list[dict]:
+    """The fit (made at 2 ranks) against each point doctor timed at more ranks (its `ranks`):
+    (ranks, size_bytes, measured_s, predicted_s, error), within one server."""
+    out = []
+    for e in sweeps:
+        if e.get("backend") != backend or e.get("across") or (e.get("ranks") or 2) <= 2:
+            continue
+        for p in _sweep_points(e):
+            pred = fit_.time(p["op"], p["size_bytes"], e["ranks"])
+            out.append({"ranks": e["ranks"], "size_bytes": p["size_bytes"], "measured_s": p["time_s"],
+                        "predicted_s": pred, "error": pred / p["time_s"] - 1})
+    return out
+
+
+def link_of(spec: str, nodes: int) -> tuple[float | None, float, float]:
+    """(rate in GB/s, delay in s, token bucket in bytes) of a multi-server run's shaped
+    link (`--link` spec: 1gbit, 100mbit/2ms); (None, 0, 0) else."""
+    spec = spec or ""
+    if nodes < 2 or not spec:
+        return None, 0.0, 0.0
+    delay = spec.partition("/")[2]
+    m = DELAY.match(delay) if delay else None
+    scale = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+    return (rate_gbs(spec), float(m.group(1)) * scale[m.group(2).lower()] if m else 0.0,
+            float(tbf_burst_bytes(spec) or 0))

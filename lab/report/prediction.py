@@ -17,22 +17,20 @@ import json
 import statistics
 from pathlib import Path
 
-from lab.common.link import DELAY, rate_gbs, tbf_burst_bytes
+from lab.report import algorithms, step_parts, summary
 from lab.report import cost_model as cm
 from lab.report import model_inputs as mi
 from lab.report import records as rec
-from lab.report import step_parts, summary
 from lab.report.cost_assumptions import ASSUMPTIONS
 from lab.report.prediction_text import fp16_sentences, sentences, split_sentences  # noqa: F401 (the report's)
 from lab.report.tables import row_oversubscribed
 
 HEADERS = ["configuration", "np", "servers", "compute", "slowdown", "exposed", "waiting",
-           "predicted", "measured", "error", "pred. speedup", "speedup", "unexplained"]
+           "predicted", "measured", "error", "no-model", "pred. speedup", "speedup"]
 WHAT_IF_WORKERS = (1, 2, 4, 8, 16, 64)
 WHAT_IF_LINKS_GBIT = (1, 10, 100)
 WHAT_IF_HEADERS = ["configuration", "workers", *(f"{g} Gbit/s" for g in WHAT_IF_LINKS_GBIT)]
 JSON_FILE = "prediction.json"
-SELF_FITTED = "‡"               # marks a row whose Horovod cycle cost was fitted on its own exposed time
 
 
 def _collective(row: dict) -> dict | None:
@@ -43,19 +41,6 @@ def _collective(row: dict) -> dict | None:
         return None
     t = statistics.median(f["time_s"] for f in figs)
     return {**figs[0], "time_s": t, "busbw_gbs": statistics.median(f["busbw_gbs"] for f in figs)}
-
-
-def _link(spec: str, nodes: int) -> tuple[float | None, float, float]:
-    """(rate in GB/s, delay in s, token bucket in bytes) of a multi-server run's shaped
-    link; (None, 0, 0) else."""
-    spec = spec or ""
-    if nodes < 2 or not spec:
-        return None, 0.0, 0.0
-    delay = spec.partition("/")[2]
-    m = DELAY.match(delay) if delay else None
-    scale = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
-    return (rate_gbs(spec), float(m.group(1)) * scale[m.group(2).lower()] if m else 0.0,
-            float(tbf_burst_bytes(spec) or 0))
 
 
 def fit_key(record: dict) -> tuple:
@@ -85,12 +70,12 @@ def fits(records: list[dict], sweeps: list[dict] = ()) -> dict[tuple, cm.Fit]:
         if c and c.get("time_s"):
             key = fit_key(r)
             points.setdefault(key, []).append(_without_cycle_wait(c, key[0], cm.horovod_cycle_s(r["world"].get("horovod"))))
-            links[key] = _link(r.get("config", {}).get("link", ""), r["world"]["nodes"])
+            links[key] = mi.link_of(r.get("config", {}).get("link", ""), r["world"]["nodes"])
     for e in sweeps:
         key = mi.sweep_key(e)
         points.setdefault(key, []).extend(_without_cycle_wait(p, key[0], cm.horovod_cycle_s(e))
                                           for p in e["points"] if p.get("time_s"))
-        links[key] = _link(key[4], 2 if key[3] else 1)
+        links[key] = mi.link_of(key[4], 2 if key[3] else 1)
     return {k: f for k, pts in points.items() if (f := cm.fit(pts, *links[k], backend=k[1]))}
 
 
@@ -103,7 +88,7 @@ def fit_for(key: tuple, fitted: dict[tuple, cm.Fit]) -> cm.Fit | None:
     if not moved:
         return None
     k, f = max(moved, key=lambda kf: kf[1].points)
-    return f.on_link(*_link(key[4], 2))
+    return f.on_link(*mi.link_of(key[4], 2))
 
 
 def _median(values: list) -> float | None:
@@ -111,30 +96,16 @@ def _median(values: list) -> float | None:
     return statistics.median(values) if values else None
 
 
-def inputs(row: dict, one: dict, ceilings: dict, rows: list[dict]) -> cm.Inputs:
-    """The model's inputs for `row`: the compute of its 1-worker row, the slowdown from the
-    compute ceilings (model_inputs.ceiling_slowdown), waiting from the other configurations
-    at its ranks, its framework's first (model_inputs.others_wait), the settings from its
-    record."""
+def inputs(row: dict, one: dict) -> cm.Inputs:
+    """The explained figure's inputs for `row` (_explain fills in its own slowdown and
+    wait): the compute and backward of its 1-worker row, the settings from its record."""
     r, n = row["record"], row["np"]
-    f = r["figures"]
-    compute = one["time per step (ms)"] / 1000
-    parts = step_parts.of_row(one)
-    backward = compute * parts["backward"] / parts["step"] if parts and parts["step"] else None
-    slow = mi.ceiling_slowdown(r, n, row["servers"], ceilings)
-    hv = r["world"].get("horovod") or {}
-    waiting, waiting_from = mi.others_wait(row, rows)
-    values = f.get("gradient_values")
-    grad = 4.0 * values if values else float(f.get("payload_bytes_per_step") or 0)
+    ow = mi.one_worker(one)
     return cm.Inputs(
-        framework=r["config"].get("framework", "ddp"), np=n, compute_s=compute, backward_s=backward,
-        grad_bytes=grad, payload_bytes=float(f.get("payload_bytes_per_step") or grad),
-        op=f.get("collective") or "allreduce",
-        slowdown=slow, slowdown_from="ceiling" if slow else None, waiting_s=waiting, waiting_from=waiting_from,
-        tensors=cm.MODEL_TENSORS.get(r["config"].get("model"), cm.DEFAULT_TENSORS),
-        tensor_bytes=[4.0 * v for v in f["gradient_tensors"]] if f.get("gradient_tensors") else None,
-        cycle_s=cm.horovod_cycle_s(hv),
-        fusion_bytes=hv.get("fusion_threshold_bytes", cm.HOROVOD_FUSION))
+        framework=ow.framework, np=n, compute_s=ow.compute_s, backward_s=ow.backward_s, grad_bytes=ow.grad_bytes,
+        payload_bytes=ow.payload_bytes, op=ow.op, tensors=ow.tensors, tensor_bytes=ow.tensor_bytes,
+        cycle_s=cm.horovod_cycle_s(r["world"].get("horovod")),
+        fusion_bytes=(r["world"].get("horovod") or {}).get("fusion_threshold_bytes", cm.HOROVOD_FUSION))
 
 
 def _pairs(records: list[dict], known: list[dict] | None = None):
@@ -196,49 +167,59 @@ def with_cycle_costs(cases: list[tuple[dict, cm.Inputs, cm.Fit]], blind: set[int
     return out
 
 
+def target_of(row: dict) -> cm.Target:
+    """The row's configuration as a target: its workers, servers (the ranks spread evenly),
+    link and the cores of a server (world.cores): what describes it, nothing it measured."""
+    r, n, servers = row["record"], row["np"], row["servers"]
+    gbs, delay, burst = mi.link_of(r.get("config", {}).get("link", ""), servers)
+    return cm.Target(workers=n, per_server=-(-n // servers) if servers > 1 else None,
+                     link_gbit=gbs * 8 if gbs else None, latency_s=delay, burst_bytes=burst,
+                     cores=(r.get("world") or {}).get("cores"))
+
+
+def predict_row(row: dict, one: dict, ceilings: dict, sweeps: list[dict]) -> dict:
+    """cost_model.predict_target of the row's target from its 1-worker row (one_worker) and
+    its back end's sweeps (sweep_fit: where its ranks exchange, across servers or not):
+    nothing of the row's own runs, nor of any other multi-worker run."""
+    ow = mi.one_worker(one, ceilings)
+    fit = mi.sweep_fit(sweeps, ow.backend, summary.place(row["record"]), row["servers"] > 1)
+    return {**cm.predict_target(ow, fit, target_of(row)), "one_worker": ow}
+
+
 def _cases(records: list[dict], sweeps: list[dict] = (), leave_out=None) -> list[dict]:
-    """Every multi-worker row with what predicting it needs, or why it cannot be. With
-    `leave_out` (a test on a record), only the rows it picks, each predicted from the
-    other records and the sweeps alone: not its collective probe, ceiling or step parts."""
+    """Every multi-worker row with its prediction (predict_row) or why it has none. With
+    `leave_out` (a test on a record), only the rows it picks, each predicted without their
+    records (a prediction never reads them; their 1-worker rows are the others')."""
     known = [r for r in records if not (leave_out and leave_out(r))]
-    fitted, ceilings, known_rows = fits(known, sweeps), mi.ceilings(known), summary.rows(known)
-    measured = [(row, e / c) for row, one in _pairs(known) if one is not None
-                and (e := mi.explained_slowdown(row, one)) and (c := mi.ceiling_slowdown(
-                    row["record"], row["np"], row["servers"], ceilings))]
+    ceilings = mi.ceilings(known)
     out = []
     for row, one in _pairs(records, known):
         left = bool(leave_out and leave_out(row["record"]))
-        fit = fit_for(fit_key(row["record"]), fitted)
-        x = inputs(row, one, ceilings, known_rows) if one is not None else None
-        if x is not None and x.slowdown:
-            factor, how = mi.contention(row, measured)
-            x = cm.Inputs(**{**x.__dict__, "contention": factor, "contention_from": how})
-        why = ("no 1-worker run of the same configuration" if one is None else
-               "no collective timed for its back end and place" if fit is None else
-               mi.no_ceiling(row["np"], row["servers"]) if not x.slowdown else None)
-        out.append({"row": row, "one": one, "inputs": x, "fit": fit, "why": why, "left": left, "explained": None})
-    ready = [c for c in out if not c["why"]]
-    blind = {i for i, c in enumerate(ready) if c["left"]}
-    for c, x in zip(ready, with_cycle_costs([(c["row"], c["inputs"], c["fit"]) for c in ready], blind)):
-        c["inputs"] = x
-    _explain([c for c in out if c["fit"] is not None and c["one"] is not None and not c["row"]["record"].get("planned")])
+        p = predict_row(row, one, ceilings, sweeps) if one is not None else {
+            "why": "no 1-worker run of the same configuration"}
+        out.append({"row": row, "one": one, "inputs": p.get("inputs"), "fit": p.get("fit"), "why": p["why"],
+                    "model": p, "left": left, "explained": None})
+    _explain(known, sweeps, [c for c in out if c["one"] is not None and not c["row"]["record"].get("planned")
+                             and summary.strategy_name(c["row"]["record"].get("config", {})) == "ddp"])
     return [c for c in out if c["left"] or not leave_out]
 
 
-def _explain(cases: list[dict]) -> None:
+def _explain(known: list[dict], sweeps: list[dict], cases: list[dict]) -> None:
     """Each case's step explained by the row's own measurements (its compute parts'
-    slowdown, its own wait, Horovod's cycle cost from the other rows' exposed time as for a
-    prediction): not a prediction, shown apart as one; None without the row's step parts."""
+    slowdown, its own wait, its own collective probe in the fit): not a prediction, shown
+    apart as one; None without the row's step parts."""
+    fitted = fits(known, sweeps)
     mine = []
     for c in cases:
-        slow = mi.explained_slowdown(c["row"], c["one"])
-        if slow is not None:
-            mine.append((c, cm.Inputs(**{**c["inputs"].__dict__, "slowdown": slow, "slowdown_from": "step parts",
-                                         "contention": 1.0, "contention_from": None,
-                                         "waiting_s": mi.mean_wait(c["row"]), "waiting_from": "itself", "cycle_cost_s": 0.0,
-                                         "cycle_cost_from": None})))
-    for (c, _), x in zip(mine, with_cycle_costs([(c["row"], x, c["fit"]) for c, x in mine])):
-        p, step = cm.predict(x, c["fit"]), c["row"]["time per step (ms)"]
+        slow, fit = mi.explained_slowdown(c["row"], c["one"]), fit_for(fit_key(c["row"]["record"]), fitted)
+        if slow is not None and fit is not None:
+            x = inputs(c["row"], c["one"])
+            mine.append((c, fit, cm.Inputs(**{**x.__dict__, "slowdown": slow, "slowdown_from": "step parts",
+                                              "contention": 1.0, "contention_from": None,
+                                              "waiting_s": mi.mean_wait(c["row"]), "waiting_from": "itself",
+                                              "cycle_cost_s": 0.0, "cycle_cost_from": None})))
+    for (c, fit, _), x in zip(mine, with_cycle_costs([(c["row"], x, fit) for c, fit, x in mine])):
+        p, step = cm.predict(x, fit), c["row"]["time per step (ms)"]
         c["explained"] = {"step_ms": p["step_s"] * 1000, "slowdown": x.slowdown, "waiting_ms": p["waiting_s"] * 1000,
                           "error": p["step_s"] * 1000 / step - 1 if step else None}
 
@@ -246,15 +227,18 @@ def _explain(cases: list[dict]) -> None:
 def predictions(records: list[dict], sweeps: list[dict] = (), leave_out=None) -> list[dict]:
     """One entry per multi-worker row that has its 1-worker row, a fitted collective and
     the compute ceilings at 1 and at its ranks (_cases: `leave_out`)."""
-    out = []
+    out, rows, ceilings = [], summary.rows([r for r in records if not r.get("planned")]), mi.ceilings(records)
     for c in _cases(records, sweeps, leave_out):
         if c["why"]:
             continue
-        row, one, x, fit = c["row"], c["one"], c["inputs"], c["fit"]
-        p = cm.predict(x, fit)
+        row, one, x, fit, p = c["row"], c["one"], c["inputs"], c["fit"], c["model"]
         step = row["time per step (ms)"]
         ran = not row["record"].get("planned")      # planned (not run yet): no measurement of its own
-        out.append({"gap": _gap(row, one) if ran else None,
+        base = baseline_ms(row, rows) if ran else None
+        out.append({"baseline_ms": base, "baseline_error": base / step - 1 if base and step else None,
+                    "ceiling_img_s": p["ceiling_img_s"],
+                    "ceiling_measured_img_s": ceilings.get((mi.compute_key(row["record"]), row["np"], row["servers"],
+                                                            mi.own_cores(row["record"]))) if ran else None,"gap": _gap(row, one) if ran else None,
                     "row": row, "np": row["np"], "servers": row["servers"], "inputs": x, "fit": fit,
                     "model": p, "collective": _collective(row) if ran else None, "explained": c["explained"],
                     "predicted_ms": p["step_s"] * 1000, "step_ms": step,
@@ -264,6 +248,36 @@ def predictions(records: list[dict], sweeps: list[dict] = (), leave_out=None) ->
                     "predicted_speedup": p["speedup"], "speedup": row.get("speedup"),
                     "oversubscribed": row_oversubscribed(row)})
     return out
+
+
+def baseline_ms(row: dict, rows: list[dict]) -> float | None:
+    """The no-model baseline of a row across servers (ms): the same configuration's measured
+    step on the link nearest in rate among the others it ran on (same workers, servers and
+    cores of their own or not), plus its payload's bytes on the wire beyond each link's
+    token bucket at the slower rate less at the faster (cost_model.link_s_per_byte); None
+    where it ran on no other link."""
+    r = row["record"]
+    link = r.get("config", {}).get("link", "") or ""
+    gbs, _, burst = mi.link_of(link, row["servers"])
+    if not gbs:
+        return None
+    key = summary.group_key(r)
+    near = []
+    for o in rows:
+        ol = o["record"].get("config", {}).get("link", "") or ""
+        og, _, oburst = mi.link_of(ol, o["servers"])
+        if o.get("runs") and og and ol != link and summary.group_key({**o["record"], "config": {
+                **o["record"]["config"], "link": link}}) == key:
+            near.append((abs(og - gbs) / gbs, o, og, oburst))
+    if not near:
+        return None
+    _, o, og, oburst = min(near, key=lambda t: t[0])
+    f = r.get("figures") or {}
+    wire = algorithms.wire_bytes(f.get("collective") or "allreduce", float(f.get("payload_bytes_per_step") or 0),
+                                 row["np"], mi.framework_key(r)[1])
+    extra = (max(0.0, wire - burst / cm.FRAMING) * cm.link_s_per_byte(gbs)
+             - max(0.0, wire - oburst / cm.FRAMING) * cm.link_s_per_byte(og))
+    return o["time per step (ms)"] + 1000 * extra
 
 
 def _gap(row: dict, one: dict) -> dict | None:
@@ -308,37 +322,46 @@ def table(records: list[dict], preds: list[dict]) -> list[list]:
     for p in preds:
         m = p["model"]
         rows.append([
-            rec.config_label(p["row"]["record"], records, " / ") + rec.link_label(p["row"]["record"])
-            + (f" {SELF_FITTED}" if p["inputs"].cycle_cost_from == "itself" else ""), p["np"], p["servers"],
+            rec.config_label(p["row"]["record"], records, " / ") + rec.link_label(p["row"]["record"]),
+            p["np"], p["servers"],
             f"{p['compute_ms']:.1f}", f"{m['slowdown']:.2f}", f"{m['exposed_s'] * 1000:.1f}",
-            f"{m['waiting_s'] * 1000:.1f}", f"{p['predicted_ms']:.1f}", f"{p['step_ms']:.1f}",
+            f"{m['waiting_s'] * 1000:.1f}", f"{p['predicted_ms']:.1f}",
+            f"{p['step_ms']:.1f}" + (" (oversubscribed)" if p["oversubscribed"] else ""),
             _fmt(None if p["error"] is None else 100 * p["error"], "+.0f") + "%",
-            _fmt(p["predicted_speedup"], ".2f"), _fmt(p["speedup"], ".2f"),
-            f"{p['unexplained_ms']:+.1f}" + (" (oversubscribed)" if p["oversubscribed"] else "")])
+            _fmt(None if p.get("baseline_error") is None else 100 * p["baseline_error"], "+.0f")
+            + ("%" if p.get("baseline_error") is not None else ""),
+            _fmt(p["predicted_speedup"], ".2f"), _fmt(p["speedup"], ".2f")])
     return rows
 
 
-def what_if(records: list[dict], preds: list[dict]) -> list[dict]:
+def what_if_fit(sweeps: list[dict], backend: str | None) -> cm.Fit | None:
+    """The what-if's collective of a back end, one for all its configurations: doctor's
+    sweep across servers where there is one, else within one (model_inputs.sweep_fit, any
+    place), carried to each link by cost_model.target_fit."""
+    return mi.sweep_fit(sweeps, backend, None, True)
+
+
+def what_if(records: list[dict], preds: list[dict], sweeps: list[dict] = ()) -> list[dict]:
     """Each predicted configuration at WHAT_IF_WORKERS on links of WHAT_IF_LINKS_GBIT, every
-    worker on a server of its own (no shared cores), waiting as measured at the most workers."""
-    best: dict[tuple, dict] = {}
+    worker on a server of its own (no shared cores), by the same code as its prediction
+    (cost_model.predict_target) from one source: its 1-worker row and its back end's
+    what_if_fit, so two configurations of one model differ only as their 1-worker runs do."""
+    first: dict[tuple, dict] = {}
     for p in preds:
-        key = summary.config_key(p["row"]["record"])
-        if key not in best or (p["np"], p["servers"]) > (best[key]["np"], best[key]["servers"]):
-            best[key] = p
+        first.setdefault(summary.config_key(p["row"]["record"]), p)
     out = []
-    for p in best.values():
-        x = p["inputs"]
+    for p in first.values():
+        one = p["model"]["one_worker"]
+        fit = what_if_fit(sweeps, one.backend)
         for n in WHAT_IF_WORKERS:
             for g in WHAT_IF_LINKS_GBIT:
-                fit = p["fit"].on_link(g / 8)
-                y = cm.Inputs(**{**x.__dict__, "np": n, "slowdown": None, "contention": 1.0,
-                                 "contention_from": None})
-                m = cm.predict(y, fit)
+                m = cm.predict_target(one, fit, cm.Target(workers=n, per_server=1, link_gbit=g))
+                if m["why"]:
+                    continue
                 out.append({"configuration": rec.config_label(p["row"]["record"], records, " / "),
                             "workers": n, "link_gbit": g, "predicted_step_ms": m["step_s"] * 1000,
-                            "predicted_speedup": m["speedup"], "extrapolated": True,
-                            "terms": _terms(m, fit)})
+                            "predicted_speedup": m["speedup"], "efficiency": m["efficiency"],
+                            "extrapolated": True, "terms": _terms(m, m["fit"]) if m["fit"] else _terms(m, fit)})
     return out
 
 
@@ -355,11 +378,12 @@ def _terms(m: dict, fit: cm.Fit) -> dict:
             "slowdown": m["slowdown"], "backward_ms": m["backward_s"] * 1000,
             "exposed_communication_ms": m["exposed_s"] * 1000, "waiting_ms": m["waiting_s"] * 1000,
             "collective_fitted_ms": m["collective_fitted_s"] * 1000, "collectives_per_step": m["buckets"],
-            "collectives_ms": m["collectives_s"] * 1000, "fit": fit.as_dict(),
+            "collectives_ms": m["collectives_s"] * 1000, "fit": fit.as_dict() if fit else None,
             "slowdown_from": m["slowdown_from"], "contention": m["contention"],
             "contention_from": m["contention_from"], "waiting_from": m["waiting_from"],
             "horovod_cycle_cost_ms": m["cycle_cost_s"] * 1000,
             "ddp_bucket_cost_ms": m["bucket_cost_s"] * 1000,
+            **{k: m[k] for k in ("throughput_img_s", "efficiency", "ceiling_img_s") if k in m},
             "assumptions": m["assumptions"]}
 
 
@@ -378,6 +402,8 @@ def document(records: list[dict], sweeps: list[dict] = ()) -> dict | None:
                  "servers": p["servers"], "link": p["row"]["record"].get("config", {}).get("link", ""),
                  "predicted_step_ms": p["predicted_ms"], "measured_step_ms": p["step_ms"],
                  "error": p["error"], "unexplained_ms": p["unexplained_ms"],
+                 "no_model_baseline_ms": p["baseline_ms"], "no_model_baseline_error": p["baseline_error"],
+                 "ceiling_predicted_img_s": p["ceiling_img_s"], "ceiling_measured_img_s": p["ceiling_measured_img_s"],
                  "predicted_speedup": p["predicted_speedup"], "measured_speedup": p["speedup"],
                  "terms": _terms(p["model"], p["fit"]), "explained": p["explained"]} for p in preds]
             + [{"case": rec.case_name(u["row"], records),
@@ -386,7 +412,7 @@ def document(records: list[dict], sweeps: list[dict] = ()) -> dict | None:
                 "measured_step_ms": u["row"]["time per step (ms)"], "why": u["why"],
                 "explained": u["explained"]}
                for u in unpredicted(records, sweeps)],
-            "what_if": what_if(records, preds)}
+            "what_if": what_if(records, preds, sweeps)}
 
 
 def write_json(records: list[dict], out_dir: Path, sweeps: list[dict] = ()) -> Path | None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from lab.common.link import rate_gbs
 from lab.report import cost_model as cm
-from lab.report import model_inputs as mi
 from lab.report import records as rec
 from lab.report import step_parts, summary
 
@@ -63,9 +62,8 @@ def _whose(source: str | None) -> str:
 def _as(source: str) -> str:
     """'as the other configurations of its framework and model measured it' (model_inputs'
     `how`)."""
-    if source == mi.SCALED:
-        return ("as other frameworks or back ends measured it on its model, scaled by its framework's "
-                "ratio to theirs on other models")
+    if source == "the 1-worker run's step spread":
+        return "from the 1-worker run's spread of steps"
     return "as the other configurations measured it" if source == "others" else \
         f"as the other configurations of {source} measured it"
 

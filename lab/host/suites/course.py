@@ -14,13 +14,15 @@ from dataclasses import dataclass, field
 
 from lab.common import display, docker_api, results
 from lab.host.errors import BenchError
+from lab.host.places.base import RunnerError
 from lab.host.places.compose import cluster
 from lab.host.request.plan import make_plan
 from lab.host.run.bench import probe_stack
 from lab.host.run.sweep import run_request
-from lab.host.suites import course_plan
+from lab.host.suites import course_plan, doctor
 from lab.host.suites.course_plan import Part, Plan
 from lab.host.suites.gpus import count_gpus
+from lab.report import model_inputs
 from lab.report.lab_report import ReportError, write_files
 
 
@@ -130,6 +132,14 @@ def run(plan: Plan, *, resume: bool = False, defaults: dict | None = None, build
     started_cluster = False
     t0 = time.monotonic()
     todo = [p for p in plan.parts if not p.skipped]
+    if plan.sweeps:
+        echo(f"== {plan.sweeps.title} (about {display.duration(plan.sweeps.estimate_s, rough=True)})")
+        echo(f"   {plan.sweeps.command()}")
+        try:
+            outcome[plan.sweeps.name] = sweeps(plan.sweeps, resume, echo)
+        except (BenchError, RunnerError) as e:
+            outcome[plan.sweeps.name] = f"error: {e}"
+            echo(f"!! {plan.sweeps.title}: {e}")
     try:
         for i, part in enumerate(plan.parts, 1):
             if part.skipped:
@@ -162,6 +172,20 @@ def run(plan: Plan, *, resume: bool = False, defaults: dict | None = None, build
     echo(f"== the lab took {display.duration(time.monotonic() - t0)} "
          f"(estimated {display.duration(plan.estimate_s, rough=True)})")
     return outcome
+
+
+def sweeps(part: Part, resume: bool, echo=print) -> str:
+    """The doctor part: doctor's checks of this host and its stack, its collective sweeps
+    saved where the report's cost model finds them (lab.report.model_inputs.SWEEP_FILE in
+    the lab's results folder); with --resume, not again where they are saved."""
+    folder = part.flags["results_dir"]
+    if resume and os.path.exists(os.path.join(folder, model_inputs.SWEEP_FILE)):
+        return "ok (saved before)"
+    checks, _, _ = doctor.run(int(part.flags["np"]), where="local", echo=lambda line: None)
+    saved = model_inputs.save_sweeps(model_inputs.sweep_entries(checks), folder)
+    echo(f"   the collectives' sweeps saved to {saved}" if saved else
+         "   no collectives' sweep passed: the report's cost model predicts no row")
+    return "ok" if saved else "no sweep passed (doctor's checks say why: invoke doctor --local)"
 
 
 def part_outcome(result) -> str:

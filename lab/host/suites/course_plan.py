@@ -21,6 +21,9 @@ BUDGET_MIN = {False: 30, True: 5}   # what the default and the --quick plan must
 DIGITS = 1797                   # scikit-learn's digits: the lab's data (offline)
 TRAIN_SHARE = 0.8               # ASSUMED split; only the step count depends on it
 COMPRESSION_EPOCHS = 10         # the compression part, every plan (see the part)
+# `invoke doctor --local --np 2 --save DIR` (the host's and the stack's probes, Gloo's and
+# Horovod's sweeps): timed once on the development machine beside other work (see the docs)
+DOCTOR_SWEEPS_S = 60.0
 
 
 @dataclass
@@ -33,6 +36,7 @@ class Part:
     estimate_s: float = 0.0
     skipped: str = ""           # why the part does not run here ("" : it runs)
     devices: str = "CPU processes"  # what its runs measure, as the plan says it
+    kind: str = "bench"         # "bench", or "doctor": doctor's collective sweeps saved for the cost model
 
     @property
     def gpu(self) -> bool:
@@ -43,7 +47,10 @@ class Part:
         return self.flags["run_id"]
 
     def command(self) -> str:
-        """The part as the `invoke bench` command a user would type."""
+        """The part as the `invoke bench` (or `invoke doctor`) command a user would type."""
+        if self.kind == "doctor":
+            return shlex.join(["invoke", "doctor", "--local", "--np", str(self.flags["np"]),
+                               "--save", self.flags["results_dir"]])
         words = ["invoke", "bench"]
         for k, v in self.flags.items():
             flag = "--" + k.replace("_", "-")
@@ -60,11 +67,12 @@ class Plan:
     quick: bool
     parts: list[Part]
     notes: list[str] = field(default_factory=list)
+    sweeps: Part | None = None  # doctor's sweeps for the report's cost model, before the parts
 
     @property
     def estimate_s(self) -> float:
         ran = [p for p in self.parts if not p.skipped]
-        return (sum(p.estimate_s for p in ran) + LAB_REPORT_S
+        return (sum(p.estimate_s for p in ran) + LAB_REPORT_S + (self.sweeps.estimate_s if self.sweeps else 0.0)
                 + (CLUSTER_UP_S if any(p.place == "cluster" for p in ran) else 0.0))
 
     @property
@@ -74,6 +82,9 @@ class Plan:
     def render(self) -> str:
         lines = [f"the lab ({'--quick, ' if self.quick else ''}estimated "
                  f"{display.duration(self.estimate_s, rough=True)} on this machine), {len(self.parts)} parts:"]
+        if self.sweeps:
+            lines.append(f"  first: {self.sweeps.title}: about {display.duration(self.sweeps.estimate_s, rough=True)}")
+            lines.append(f"     {self.sweeps.command()}")
         for i, p in enumerate(self.parts, 1):
             if p.skipped:
                 lines.append(f"  {i}. {p.title}: skipped: {p.skipped}")
@@ -238,4 +249,11 @@ def plan(results_dir: str = "results", *, quick: bool = False, gpus: int = 0,
         notes.append("one GPU here: every model, framework and back end runs at np 1 on it, and "
                      "the runs of 2 ranks as CPU processes beside it (each rank needs a GPU of its "
                      "own); each table of the report says which devices its rows measured")
-    return Plan(results_dir, quick, parts, notes)
+    # Before the parts, doctor's collective sweeps of this machine's back ends (Gloo, Horovod's
+    # over MPI) saved into the results folder: what the report's cost model fits the
+    # collective on, so every data-parallel row with its 1-worker run is predicted
+    # (lab.report.model_inputs).
+    sweeps = Part("sweeps", "the collectives' cost (doctor's sweeps, for the cost model)",
+                  {"np": 2, "results_dir": results_dir, "run_id": "lab-sweeps"},
+                  estimate_s=DOCTOR_SWEEPS_S, kind="doctor")
+    return Plan(results_dir, quick, parts, notes, sweeps)
