@@ -47,9 +47,13 @@ def test_the_lab_first_saves_doctors_sweeps_where_its_report_finds_them(quick, t
     p = course_plan.plan(str(tmp_path), quick=quick, gpus=0, backends=("gloo", "mpi"))
     assert p.sweeps.kind == "doctor" and p.sweeps.command() == f"invoke doctor --local --np 2 --save {tmp_path}"
     assert p.render().splitlines()[1].startswith("  first: the collectives' cost")
-    # every part with multi-worker data-parallel rows also runs them at 1 worker (the model's input)
+    # every part with multi-worker data-parallel rows also runs them at 1 worker (the model's
+    # input); but --quick's model comparison, which runs 2 workers across 2 servers alone to fit
+    # its minutes (its rows are compared, not predicted)
     for part in p.parts:
-        if part.flags.get("strategy", "ddp") == "ddp" and "compression" not in part.flags and not part.skipped:
+        comparison_only = quick and part.name in ("across-resnet50", "across-vgg16")
+        if (part.flags.get("strategy", "ddp") == "ddp" and "compression" not in part.flags
+                and not part.skipped and not comparison_only):
             assert "1" in str(part.flags["np"]).split(","), part.name
     # resumed with the sweeps saved: not measured again
     (tmp_path / model_inputs.SWEEP_FILE).write_text("")
