@@ -1,0 +1,68 @@
+"""oneCCL (Intel's oneAPI Collective Communications Library) as Horovod's third CPU back end
+(`--backend ccl`), each fact about it stated once: who can run it, the Horovod controller
+it runs under, the environment its ranks get, and how a rank tells from Horovod's own
+timeline which operations carried its all-reduce. Standard library only: host and ranks
+share it.
+
+Horovod 0.28.1 holds its MPI, Gloo and CCL operations in one build and picks one per
+process at hvd.init() from HOROVOD_CPU_OPERATIONS (horovod/common/utils/env_parser.cc,
+ParseCPUOpsFromEnv; horovod/common/operations.cc, InitializeHorovodOnce), so the rank
+itself sets it before hvd.init(), whatever place started it."""
+from __future__ import annotations
+
+import re
+
+# Horovod's controller under which the CCL operations run. horovodrun's Gloo launcher
+# overwrites HOROVOD_CPU_OPERATIONS with "gloo" (horovod/runner/gloo_run.py, line 208), and
+# with the MPI controller the MPI operations stay beside CCL's for what CCL lacks
+# (reduce-scatter: operations.cc adds no CCL operation for it), as Horovod's
+# docs/oneccl.rst runs it (mpirun with HOROVOD_CPU_OPERATIONS=CCL).
+CONTROLLER = "mpi"
+
+# PyTorch's own "ccl" process group is registered by Intel's torch bindings
+# (oneccl_bindings_for_pytorch), which the package index does not carry.
+DDP_REFUSAL = ("DDP over oneCCL needs PyTorch's ccl process group from Intel's "
+               "oneccl_bindings_for_pytorch, which is not on the package index: use "
+               "--framework horovod --backend ccl, or DDP with --backend gloo or mpi")
+
+
+def config_problem(framework: str, device: str) -> str | None:
+    """Why a run cannot use --backend ccl (one sentence), or None."""
+    if framework == "ddp":
+        return DDP_REFUSAL
+    if device != "cpu":
+        return ("the ccl back end is Horovod's oneCCL operations on CPU tensors: use --device cpu, "
+                "or --backend nccl on GPUs")
+    return None
+
+
+# What a CCL rank's environment gets before hvd.init() (rank_env): the choice itself, and
+# oneCCL's transport. oneccl-devel 2021.13's ATL has two transports (CCL_ATL_TRANSPORT):
+# mpi, which loads an MPICH-ABI libmpi.so.12 (Intel MPI, MPICH; Open MPI's is libmpi.so.40,
+# another ABI), and ofi, libfabric, which it loads as libfabric.so.1 unless
+# CCL_OFI_LIBRARY_PATH says otherwise (oneCCL src/common/api_wrapper/ofi_api_wrapper.cpp,
+# ofi_api_init); Debian's Open MPI package depends on libfabric1, so every stack of the
+# kit has it. Its tcp provider runs within a machine and across machines alike.
+TRANSPORT_ENV = {"CCL_ATL_TRANSPORT": "ofi", "FI_PROVIDER": "tcp"}
+# The dynamic timeline, so that the rank can record a few all-reduces (ops_in_timeline).
+TIMELINE_ENV = {"HOROVOD_TIMELINE": "DYNAMIC"}
+
+
+def rank_env(environ) -> dict[str, str]:
+    """The variables a --backend ccl rank sets in its own environment before hvd.init():
+    HOROVOD_CPU_OPERATIONS=CCL always (the back end asked for), the transport's and the
+    timeline's unless the user exported them (theirs win)."""
+    env = {"HOROVOD_CPU_OPERATIONS": "CCL"}
+    for k, v in {**TRANSPORT_ENV, **TIMELINE_ENV}.items():
+        if k not in environ:
+            env[k] = v
+    return env
+
+
+_ALLREDUCE = re.compile(r'"name": "([A-Z]+_ALLREDUCE)"')
+
+
+def ops_in_timeline(text: str) -> list[str]:
+    """The all-reduce operations Horovod's timeline names (CCL_ALLREDUCE, MPI_ALLREDUCE,
+    GLOO_ALLREDUCE: horovod/common/common.h), sorted, each once."""
+    return sorted(set(_ALLREDUCE.findall(text)))
