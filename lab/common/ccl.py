@@ -26,8 +26,12 @@ DDP_REFUSAL = ("DDP over oneCCL needs PyTorch's ccl process group from Intel's "
                "--framework horovod --backend ccl, or DDP with --backend gloo or mpi")
 
 
-def config_problem(framework: str, device: str) -> str | None:
+def config_problem(framework: str, device: str, strategy: str = "ddp") -> str | None:
     """Why a run cannot use --backend ccl (one sentence), or None."""
+    if framework == "ddp" and strategy != "ddp":
+        return (f"the {strategy} strategy runs on torch.distributed, whose ccl process group needs "
+                f"Intel's oneccl_bindings_for_pytorch, which is not on the package index: use "
+                f"--backend gloo, or --strategy ddp with --framework horovod for oneCCL")
     if framework == "ddp":
         return DDP_REFUSAL
     if device != "cpu":
