@@ -62,7 +62,7 @@
 # gives MPI (GLOO without MPI), so a run that names nothing does what it did before.
 # oneCCL comes from the package index's oneccl-devel wheel (ONECCL_VERSION in
 # docker/versions.env; 489 MB unpacked). Only its CPU library (lib/ccl/cpu/lib/libccl.so.1.0,
-# 87 MB, which needs nothing beyond libc and libstdc++; the wheel's lib/libccl.so is the SYCL
+# 31 MB, which needs nothing beyond libc and libstdc++; the wheel's lib/libccl.so is the SYCL
 # build, which needs Intel's compiler runtime) and its headers are taken out, into
 # <prefix of PYTHON>/lib/oneccl, which Horovod's library finds through the RPATH CMake
 # gives it; the headers are removed after the build. Its transport at run time is set by

@@ -77,9 +77,16 @@ def test_bench_refuses_ddp_over_ccl_before_any_rank(tmp_path):
 
 
 def test_the_ranks_own_choice_wins_and_the_users_transport_too():
-    env = ccl.rank_env({"FI_PROVIDER": "sockets"})
+    env = ccl.rank_env({"FI_PROVIDER": "sockets", "HOROVOD_CPU_OPERATIONS": "MPI"})
     assert env["HOROVOD_CPU_OPERATIONS"] == "CCL" and "FI_PROVIDER" not in env
     assert env["CCL_ATL_TRANSPORT"] == "ofi" and env["HOROVOD_TIMELINE"] == "DYNAMIC"
+
+
+def test_the_timeline_names_the_operations_not_the_negotiation():
+    text = ('[{"name": "NEGOTIATE_ALLREDUCE", "ph": "B"}, {"name": "CCL_ALLREDUCE", "ph": "B"},\n'
+            '{"name": "MEMCPY_IN_FUSION_BUFFER", "ph": "B"}, {"name": "CCL_ALLREDUCE", "ph": "E"}')
+    assert ccl.ops_in_timeline(text) == ["CCL_ALLREDUCE"]
+    assert ccl.ops_in_timeline('{"name": "MPI_ALLREDUCE"}') == ["MPI_ALLREDUCE"]
 
 
 # ---- the timeline check tells the operations apart (the same check, under MPI's)
@@ -89,11 +96,10 @@ def test_the_ranks_own_choice_wins_and_the_users_transport_too():
 def test_the_timeline_check_names_mpi_when_mpi_carries_the_allreduce():
     """Without CCL the same check sees MPI_ALLREDUCE, so a run that silently fell back to
     MPI would fail the ccl check."""
-    from lab.common import ompi
     code = ("import os, json, horovod.torch as hvd; from lab.worker.dist import allreduce_ops; "
             "hvd.init(); seen = allreduce_ops(hvd, hvd.rank()); "
             "print('SEEN ' + json.dumps(seen['ops'])) if hvd.rank() == 0 else None; hvd.shutdown()")
-    cp = subprocess.run(["mpirun", "-np", "2", "--oversubscribe", *ompi.mca_args(), sys.executable, "-c", code],
+    cp = subprocess.run([*envstack._mpirun(2), sys.executable, "-c", code],
                         capture_output=True, text=True, timeout=300, cwd=REPO,
                         env={**os.environ, "HOROVOD_CPU_OPERATIONS": "MPI", "HOROVOD_TIMELINE": "DYNAMIC",
                              "OMP_NUM_THREADS": "1"})

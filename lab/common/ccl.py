@@ -43,11 +43,16 @@ def config_problem(framework: str, device: str, strategy: str = "ddp") -> str | 
 # What a CCL rank's environment gets before hvd.init() (rank_env): the choice itself, and
 # oneCCL's transport. oneccl-devel 2021.13's ATL has two transports (CCL_ATL_TRANSPORT):
 # mpi, which loads an MPICH-ABI libmpi.so.12 (Intel MPI, MPICH; Open MPI's is libmpi.so.40,
-# another ABI), and ofi, libfabric, which it loads as libfabric.so.1 unless
-# CCL_OFI_LIBRARY_PATH says otherwise (oneCCL src/common/api_wrapper/ofi_api_wrapper.cpp,
-# ofi_api_init); Debian's Open MPI package depends on libfabric1, so every stack of the
-# kit has it. Its tcp provider runs within a machine and across machines alike.
-TRANSPORT_ENV = {"CCL_ATL_TRANSPORT": "ofi", "FI_PROVIDER": "tcp"}
+# another ABI), and ofi, libfabric, which 2021.13 loads as "libfabric.so" unless
+# CCL_OFI_LIBRARY_PATH names another (its warning here: "could not open the library:
+# libfabric.so"; later releases default to libfabric.so.1: oneCCL
+# src/common/api_wrapper/ofi_api_wrapper.cpp, ofi_api_init). Debian's Open MPI package
+# depends on libfabric1, which has libfabric.so.1 (the unversioned name is its -dev
+# package's), so every stack of the kit has it. Its tcp provider runs within a machine and
+# across machines alike. oneCCL's warnings (CCL_LOG_LEVEL warn, its default) name on every
+# rank each variable set here and the MPI library it did not load; errors still show.
+TRANSPORT_ENV = {"CCL_ATL_TRANSPORT": "ofi", "CCL_OFI_LIBRARY_PATH": "libfabric.so.1",
+                 "FI_PROVIDER": "tcp", "CCL_LOG_LEVEL": "error"}
 # The dynamic timeline, so that the rank can record a few all-reduces (ops_in_timeline).
 TIMELINE_ENV = {"HOROVOD_TIMELINE": "DYNAMIC"}
 
@@ -64,9 +69,12 @@ def rank_env(environ) -> dict[str, str]:
 
 
 _ALLREDUCE = re.compile(r'"name": "([A-Z]+_ALLREDUCE)"')
+# The controller's phase before any operation, on the timeline beside it (timeline.cc,
+# Timeline::NegotiateStart, line 514: "NEGOTIATE_" + the request's type).
+NEGOTIATION = "NEGOTIATE_ALLREDUCE"
 
 
 def ops_in_timeline(text: str) -> list[str]:
-    """The all-reduce operations Horovod's timeline names (CCL_ALLREDUCE, MPI_ALLREDUCE,
-    GLOO_ALLREDUCE: horovod/common/common.h), sorted, each once."""
-    return sorted(set(_ALLREDUCE.findall(text)))
+    """The operations that carried all-reduces on Horovod's timeline (CCL_ALLREDUCE,
+    MPI_ALLREDUCE, GLOO_ALLREDUCE: horovod/common/common.h), sorted, each once."""
+    return sorted(set(_ALLREDUCE.findall(text)) - {NEGOTIATION})
