@@ -82,6 +82,16 @@ def test_the_ranks_own_choice_wins_and_the_users_transport_too():
     assert env["CCL_ATL_TRANSPORT"] == "ofi" and env["HOROVOD_TIMELINE"] == "DYNAMIC"
 
 
+def test_the_workers_cores_are_the_ranks_own():
+    """One core per local rank from the rank's own CPU set (a container's, a job's), the last
+    ones, wrapping round when it has fewer cores than ranks."""
+    assert ccl.worker_affinity(range(8), 2) == "6,7"
+    assert ccl.worker_affinity({1}, 2) == "1,1"
+    assert ccl.worker_affinity({2, 3}, 1) == "3"
+    env = ccl.rank_env({"OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, cores={4, 5, 6})
+    assert env["CCL_WORKER_AFFINITY"] == "5,6"
+
+
 def test_the_timeline_names_the_operations_not_the_negotiation():
     text = ('[{"name": "NEGOTIATE_ALLREDUCE", "ph": "B"}, {"name": "CCL_ALLREDUCE", "ph": "B"},\n'
             '{"name": "MEMCPY_IN_FUSION_BUFFER", "ph": "B"}, {"name": "CCL_ALLREDUCE", "ph": "E"}')

@@ -10,6 +10,7 @@ ParseCPUOpsFromEnv; horovod/common/operations.cc, InitializeHorovodOnce), so the
 itself sets it before hvd.init(), whatever place started it."""
 from __future__ import annotations
 
+import os
 import re
 
 # Horovod's controller under which the CCL operations run. horovodrun's Gloo launcher
@@ -57,12 +58,30 @@ TRANSPORT_ENV = {"CCL_ATL_TRANSPORT": "ofi", "CCL_OFI_LIBRARY_PATH": "libfabric.
 TIMELINE_ENV = {"HOROVOD_TIMELINE": "DYNAMIC"}
 
 
-def rank_env(environ) -> dict[str, str]:
+def worker_affinity(cores, local_size: int) -> str:
+    """CCL_WORKER_AFFINITY for `local_size` ranks on a machine whose processes may run on
+    `cores` (the rank's own CPU set): one core per local rank (oneCCL starts one worker thread
+    per rank, CCL_WORKER_COUNT 1, pinned to the entry of its local index), the last cores of
+    the set as oneCCL's own choice takes the last of the machine's, wrapping round when the set
+    has fewer cores than ranks. oneCCL 2021.13's own choice takes them from the whole machine,
+    outside a container's or a job's CPU set: "start_workers: failed to start worker # 0"
+    on the simulated cluster's nodes, whose CPU sets the kit gives (lab.host.places.compose.cores)."""
+    cores = sorted(cores)
+    n = max(1, local_size)
+    return ",".join(str(cores[(len(cores) - n + i) % len(cores)]) for i in range(n))
+
+
+def rank_env(environ, cores=None) -> dict[str, str]:
     """The variables a --backend ccl rank sets in its own environment before hvd.init():
-    HOROVOD_CPU_OPERATIONS=CCL always (the back end asked for), the transport's and the
-    timeline's unless the user exported them (theirs win)."""
+    HOROVOD_CPU_OPERATIONS=CCL always (the back end asked for); the transport's, the
+    workers' cores (worker_affinity of `cores`, default this process's CPU set, for the
+    local ranks mpirun counts: OMPI_COMM_WORLD_LOCAL_SIZE) and the timeline's unless the
+    user exported them (theirs win)."""
+    cores = os.sched_getaffinity(0) if cores is None else cores
+    local = int(environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") or 1)
     env = {"HOROVOD_CPU_OPERATIONS": "CCL"}
-    for k, v in {**TRANSPORT_ENV, **TIMELINE_ENV}.items():
+    for k, v in {**TRANSPORT_ENV, "CCL_WORKER_AFFINITY": worker_affinity(cores, local),
+                 **TIMELINE_ENV}.items():
         if k not in environ:
             env[k] = v
     return env
