@@ -51,6 +51,11 @@
 #   much again per file (horovod/torch/mpi_ops_v2.cc: 57 s with it, 38 s without, g++ 12,
 #   one core) for line numbers no kit user reads; function names stay in the library's
 #   symbol table, so a native backtrace still names them.
+# - the CPU operations' build-time default (HOROVOD_CPU_OPERATIONS at build time) defined as
+#   its character's number (M 77, C 67, G 71) instead of the bare letter: env_parser.cc's
+#   `#if HOROVOD_CPU_OPERATIONS_DEFAULT == 'M'` reads an undefined name as 0, so in 0.28.1
+#   the build-time default never applies, and a build with oneCCL would run CCL wherever
+#   HOROVOD_CPU_OPERATIONS is unset (horovodrun --mpi sets none), MPI's runs included.
 # oneCCL (Intel's oneAPI Collective Communications Library) as a third CPU back end:
 # Horovod 0.28.1 compiles horovod/common/ops/ccl_operations.cc and links
 # $CCL_ROOT/lib/$CCL_CONFIGURATION/libccl.so whenever CCL_ROOT is set (CMakeLists.txt,
@@ -152,6 +157,16 @@ foreach(lang C CXX CUDA)    # docker/install-horovod.sh: no debug information
 endforeach()
 CMAKE
 sed -i "/^string(REPLACE \"-O2\" \"-O3\" CMAKE_CUDA_FLAGS_RELWITHDEBINFO /r $work/no-debug-info.cmake" "$src/CMakeLists.txt"
+# The CPU operations' build-time default as a number: CMakeLists.txt defines
+# HOROVOD_CPU_OPERATIONS_DEFAULT=M (C, G), which env_parser.cc compares with 'M' in #if,
+# where an undefined name is 0, so the default given at build time never applies (the GPU
+# operations' defines go through CONVERT_TO_ASCII_DEC for this reason: cmake/Utilities.cmake).
+for op in M:77 C:67 G:71; do
+    grep -q "add_definitions(-DHOROVOD_CPU_OPERATIONS_DEFAULT=${op%:*})" "$src/CMakeLists.txt" \
+        || die "unexpected source: no HOROVOD_CPU_OPERATIONS_DEFAULT=${op%:*} in CMakeLists.txt"
+    sed -i "s/add_definitions(-DHOROVOD_CPU_OPERATIONS_DEFAULT=${op%:*})/add_definitions(-DHOROVOD_CPU_OPERATIONS_DEFAULT=${op#*:})/" \
+        "$src/CMakeLists.txt"
+done
 span="$src/third_party/flatbuffers/include/flatbuffers/stl_emulation.h"
 if ! grep -q '^  size_type count_;' "$span"; then
     grep -q '^  const size_type count_;' "$span" || die "unexpected source: no const span::count_ in $span"

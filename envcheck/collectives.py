@@ -159,8 +159,7 @@ class _Horovod:
     def __init__(self, ccl: bool = False):
         import horovod.torch as hvd
         import torch
-        if ccl:
-            os.environ.update(lab_ccl.rank_env(os.environ))
+        os.environ.update(lab_ccl.horovod_env("ccl" if ccl else "mpi", os.environ))
         hvd.init()
         self.hvd, self.torch, self.device = hvd, torch, torch.device("cpu")
         self.rank, self.size = hvd.rank(), hvd.size()

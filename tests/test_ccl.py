@@ -82,6 +82,13 @@ def test_the_ranks_own_choice_wins_and_the_users_transport_too():
     assert env["CCL_ATL_TRANSPORT"] == "ofi" and env["HOROVOD_TIMELINE"] == "DYNAMIC"
 
 
+def test_an_mpi_rank_names_mpis_operations_unless_told_otherwise():
+    assert ccl.horovod_env("mpi", {}) == {"HOROVOD_CPU_OPERATIONS": "MPI"}
+    assert ccl.horovod_env("mpi", {"HOROVOD_CPU_OPERATIONS": "gloo"}) == {}
+    assert ccl.horovod_env("gloo", {}) == {}
+    assert ccl.horovod_env("ccl", {})["HOROVOD_CPU_OPERATIONS"] == "CCL"
+
+
 def test_the_workers_cores_are_the_ranks_own():
     """One core per local rank from the rank's own CPU set (a container's, a job's), the last
     ones, wrapping round when it has fewer cores than ranks."""
@@ -103,16 +110,18 @@ def test_the_timeline_names_the_operations_not_the_negotiation():
 
 @requires_horovod
 @requires_mpirun
-def test_the_timeline_check_names_mpi_when_mpi_carries_the_allreduce():
-    """Without CCL the same check sees MPI_ALLREDUCE, so a run that silently fell back to
-    MPI would fail the ccl check."""
+def test_a_run_that_names_no_cpu_operations_runs_mpis_and_the_check_says_so():
+    """A rank that names no HOROVOD_CPU_OPERATIONS runs MPI's operations, as before oneCCL was
+    built (install-horovod.sh gives MPI as the build-time default, defined as a number so
+    that Horovod's #if reads it), and the same timeline check then sees MPI_ALLREDUCE: a run
+    that fell back to MPI would fail the ccl check."""
     code = ("import os, json, horovod.torch as hvd; from lab.worker.dist import allreduce_ops; "
             "hvd.init(); seen = allreduce_ops(hvd, hvd.rank()); "
             "print('SEEN ' + json.dumps(seen['ops'])) if hvd.rank() == 0 else None; hvd.shutdown()")
     cp = subprocess.run([*envstack._mpirun(2), sys.executable, "-c", code],
                         capture_output=True, text=True, timeout=300, cwd=REPO,
-                        env={**os.environ, "HOROVOD_CPU_OPERATIONS": "MPI", "HOROVOD_TIMELINE": "DYNAMIC",
-                             "OMP_NUM_THREADS": "1"})
+                        env={**{k: v for k, v in os.environ.items() if k != "HOROVOD_CPU_OPERATIONS"},
+                             "HOROVOD_TIMELINE": "DYNAMIC", "OMP_NUM_THREADS": "1"})
     line = [ln for ln in cp.stdout.splitlines() if ln.startswith("SEEN ")]
     assert line, cp.stdout[-2000:] + cp.stderr[-2000:]
     assert json.loads(line[0][5:]) == ["MPI_ALLREDUCE"]

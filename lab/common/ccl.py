@@ -87,6 +87,19 @@ def rank_env(environ, cores=None) -> dict[str, str]:
     return env
 
 
+def horovod_env(backend: str, environ) -> dict[str, str]:
+    """What a Horovod rank of `backend` sets in its own environment before hvd.init(): a ccl
+    rank rank_env's; an mpi rank HOROVOD_CPU_OPERATIONS=MPI unless exported, so that a
+    Horovod built with oneCCL elsewhere, whose run-time default is then CCL
+    (env_parser.cc, ParseCPUOpsFromEnv), does not carry --backend mpi's tensors through
+    oneCCL; gloo's is set by horovodrun --gloo itself (gloo_run.py, line 208)."""
+    if backend == "ccl":
+        return rank_env(environ)
+    if backend == "mpi" and "HOROVOD_CPU_OPERATIONS" not in environ:
+        return {"HOROVOD_CPU_OPERATIONS": "MPI"}
+    return {}
+
+
 _ALLREDUCE = re.compile(r'"name": "([A-Z]+_ALLREDUCE)"')
 # The controller's phase before any operation, on the timeline beside it (timeline.cc,
 # Timeline::NegotiateStart, line 514: "NEGOTIATE_" + the request's type).

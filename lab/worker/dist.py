@@ -63,8 +63,8 @@ class Horovod:
                 raise ConfigError("this Horovod was built without oneCCL: rebuild it with "
                                   "docker/install-horovod.sh (HOROVOD_WITH_CCL=1), or use "
                                   "--backend gloo or mpi")
-            # Read by hvd.init() and by oneCCL's own start (lab.common.ccl).
-            os.environ.update(ccl.rank_env(os.environ))
+        # The CPU operations (and oneCCL's own variables), read by hvd.init() (lab.common.ccl).
+        os.environ.update(ccl.horovod_env(cfg.backend, os.environ))
         hvd.init()
         self.rank, self.size = hvd.rank(), hvd.size()
         self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
