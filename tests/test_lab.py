@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def cpu_plan(quick=False, **kw):
-    return course_plan.plan("results", quick=quick, gpus=0, backends=("gloo", "mpi"), **kw)
+    return course_plan.plan("results", quick=quick, gpus=0, backends=("gloo", "mpi", "ccl"), **kw)
 
 
 @pytest.mark.parametrize("quick", [False, True])
@@ -47,6 +47,17 @@ def test_every_section_of_the_lab_is_a_part():
         assert across.place == "cluster" and across.flags["link"] == "1gbit" and across.flags["nodes"] == "1,2"
     assert cpu_plan().parts[2].flags["model"] == "resnet50"
     assert "results across servers (ResNet-50)" not in [p.title for p in cpu_plan(quick=True).parts]
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_oneccl_has_rows_within_and_across_servers_for_horovod(quick):
+    """oneCCL beside MPI and Gloo: Horovod's back end in the within-server part and the
+    cross-server one (the quick plan's too), counted once in the estimate (DDP skips it)."""
+    within, across = cpu_plan(quick).parts[:2]
+    assert "ccl" in within.flags["backend"].split(",") and "ccl" in across.flags["backend"].split(",")
+    assert "horovod" in within.flags["framework"] and "horovod" in across.flags["framework"]
+    without = course_plan.plan("results", quick=quick, gpus=0, backends=("gloo", "mpi")).parts[0]
+    assert within.estimate_s == pytest.approx(without.estimate_s * (3 + 1) / (2 + 1))
 
 
 def test_gpus_add_nccl_and_their_counts():
