@@ -10,6 +10,9 @@
 #   HOROVOD_SDIST           a local horovod-<version>.tar.gz instead of downloading it
 #   HOROVOD_GPU_OPERATIONS  NCCL or MPI (GPU builds only; unset for CPU)
 #   HOROVOD_WITHOUT_MPI=1   build without the MPI controller (default: with it when mpicxx exists)
+#   HOROVOD_WITH_CCL        1: build Horovod's oneCCL CPU operations too, 0: not (default: 1
+#                           on x86_64 without HOROVOD_GPU_OPERATIONS, 0 otherwise; see below)
+#   ONECCL_WHEEL            a local oneccl_devel-<version>-...whl instead of downloading it
 #   CUDA_HOME               CUDA toolkit root; found from nvcc when torch is a CUDA build
 #   JOBS                    parallel compile jobs (default: number of cores)
 #   HOROVOD_CMAKE           the cmake Horovod's setup.py runs (default: cmake on the PATH)
@@ -48,6 +51,27 @@
 #   much again per file (horovod/torch/mpi_ops_v2.cc: 57 s with it, 38 s without, g++ 12,
 #   one core) for line numbers no kit user reads; function names stay in the library's
 #   symbol table, so a native backtrace still names them.
+# - the CPU operations' build-time default (HOROVOD_CPU_OPERATIONS at build time) defined as
+#   its character's number (M 77, C 67, G 71) instead of the bare letter: env_parser.cc's
+#   `#if HOROVOD_CPU_OPERATIONS_DEFAULT == 'M'` reads an undefined name as 0, so in 0.28.1
+#   the build-time default never applies, and a build with oneCCL would run CCL wherever
+#   HOROVOD_CPU_OPERATIONS is unset (horovodrun --mpi sets none), MPI's runs included.
+# oneCCL (Intel's oneAPI Collective Communications Library) as a third CPU back end:
+# Horovod 0.28.1 compiles horovod/common/ops/ccl_operations.cc and links
+# $CCL_ROOT/lib/$CCL_CONFIGURATION/libccl.so whenever CCL_ROOT is set (CMakeLists.txt,
+# "# oneCCL", lines 257-266), beside its MPI and Gloo operations; which of the three a
+# run uses is read at run time from HOROVOD_CPU_OPERATIONS (horovod/common/utils/
+# env_parser.cc, ParseCPUOpsFromEnv), so one build holds all three. Its default, when the
+# variable is unset at run time, becomes CCL once CCL is built (same function) unless
+# HOROVOD_CPU_OPERATIONS is given at build time (CMakeLists.txt lines 320-340): the script
+# gives MPI (GLOO without MPI), so a run that names nothing does what it did before.
+# oneCCL comes from the package index's oneccl-devel wheel (ONECCL_VERSION in
+# docker/versions.env; 489 MB unpacked). Only its CPU library (lib/ccl/cpu/lib/libccl.so.1.0,
+# 31 MB, which needs nothing beyond libc and libstdc++; the wheel's lib/libccl.so is the SYCL
+# build, which needs Intel's compiler runtime) and its headers are taken out, into
+# <prefix of PYTHON>/lib/oneccl, which Horovod's library finds through the RPATH CMake
+# gives it; the headers are removed after the build. Its transport at run time is set by
+# the kit (lab/common/ccl.py says which and why).
 # Python >= 3.12 has no distutils, which horovod/torch/CMakeLists.txt (distutils.sysconfig,
 # line 37, its failure silently ignored) and horovod/runner/js_run.py (distutils.spawn,
 # imported by horovodrun) use: setuptools' shim provides it (the default since
@@ -133,6 +157,16 @@ foreach(lang C CXX CUDA)    # docker/install-horovod.sh: no debug information
 endforeach()
 CMAKE
 sed -i "/^string(REPLACE \"-O2\" \"-O3\" CMAKE_CUDA_FLAGS_RELWITHDEBINFO /r $work/no-debug-info.cmake" "$src/CMakeLists.txt"
+# The CPU operations' build-time default as a number: CMakeLists.txt defines
+# HOROVOD_CPU_OPERATIONS_DEFAULT=M (C, G), which env_parser.cc compares with 'M' in #if,
+# where an undefined name is 0, so the default given at build time never applies (the GPU
+# operations' defines go through CONVERT_TO_ASCII_DEC for this reason: cmake/Utilities.cmake).
+for op in M:77 C:67 G:71; do
+    grep -q "add_definitions(-DHOROVOD_CPU_OPERATIONS_DEFAULT=${op%:*})" "$src/CMakeLists.txt" \
+        || die "unexpected source: no HOROVOD_CPU_OPERATIONS_DEFAULT=${op%:*} in CMakeLists.txt"
+    sed -i "s/add_definitions(-DHOROVOD_CPU_OPERATIONS_DEFAULT=${op%:*})/add_definitions(-DHOROVOD_CPU_OPERATIONS_DEFAULT=${op#*:})/" \
+        "$src/CMakeLists.txt"
+done
 span="$src/third_party/flatbuffers/include/flatbuffers/stl_emulation.h"
 if ! grep -q '^  size_type count_;' "$span"; then
     grep -q '^  const size_type count_;' "$span" || die "unexpected source: no const span::count_ in $span"
@@ -141,6 +175,54 @@ fi
 "$PYTHON" -c 'from distutils.sysconfig import get_python_inc; from distutils.spawn import find_executable' 2>/dev/null \
     || die "$PYTHON has no distutils (Python >= 3.12 dropped it) and Horovod's build and horovodrun need it: install setuptools==$SETUPTOOLS_VERSION into it (its shim provides distutils)"
 
+torch_cuda="$("$PYTHON" -c 'import torch; print(torch.version.cuda or "")')"
+with_ccl="${HOROVOD_WITH_CCL:-}"
+if [[ -z "$with_ccl" ]]; then
+    with_ccl=0
+    [[ -z "${HOROVOD_GPU_OPERATIONS:-}" && "$(uname -m)" == x86_64 ]] && with_ccl=1
+fi
+[[ "$with_ccl" =~ ^[01]$ ]] || die "HOROVOD_WITH_CCL must be 1 or 0, not $with_ccl"
+ccl_root=""
+if [[ "$with_ccl" == 1 ]]; then
+    [[ "$(uname -m)" == x86_64 ]] \
+        || die "oneCCL's wheels on the package index are for x86_64 only; set HOROVOD_WITH_CCL=0 on $(uname -m)"
+    wheel="${ONECCL_WHEEL:-}"
+    if [[ -z "$wheel" ]]; then
+        say "downloading oneccl-devel==$ONECCL_VERSION (98 MB)"
+        "$PYTHON" -m pip download --quiet --no-deps --no-cache-dir --only-binary :all: \
+            "oneccl-devel==$ONECCL_VERSION" -d "$work/oneccl" 2>"$work/oneccl-download.log" \
+            || die "could not download oneccl-devel==$ONECCL_VERSION (is the package index reachable?): set ONECCL_WHEEL to a local oneccl_devel-$ONECCL_VERSION wheel, or HOROVOD_WITH_CCL=0"
+        wheel="$(echo "$work"/oneccl/oneccl_devel-*.whl)"
+    fi
+    [[ -f "$wheel" ]] || die "no oneCCL wheel at $wheel"
+    echo "$ONECCL_SHA256  $wheel" | sha256sum --check --quiet \
+        || die "checksum of $wheel does not match ONECCL_SHA256 in docker/versions.env"
+    ccl_root="$("$PYTHON" -c 'import sys; print(sys.prefix)')/lib/oneccl"
+    rm -rf "$ccl_root"
+    "$PYTHON" - "$wheel" "$ccl_root" "$ONECCL_VERSION" <<'EOF'
+import os, sys, zipfile
+wheel, root, version = sys.argv[1:]
+data = f"oneccl_devel-{version}.data/data/"
+lib = data + "lib/ccl/cpu/lib/libccl.so.1.0"
+with zipfile.ZipFile(wheel) as z:
+    names = [n for n in z.namelist() if n.startswith(data + "include/") and not n.endswith("/")]
+    if lib not in z.namelist() or not names:
+        sys.exit(f"install-horovod: error: unexpected wheel: no {lib} or no headers in {wheel}")
+    for n in names:
+        dest = os.path.join(root, n[len(data):])
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        with z.open(n) as src, open(dest, "wb") as out:
+            out.write(src.read())
+    os.makedirs(os.path.join(root, "lib"), exist_ok=True)
+    with z.open(lib) as src, open(os.path.join(root, "lib", "libccl.so.1.0"), "wb") as out:
+        out.write(src.read())
+EOF
+    ln -s libccl.so.1.0 "$ccl_root/lib/libccl.so.1"
+    ln -s libccl.so.1 "$ccl_root/lib/libccl.so"
+    export CCL_ROOT="$ccl_root" CCL_CONFIGURATION=""
+    say "oneCCL $ONECCL_VERSION's CPU library at $ccl_root"
+fi
+
 export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
 export HOROVOD_WITH_GLOO=1
 if [[ "${HOROVOD_WITHOUT_MPI:-0}" != 1 ]]; then
@@ -148,13 +230,21 @@ if [[ "${HOROVOD_WITHOUT_MPI:-0}" != 1 ]]; then
         || die "mpicxx not found: install an MPI (Debian: libopenmpi-dev) or set HOROVOD_WITHOUT_MPI=1"
     export HOROVOD_WITH_MPI=1
 fi
+if [[ -n "$ccl_root" ]]; then
+    # The default CPU operations of a run that names none stay what they were without
+    # CCL (see above).
+    if [[ "${HOROVOD_WITH_MPI:-0}" == 1 ]]; then
+        export HOROVOD_CPU_OPERATIONS=MPI
+    else
+        export HOROVOD_CPU_OPERATIONS=GLOO
+    fi
+fi
 export MAKEFLAGS="-j$JOBS"
 if [[ "${HOROVOD_GPU_OPERATIONS:-}" == MPI ]]; then
     ompi_info --parsable --all 2>/dev/null | grep -q '_built_with_cuda_support:value:true' \
         || die "HOROVOD_GPU_OPERATIONS=MPI needs a CUDA-aware MPI, and this one is not (ompi_info): build one with docker/install-openmpi.sh, or use NCCL"
 fi
 
-torch_cuda="$("$PYTHON" -c 'import torch; print(torch.version.cuda or "")')"
 if [[ -n "$torch_cuda" ]]; then
     # A CUDA build of torch makes Horovod's torch extension look for the toolkit.
     if [[ -z "${CUDA_HOME:-}" ]]; then
@@ -220,9 +310,12 @@ say "building horovod $HOROVOD_VERSION with $JOBS jobs (takes minutes)"
 # not a fresh one pip would fetch into an isolated build environment.
 "$PYTHON" -m pip install --no-build-isolation --no-cache-dir "$src"
 
+# Only the library ships: the headers served the compile.
+[[ -z "$ccl_root" ]] || rm -rf "$ccl_root/include"
+
 say "checking the build"
 "$PYTHON" -m horovod.runner.launch --check-build
-"$PYTHON" - <<'EOF'
+CCL_ROOT="$ccl_root" "$PYTHON" - <<'EOF'
 import os, horovod.torch as hvd
 assert hvd.gloo_built(), "Horovod was built without Gloo"
 if os.environ.get("HOROVOD_WITH_MPI") == "1":
@@ -234,13 +327,16 @@ if ops == "MPI":
     # --check-build lists MPI among tensor operations whenever the MPI controller is
     # built; GPU operations over MPI show as CUDA support without NCCL.
     assert hvd.cuda_built() and not hvd.nccl_built(), "Horovod was not built for MPI GPU operations"
-print("install-horovod: horovod.torch imports; gloo=%s mpi=%s nccl=%s"
-      % (hvd.gloo_built(), hvd.mpi_built(), hvd.nccl_built()))
+if os.environ["CCL_ROOT"]:
+    assert hvd.ccl_built(), "Horovod was built without oneCCL"
+print("install-horovod: horovod.torch imports; gloo=%s mpi=%s nccl=%s ccl=%s"
+      % (hvd.gloo_built(), hvd.mpi_built(), hvd.nccl_built(), hvd.ccl_built()))
 # How it was built, beside the package: the library cannot tell MPI GPU operations
 # from none (both are CUDA without NCCL), so envcheck and the smoke tests read this.
 import json, horovod
 record = {"gpu_operations": ops or None, "cuda_home": os.environ.get("CUDA_HOME"),
-          "nccl_lib": os.environ.get("HOROVOD_NCCL_LIB"), "built_by": "docker/install-horovod.sh"}
+          "nccl_lib": os.environ.get("HOROVOD_NCCL_LIB"),
+          "ccl_root": os.environ["CCL_ROOT"] or None, "built_by": "docker/install-horovod.sh"}
 # (lab.common.kit.HOROVOD_BUILD_RECORD names this file; kit.horovod_gpu_operations reads it.)
 with open(os.path.join(os.path.dirname(horovod.__file__), "lab_build.json"), "w") as f:
     json.dump(record, f)

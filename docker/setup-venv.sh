@@ -69,7 +69,7 @@ ca="${PIP_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}"
 index="${TORCH_INDEX_URL:-}"
 # The key covers what the slow part (torch, Horovod's compile, DeepSpeed) depends on; the
 # kit and any dependency the cache lacks are brought up to date on every run below.
-key="$( { grep -E '^(TORCH|TORCHVISION|HOROVOD|SETUPTOOLS|WHEEL|DEEPSPEED)_' "$here/versions.env"
+key="$( { grep -E '^(TORCH|TORCHVISION|HOROVOD|ONECCL|SETUPTOOLS|WHEEL|DEEPSPEED)_' "$here/versions.env"
           cat "$here/install-torch.sh" "$here/install-horovod.sh" "$here/setup-venv.sh" \
               "$here/matrix.sh" "$here/torch-nccl.sh"
           python3 --version; echo "$index"; echo "${CUDA_ARCHS:-}"

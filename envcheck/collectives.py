@@ -27,6 +27,8 @@ import os
 import sys
 import time
 
+from lab.common import ccl as lab_ccl
+
 DEFAULT_SIZES = [2**k for k in range(12, 25, 2)]     # 4 KiB .. 16 MiB
 GPU_SIZES = [2**k for k in range(12, 31, 2)]         # 4 KiB .. 1 GiB
 COPY_BYTES = 256 * 2**20                              # well past any CPU cache
@@ -148,16 +150,29 @@ class _Torch:
 
 
 class _Horovod:
-    """Horovod over MPI, as mpirun starts it (its controller is then MPI)."""
+    """Horovod over MPI, as mpirun starts it (its controller is then MPI); with `ccl`, its
+    oneCCL operations under that controller (lab.common.ccl), checked on its own timeline
+    to carry the all-reduce (lab.worker.dist.allreduce_ops). oneCCL's operations in Horovod
+    0.28.1 are all-reduce, all-gather, broadcast and all-to-all (operations.cc,
+    CreateOperationManager); its reduce-scatter would be MPI's, so it is left out."""
 
-    def __init__(self):
+    def __init__(self, ccl: bool = False):
         import horovod.torch as hvd
         import torch
+        os.environ.update(lab_ccl.horovod_env("ccl" if ccl else "mpi", os.environ))
         hvd.init()
         self.hvd, self.torch, self.device = hvd, torch, torch.device("cpu")
         self.rank, self.size = hvd.rank(), hvd.size()
         self.name = "mpi (Horovod)" if hvd.mpi_enabled() else "gloo (Horovod)"
         self.ops = _horovod_ops(hvd, torch, self.size)
+        if ccl:
+            from lab.worker.dist import allreduce_ops
+            seen = allreduce_ops(hvd, self.rank)["ops"]
+            if seen != ["CCL_ALLREDUCE"]:
+                raise SystemExit(f"envcheck.collectives: asked for oneCCL, Horovod's timeline shows "
+                                 f"{', '.join(seen) or 'no all-reduce'}")
+            self.name = "ccl (Horovod)"
+            del self.ops["reducescatter"]
 
     def sync(self):
         pass
@@ -242,9 +257,10 @@ def _ints(text: str) -> list[int]:
 def main(argv=None) -> int:
     from lab.common.collectives import OPS
     p = argparse.ArgumentParser(prog="python -m envcheck.collectives")
-    p.add_argument("--backend", default="gloo", choices=("gloo", "nccl", "horovod"),
+    p.add_argument("--backend", default="gloo", choices=("gloo", "nccl", "horovod", "ccl"),
                    help="gloo or nccl: torch.distributed (under torch.distributed.run); "
-                        "horovod: Horovod's collectives (under mpirun: MPI's)")
+                        "horovod: Horovod's collectives (under mpirun: MPI's); ccl: Horovod's "
+                        "oneCCL operations (under mpirun)")
     p.add_argument("--sizes", type=_ints, default=None,
                    help="bytes, comma list (default: plan()'s, to 16 MiB on CPU, 1 GiB on GPUs)")
     p.add_argument("--ops", default="", help=f"collectives, comma list (default: {','.join(OPS)}; "
@@ -256,15 +272,18 @@ def main(argv=None) -> int:
     unknown = [op for op in wanted or [] if op not in OPS]
     if unknown:
         p.error(f"no collective {', '.join(unknown)}: --ops takes {', '.join(OPS)}")
-    if a.backend == "horovod" and "reduce" in (wanted or []):
+    horovod = a.backend in ("horovod", "ccl")
+    if horovod and "reduce" in (wanted or []):
         p.error("Horovod has no reduce to a root: leave reduce out of --ops")
+    if a.backend == "ccl" and "reducescatter" in (wanted or []):
+        p.error("Horovod has no oneCCL reduce-scatter (MPI's would run): leave reducescatter out of --ops")
     import torch
     torch.set_num_threads(1)
-    comm = _Horovod() if a.backend == "horovod" else _Torch(a.backend)
+    comm = _Horovod(ccl=a.backend == "ccl") if horovod else _Torch(a.backend)
     what = plan(comm.device.type, comm.size)
     sizes = a.sizes or what["sizes"]
     value = {"backend": comm.name, "ranks": comm.size}
-    if a.backend == "horovod":
+    if horovod:
         # each timed operation waits for Horovod's next cycle: the fit takes it out
         from lab.common.horovod_tuning import effective
         value["cycle_time_ms"] = effective()["cycle_time_ms"]

@@ -270,6 +270,24 @@ def probe_collectives_mpi(hvd: Result, np: int = 2, timeout: float = 240) -> Res
     raise ProbeError("the collectives' sweep over MPI printed no result")
 
 
+@probe("collectives_ccl")
+def probe_collectives_ccl(hvd: Result, np: int = 2, timeout: float = 240) -> Result:
+    """The same through Horovod's oneCCL operations under mpirun (envcheck.collectives
+    --backend ccl: all but reduce and reduce-scatter, which Horovod's oneCCL lacks)."""
+    if hvd.status != PASS or "CCL" not in (hvd.value or {}).get("tensor_operations", []):
+        return Result("collectives_ccl", SKIP, None, "Horovod is not built with oneCCL here "
+                      "(docker/install-horovod.sh builds it on x86_64 without GPU operations)")
+    if "MPI" not in (hvd.value or {}).get("controllers", []):
+        return Result("collectives_ccl", SKIP, None, "Horovod's oneCCL operations run under its "
+                      "MPI controller, which this Horovod lacks")
+    text = run_command(_mpirun(np) + [sys.executable, "-m", "envcheck.collectives", "--backend", "ccl"],
+                       timeout=timeout, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    for line in reversed(text.splitlines()):
+        if line.startswith("{") and '"ops"' in line:
+            return Result("collectives_ccl", PASS, json.loads(line))
+    raise ProbeError("the collectives' sweep over oneCCL printed no result")
+
+
 def _gpus(torch_r: Result) -> int:
     return (torch_r.value or {}).get("device_count", 0) if torch_r.status == PASS else 0
 
@@ -285,4 +303,5 @@ def collect(np: int = 2) -> list[Result]:
             probe_shm(), probe_memlock(_gpus(torch_r)), probe_nccl_socket_ifname(),
             probe_mpi_hello(np), probe_mpi_gpu_allreduce(torch_r, np, hvd=hvd), nccl,
             probe_collectives(torch_r, np, nccl_tests=nccl), probe_collectives_mpi(hvd, np),
+            probe_collectives_ccl(hvd, np),
             probe_verbs_libraries()]

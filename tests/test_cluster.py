@@ -157,7 +157,7 @@ def records_of(out: str):
 
 # The README's commands: Horovod over Gloo with 4 ranks (node1:2,node2:2), DDP with 2.
 @pytest.mark.parametrize("framework,backend,np", [("horovod", "gloo", 4), ("horovod", "mpi", 2),
-                                                  ("ddp", "gloo", 2)])
+                                                  ("ddp", "gloo", 2), ("horovod", "ccl", 2)])
 def test_bench_runs_across_two_nodes(up, framework, backend, np):
     cp = bench("--nodes", "2", "--np", str(np), "--framework", framework, "--backend", backend,
                 "--max-steps", "15")
@@ -166,6 +166,18 @@ def test_bench_runs_across_two_nodes(up, framework, backend, np):
     assert r["status"] == "ok" and sorted(set(r["world"]["hosts"])) == ["node1", "node2"]
     assert r["world"]["nodes"] == 2 and r["world"]["devices_per_node"] == np // 2
     assert r["manifest"]["image"]["labels"]["org.dl-lab-kit.flavor"] == "cpu"
+    if backend == "ccl":        # oneCCL, not MPI's operations, carried the all-reduce across the nodes
+        assert r["world"]["controller"] == "ccl" and r["world"]["allreduce_ops"]["ops"] == ["CCL_ALLREDUCE"]
+
+
+def test_bench_runs_horovod_over_ccl_on_one_node_and_on_two(up):
+    """`--np 1,2` on the cluster: one node (np 1 and 2), and 2 ranks over both nodes."""
+    cp = bench("--nodes", "1,2", "--np", "1,2", "--framework", "horovod", "--backend", "ccl",
+               "--max-steps", "15")
+    assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-2000:]
+    rs = [r for r in records_of(cp.stdout) if r["status"] == "ok"]
+    assert sorted((r["world"]["nodes"], r["world"]["np"]) for r in rs) == [(1, 1), (1, 2), (2, 2)]
+    assert all(r["world"]["allreduce_ops"]["ops"] == ["CCL_ALLREDUCE"] for r in rs)
 
 
 @pytest.mark.parametrize("framework,backend", [("ddp", "gloo"), ("horovod", "gloo"), ("horovod", "mpi")])

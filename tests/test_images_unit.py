@@ -33,6 +33,7 @@ def test_every_build_argument_is_declared_in_the_dockerfile():
 MATRIX = {"CPU_BASE_IMAGE": "base:1", "CPU_TORCH_INDEX_URL": "https://cpu.example/whl",
           "TORCH_VERSION": "9.9", "TORCHVISION_VERSION": "8.8", "HOROVOD_VERSION": "7.7",
           "HOROVOD_SHA256": "ab" * 32, "SETUPTOOLS_VERSION": "1", "WHEEL_VERSION": "2",
+          "ONECCL_VERSION": "6.6", "ONECCL_SHA256": "ef" * 32,
           "OPENMPI_VERSION": "4.1.4", "OPENMPI_URL": "http://x/ompi.tar.xz",
           "OPENMPI_SHA256": "cd" * 32, "NCCL_TESTS_VERSION": "2.0", "NCCL_TESTS_COMMIT": "f" * 40,
           "CUDA_DEFAULT": "13.0",
@@ -50,6 +51,7 @@ def test_build_args_come_from_the_matrix():
     assert a["TORCH_INDEX_URL"] == "https://cpu.example/whl"
     assert a["TORCHVISION_VERSION"] == "" and a["HOROVOD_VERSION"] == "7.7"
     assert a["HOROVOD_GPU_OPERATIONS"] == "" and "OPENMPI_URL" not in a
+    assert a["ONECCL_VERSION"] == "6.6" and a["ONECCL_SHA256"] == "ef" * 32   # Horovod's oneCCL
     a = images.build_args(images.BuildSettings(flavor="cpu", base_image="mine:2",
                                                torch_index="default"), MATRIX)
     assert a["BASE_IMAGE"] == "mine:2" and a["TORCHVISION_VERSION"] == "8.8"

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def cpu_plan(quick=False, **kw):
-    return course_plan.plan("results", quick=quick, gpus=0, backends=("gloo", "mpi"), **kw)
+    return course_plan.plan("results", quick=quick, gpus=0, backends=("gloo", "mpi", "ccl"), **kw)
 
 
 @pytest.mark.parametrize("quick", [False, True])
@@ -77,6 +77,17 @@ def test_every_section_of_the_lab_is_a_part(quick):
     assert (resnet["model"], vgg["model"]) == ("resnet50", "vgg16")
     same = ("nodes", "np", "framework", "backend", "link", "data", "batch_size")
     assert {k: resnet[k] for k in same} == {k: vgg[k] for k in same}
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_oneccl_has_rows_within_and_across_servers_for_horovod(quick):
+    """oneCCL beside MPI and Gloo: Horovod's back end in the within-server part and the
+    cross-server one (the quick plan's too), counted once in the estimate (DDP skips it)."""
+    within, across = cpu_plan(quick).parts[:2]
+    assert "ccl" in within.flags["backend"].split(",") and "ccl" in across.flags["backend"].split(",")
+    assert "horovod" in within.flags["framework"] and "horovod" in across.flags["framework"]
+    without = course_plan.plan("results", quick=quick, gpus=0, backends=("gloo", "mpi")).parts[0]
+    assert within.estimate_s == pytest.approx(without.estimate_s * (3 + 1) / (2 + 1))
 
 
 def test_gpus_add_nccl_and_their_counts():

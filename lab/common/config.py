@@ -10,10 +10,13 @@ import dataclasses
 from dataclasses import dataclass
 
 from lab import models
+from lab.common import ccl
 
 MODELS = models.names()           # each model is one folder and one spec (lab.models)
 FRAMEWORKS = ("none", "horovod", "ddp")
-BACKENDS = ("gloo", "mpi", "nccl")
+# ccl: oneCCL, Horovod's third CPU back end (its CCL operations, under the MPI controller;
+# lab.common.ccl), built by docker/install-horovod.sh beside MPI and Gloo.
+BACKENDS = ("gloo", "mpi", "nccl", "ccl")
 DEVICES = ("cpu", "cuda")
 DATASETS = ("mnist", "synthetic", "digits")
 COMPRESSIONS = ("none", "fp16", "int8", "int8-naive")   # lab.worker.compression has the 8-bit ones
@@ -157,6 +160,8 @@ class RunConfig:
         if self.backend == "nccl" and self.device != "cuda":
             raise ConfigError("the nccl back end runs on GPUs only: add --device cuda, "
                               "or use --backend gloo or mpi on the CPU")
+        if self.backend == "ccl" and ccl.config_problem(self.framework, self.device, self.strategy):
+            raise ConfigError(ccl.config_problem(self.framework, self.device, self.strategy))
         if self.framework == "none" and self.compression != "none":
             raise ConfigError("gradient compression needs a distributed framework: "
                               "use --framework horovod or ddp, or --compression none")

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import lab
+from lab.common import ccl
 
 # The checkout (or the installed copy) that holds lab/, envcheck/, docker/, compose.yaml.
 REPO_ROOT = Path(lab.__file__).resolve().parent.parent
@@ -80,6 +81,12 @@ def horovod_gpu_operations(hvd) -> str | None:
     except (OSError, ValueError):
         return None
     return ops if ops in ("NCCL", "MPI") else None
+
+
+def horovod_controller(backend: str) -> str:
+    """The Horovod controller (horovodrun --gloo or --mpi) that carries a back end: nccl
+    runs under Gloo's, ccl under lab.common.ccl.CONTROLLER, gloo and mpi under their own."""
+    return {"nccl": "gloo", "ccl": ccl.CONTROLLER}.get(backend, backend)
 
 
 def horovod_gpu_path_problem(gpu_operations: str | None, backend: str) -> str | None:

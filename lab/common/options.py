@@ -97,7 +97,7 @@ OPTIONS = (
            default=dataclasses.MISSING, kind=list, tasks=ONE_JOB, reach="bench"),
     Option("framework", "auto (Horovod if installed, else DDP), horovod, ddp or none; a comma list sweeps",
            _E, default="auto", tasks=ONE_JOB, choices=("auto", *FRAMEWORKS), sweeps=True, key=True),
-    Option("backend", "gloo, mpi or nccl; a comma list sweeps (what cannot run here is skipped and "
+    Option("backend", "gloo, mpi, nccl or ccl (oneCCL, Horovod on CPUs); a comma list sweeps (what cannot run here is skipped and "
            "recorded)", _E, tasks=ONE_JOB, choices=BACKENDS, sweeps=True, key=True),
     Option("compression", "gradient compression: none, fp16, int8 (scaled, error feedback) or "
            "int8-naive (a plain cast, the baseline that fails); a comma list sweeps", _E,

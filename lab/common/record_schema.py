@@ -46,8 +46,13 @@ SCHEMA = {
     "world.scheduler": ("object, optional", "a job run by a scheduler: name (slurm), job_id, nodelist "
                         "(from the ranks' SLURM_* variables), and, added by bench once the job "
                         "ended, state (Slurm's final JobState) and exit_code (exit:signal)"),
-    "world.controller": ("str", "what carried the collectives: gloo, mpi or nccl (Horovod: its "
-                         "controller; DDP: the process group's back end; none: local)"),
+    "world.controller": ("str", "what carried the collectives: gloo, mpi, nccl or ccl (Horovod: its "
+                         "controller, or nccl and ccl, its GPU and oneCCL operations; DDP: the "
+                         "process group's back end; none: local)"),
+    "world.allreduce_ops": ("object, optional", "--backend ccl: ops (the all-reduce operations "
+                            "Horovod's own timeline named for a few one-value all-reduces at the "
+                            "start, CCL_ALLREDUCE when oneCCL carried them) and check_s (what that "
+                            "check took; lab.worker.dist.allreduce_ops)"),
     "world.horovod": ("object, optional", "Horovod runs: fusion_threshold_bytes and cycle_time_ms "
                       "as rank 0's Horovod used them (Horovod 0.28.1's defaults, 128 MiB and 1 ms, "
                       "or HOROVOD_FUSION_THRESHOLD in bytes and HOROVOD_CYCLE_TIME in ms), set_by "

@@ -33,7 +33,8 @@ def series(records: list[dict]) -> dict:
 
 # A line's colour is its framework and back end, the same in every panel and figure.
 STACK_COLORS = {("horovod", "gloo"): "tab:blue", ("horovod", "mpi"): "tab:purple",
-                ("horovod", "nccl"): "tab:cyan", ("ddp", "gloo"): "tab:orange",
+                ("horovod", "nccl"): "tab:cyan", ("horovod", "ccl"): "tab:red",
+                ("ddp", "gloo"): "tab:orange",
                 ("ddp", "mpi"): "tab:brown", ("ddp", "nccl"): "tab:pink",
                 ("none", "gloo"): "tab:green", ("none", "nccl"): "tab:olive"}
 # What else tells a panel's lines of one colour apart (compression, a setup): the marker.

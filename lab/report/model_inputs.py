@@ -22,6 +22,8 @@ from lab.report import algorithms, step_parts, summary
 from lab.report import cost_model as cm
 
 SWEEP_FILE = "doctor-collectives.jsonl"
+# doctor's sweeps through Horovod (envcheck.stack), each under mpirun: the back end each times.
+HOROVOD_SWEEPS = {"collectives_mpi": "mpi", "collectives_ccl": "ccl"}
 SWEEP_OP = "allreduce"          # the op the data-parallel step's fit is made of
 
 
@@ -90,17 +92,18 @@ def sweep_entries(checks: list[dict], link: str = "") -> list[dict]:
     """What `invoke doctor` measured of the collectives' cost, as the fit reads it: one
     entry per passed sweep of doctor's checks (envcheck.collectives' value), keyed as the
     records' fits are (lab.report.prediction.fit_key): torch.distributed's Gloo is DDP's
-    back end, Horovod's sweep runs over MPI; where it ran (the check's: local processes or
+    back end, Horovod's sweeps run over MPI and oneCCL; where it ran (the check's: local processes or
     the image), across the nodes the cluster and its `link`."""
     out = []
     for c in checks:
         v = c.get("value") if c.get("status") == "PASS" else None
         rows = (v or {}).get("ops", {}).get(SWEEP_OP) if isinstance(v, dict) else None
-        if not rows or c.get("name") not in ("collectives", "collectives_mpi", "collectives_across"):
+        if not rows or c.get("name") not in ("collectives", *HOROVOD_SWEEPS, "collectives_across"):
             continue
         across = c["name"] == "collectives_across"
-        framework, backend = ("horovod", "mpi") if c["name"] == "collectives_mpi" else ("ddp", v.get("backend"))
-        if backend not in ("gloo", "mpi"):
+        framework, backend = (("horovod", HOROVOD_SWEEPS[c["name"]]) if c["name"] in HOROVOD_SWEEPS
+                              else ("ddp", v.get("backend")))
+        if backend not in ("gloo", "mpi", "ccl"):
             continue        # NCCL's sweep: no CPU back end of the kit's runs
         out.append({"framework": framework, "backend": backend,
                     "place": "cluster" if across else ("image" if c.get("where", "").startswith("image")

@@ -111,7 +111,7 @@ def link_label(r: dict) -> str:
 
 
 PRETTY = {"ddp": "DDP", "horovod": "Horovod", "none": "no framework", "mpi": "MPI", "gloo": "Gloo",
-          "nccl": "NCCL"}
+          "nccl": "NCCL", "ccl": "oneCCL"}
 
 
 def stack_name(framework, backend) -> str:

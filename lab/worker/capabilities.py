@@ -78,7 +78,7 @@ def collect() -> dict:
 
             from lab.common.kit import horovod_gpu_operations
             out["horovod"] = {"gloo": bool(hvd.gloo_built()), "mpi": bool(hvd.mpi_built()),
-                              "nccl": bool(hvd.nccl_built()),
+                              "nccl": bool(hvd.nccl_built()), "ccl": bool(hvd.ccl_built()),
                               "gpu_operations": horovod_gpu_operations(hvd),
                               "version": getattr(hvd, "__version__", None) or _horovod_version()}
         except Exception as e:

@@ -5,12 +5,21 @@ from __future__ import annotations
 
 import datetime
 import os
+import shutil
 import socket
+import tempfile
+import time
 
 import torch
 
+from lab.common import ccl
 from lab.common.config import ConfigError
-from lab.common.kit import NO_MPI_IN_PIP_TORCH, horovod_gpu_operations, horovod_gpu_path_problem
+from lab.common.kit import (
+    NO_MPI_IN_PIP_TORCH,
+    horovod_controller,
+    horovod_gpu_operations,
+    horovod_gpu_path_problem,
+)
 
 # How long a collective may wait for a peer before the job gives up (seconds). The
 # launchers end a job as soon as one rank dies; this bounds any case they miss.
@@ -49,6 +58,13 @@ class Horovod:
             raise ConfigError(f"Horovod does not import ({e}): build it with "
                               f"docker/install-horovod.sh, or use --framework ddp") from None
         self.hvd = hvd
+        if cfg.backend == "ccl":
+            if not hvd.ccl_built():
+                raise ConfigError("this Horovod was built without oneCCL: rebuild it with "
+                                  "docker/install-horovod.sh (HOROVOD_WITH_CCL=1), or use "
+                                  "--backend gloo or mpi")
+        # The CPU operations (and oneCCL's own variables), read by hvd.init() (lab.common.ccl).
+        os.environ.update(ccl.horovod_env(cfg.backend, os.environ))
         hvd.init()
         self.rank, self.size = hvd.rank(), hvd.size()
         self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
@@ -58,9 +74,19 @@ class Horovod:
             self.controller = "gloo"
         else:
             self.controller = "unknown"
-        if cfg.backend in ("gloo", "mpi") and self.controller != cfg.backend and self.size > 1:
+        want = horovod_controller(cfg.backend)
+        if cfg.backend in ("gloo", "mpi", "ccl") and self.controller != want and self.size > 1:
             raise ConfigError(f"asked for the {cfg.backend} back end but Horovod runs on "
-                              f"{self.controller}: launch with horovodrun --{cfg.backend}")
+                              f"{self.controller}: launch with horovodrun --{want}")
+        # What carried the all-reduce, as Horovod's timeline named it (--backend ccl).
+        self.ccl_check = None
+        if cfg.backend == "ccl":
+            self.ccl_check = allreduce_ops(hvd, self.rank)
+            if self.ccl_check["ops"] != ["CCL_ALLREDUCE"]:
+                raise ConfigError(f"asked for the ccl back end but Horovod's timeline shows "
+                                  f"{', '.join(self.ccl_check['ops']) or 'no all-reduce'}: check "
+                                  f"HOROVOD_CPU_OPERATIONS in the ranks' environment")
+            self.controller = "ccl"
         if cfg.backend == "nccl" and not hvd.nccl_built():
             raise ConfigError("this Horovod was built without NCCL: rebuild it with "
                               "HOROVOD_GPU_OPERATIONS=NCCL, or use --backend gloo or mpi")
@@ -94,6 +120,40 @@ class Horovod:
 
     def shutdown(self):
         self.hvd.shutdown()
+
+
+def allreduce_ops(hvd, rank: int, rounds: int = 3, wait_s: float = 5.0) -> dict:
+    """Which operations carried Horovod's all-reduce, from its own timeline: a few one-value
+    all-reduces recorded into a timeline (the dynamic one, HOROVOD_TIMELINE=DYNAMIC:
+    hvd.start_timeline and stop_timeline, horovod/common/basics.py), whose file rank 0 (the
+    coordinator, the only rank that writes it: operations.cc, horovod_start_timeline) reads
+    once Horovod's writer has closed it, and hands to every rank. {"ops": the all-reduce
+    activities named (lab.common.ccl.ops_in_timeline), "check_s": what it cost}."""
+    t0 = time.perf_counter()
+    folder = tempfile.mkdtemp(prefix="lab-timeline-")
+    path = os.path.join(folder, "timeline.json")
+    try:
+        hvd.start_timeline(path)
+        for i in range(rounds):
+            hvd.allreduce(torch.ones(1), name=f"lab.allreduce_ops.{i}")
+        hvd.stop_timeline()
+        hvd.allreduce(torch.ones(1), name="lab.allreduce_ops.stop")  # a cycle that applies the stop
+        ops = []
+        if rank == 0:
+            end = time.monotonic() + wait_s
+            while time.monotonic() < end:
+                try:
+                    with open(path) as f:
+                        ops = ccl.ops_in_timeline(f.read())
+                except OSError:
+                    pass
+                if ops:
+                    break
+                time.sleep(0.05)
+        ops = hvd.broadcast_object(ops, root_rank=0, name="lab.allreduce_ops.seen")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return {"ops": ops, "check_s": round(time.perf_counter() - t0, 3)}
 
 
 class DDP:

@@ -28,6 +28,7 @@ import time
 import traceback
 
 from lab.common import heartbeat
+from lab.common.kit import horovod_controller
 
 
 class Heartbeat:
@@ -203,7 +204,7 @@ def rendezvous_detail(framework: str, backend: str) -> dict:
     if framework == "ddp":
         world, addr, port = env.get("WORLD_SIZE"), env.get("MASTER_ADDR"), env.get("MASTER_PORT")
         iface = env.get("GLOO_SOCKET_IFNAME") or env.get("NCCL_SOCKET_IFNAME") or env.get("TP_SOCKET_IFNAME")
-    elif (framework == "horovod" and backend == "mpi") or "OMPI_COMM_WORLD_SIZE" in env:
+    elif (framework == "horovod" and horovod_controller(backend) == "mpi") or "OMPI_COMM_WORLD_SIZE" in env:
         world = env.get("OMPI_COMM_WORLD_SIZE") or env.get("PMI_SIZE") or env.get("SLURM_NTASKS")
         addr, port = None, None
         iface = env.get("OMPI_MCA_btl_tcp_if_include") or env.get("OMPI_MCA_oob_tcp_if_include")

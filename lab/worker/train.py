@@ -308,7 +308,9 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
         world={"hosts": hosts, "devices_per_node": strategy.devices_per_node(),
                "controller": d.controller, **scheduler_job(),
                # Horovod's fusion threshold and cycle time, as rank 0's Horovod read them
-               **({"horovod": horovod_tuning.effective()} if cfg.framework == "horovod" else {})},
+               **({"horovod": horovod_tuning.effective()} if cfg.framework == "horovod" else {}),
+               # --backend ccl: what Horovod's timeline showed carrying the all-reduce
+               **({"allreduce_ops": d.ccl_check} if getattr(d, "ccl_check", None) else {})},
         figures={
             "throughput_img_s": metrics.global_throughput(
                 b, strategy.data_world, [p["timed_s"] for p in summary],

@@ -121,6 +121,8 @@ def build_args(s: BuildSettings, matrix: dict[str, str]) -> dict[str, str]:
         "HOROVOD_VERSION": matrix["HOROVOD_VERSION"],
         "HOROVOD_SHA256": matrix["HOROVOD_SHA256"],
         "HOROVOD_GPU_OPERATIONS": gpu_ops(s),
+        "ONECCL_VERSION": matrix["ONECCL_VERSION"],
+        "ONECCL_SHA256": matrix["ONECCL_SHA256"],
         "DEEPSPEED_VERSION": matrix.get("DEEPSPEED_VERSION", ""),
     }
     if s.flavor == "gpu":

@@ -6,7 +6,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from lab.common import heartbeat
+from lab.common import heartbeat, kit
 from lab.common.config import framework_of
 from lab.host.places import hold
 
@@ -121,10 +121,10 @@ def local_ddp_command(nproc: int, worker_args: list[str], python: str = sys.exec
 
 
 def framework_for_backend(framework: str, backend: str) -> str:
-    """The Horovod controller that carries a back end: nccl runs over Gloo's controller."""
+    """The Horovod controller that carries a back end (lab.common.kit.horovod_controller)."""
     if framework != "horovod":
         raise ValueError("only Horovod has a controller")
-    return "gloo" if backend == "nccl" else backend
+    return kit.horovod_controller(backend)
 
 
 def command(framework: str, backend: str, np: int, worker_args: list[str],

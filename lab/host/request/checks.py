@@ -8,7 +8,7 @@ import shutil
 from lab import models
 from lab.common import options, results
 from lab.common.config import ConfigError
-from lab.common.kit import NO_MPI_IN_PIP_TORCH, horovod_gpu_path_problem
+from lab.common.kit import NO_MPI_IN_PIP_TORCH, horovod_controller, horovod_gpu_path_problem
 from lab.common.options import AUTO_FIRST, AUTO_MAX
 from lab.common.stats import fewest_to_separate
 from lab.host.errors import BenchError
@@ -222,9 +222,9 @@ def check_request(s: BenchSettings, stack: dict) -> tuple[str, list[str]]:
             problem = horovod_gpu_path_problem(stack["horovod"].get("gpu_operations"), s.backend)
             if problem:
                 raise BenchError(problem)
-        if s.backend == "mpi" and not stack.get("mpirun", shutil.which("mpirun") is not None):
-            raise BenchError("--backend mpi needs mpirun on the PATH: install an MPI "
-                             "(Debian: openmpi-bin)")
+        if horovod_controller(s.backend) == "mpi" and not stack.get("mpirun", shutil.which("mpirun") is not None):
+            raise BenchError(f"--backend {s.backend} needs mpirun on the PATH: install an MPI "
+                             f"(Debian: openmpi-bin)")
     if framework == "ddp" and not stack.get("ddp_backends", {}).get(s.backend):
         if s.strategy != "ddp":     # the strategy, not --framework, asked for torch.distributed
             raise BenchError(f"the {s.strategy} strategy runs on torch.distributed, and this torch "

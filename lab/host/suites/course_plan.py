@@ -24,6 +24,7 @@ COMPRESSION_EPOCHS = 10         # the compression part, every plan (see the part
 # `invoke doctor --local --np 2 --save DIR` (the host's and the stack's probes, Gloo's and
 # Horovod's sweeps): timed once on the development machine beside other work (see the docs)
 DOCTOR_SWEEPS_S = 60.0
+NOT_DDP = ("mpi", "ccl")   # back ends DDP skips: pip's torch has no MPI; oneCCL: lab.common.ccl.DDP_REFUSAL
 
 
 @dataclass
@@ -128,8 +129,8 @@ def plan(results_dir: str = "results", *, quick: bool = False, gpus: int = 0,
     common = {"results_dir": results_dir, "data": "digits", "batch_size": 32}
     epochs = 3 if quick else 8
 
-    def combos(bes, here: bool = True) -> int:  # Horovod over each, DDP over each but MPI
-        return (len(bes) if not (here and horovod) else 0) + len(bes) - ("mpi" in bes)
+    def combos(bes, here: bool = True) -> int:  # Horovod over each, DDP over each but MPI and oneCCL
+        return (len(bes) if not (here and horovod) else 0) + len([b for b in bes if b not in NOT_DDP])
 
     def epochs_of(n):
         return lambda np: n * steps_per_epoch(32, np)
@@ -173,7 +174,9 @@ def plan(results_dir: str = "results", *, quick: bool = False, gpus: int = 0,
     # between its two nodes; one node (unshaped: no link to shape) runs 1 and 2 ranks, the
     # baseline of the speedups and the same two ranks within one server; np 1 over 2 nodes
     # is refused (uneven) and costs nothing.
-    bes = ["gloo"] if quick else list(cpu_backends)
+    # The quick plan: Gloo, and oneCCL where it runs here (the CPU image has it), DDP's
+    # back end and Horovod's third.
+    bes = ["gloo", *(["ccl"] if "ccl" in cpu_backends else [])] if quick else list(cpu_backends)
     repeat = 1 if quick else 2
     per_place = (estimate("mnist", [1, 2], combos(bes, False) * repeat, epochs_of(epochs), "cluster")
                  + estimate("mnist", [2], combos(bes, False) * repeat, epochs_of(epochs), "cluster"))

@@ -96,7 +96,8 @@ def assumed_stack(device: str, backend: str, api: str) -> dict:
              "ddp_backends": {"gloo": True, "nccl": True, "mpi": False}, "torchvision": unprobed,
              "rpc": True, "deepspeed": unprobed, "mpirun": True, "configuration_only": True}
     if api in ("auto", "mpijob"):     # a TrainJob or PyTorchJob runs torchrun: DDP
-        stack["horovod"] = {"gloo": True, "mpi": True, "nccl": device == "cuda",
+        # The CPU image's Horovod has oneCCL's operations (docker/install-horovod.sh).
+        stack["horovod"] = {"gloo": True, "mpi": True, "nccl": device == "cuda", "ccl": device == "cpu",
                             "gpu_operations": ("MPI" if backend == "mpi" else "NCCL")
                             if device == "cuda" else None}
     return stack

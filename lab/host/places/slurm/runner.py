@@ -24,6 +24,7 @@ import os
 import time
 
 from lab.common import proc
+from lab.common.kit import horovod_controller
 from lab.host.places.base import JobResult
 from lab.host.places.compose.cluster import ClusterError, exec_out, node_names
 from lab.host.places.compose.runner import ClusterRunner, dead_nodes
@@ -87,7 +88,7 @@ class SlurmClusterRunner(ClusterRunner):
 
     def srun_tasks_are_ranks(self, job) -> bool:
         """Horovod over MPI under Slurm runs every rank as an srun task."""
-        return job.framework == "horovod" and job.backend == "mpi"
+        return job.framework == "horovod" and horovod_controller(job.backend) == "mpi"
 
     def cancelled_job(self) -> dict | None:
         """The job submitted last, under the scheduler's name and how it was cancelled."""
