@@ -152,7 +152,7 @@ class _Torch:
 class _Horovod:
     """Horovod over MPI, as mpirun starts it (its controller is then MPI); with `ccl`, its
     oneCCL operations under that controller (lab.common.ccl), checked on its own timeline
-    to carry the all-reduce (lab.worker.dist.allreduce_ops). oneCCL's operations in Horovod
+    to carry the all-reduce (lab.common.ccl.allreduce_ops). oneCCL's operations in Horovod
     0.28.1 are all-reduce, all-gather, broadcast and all-to-all (operations.cc,
     CreateOperationManager); its reduce-scatter would be MPI's, so it is left out."""
 
@@ -166,8 +166,7 @@ class _Horovod:
         self.name = "mpi (Horovod)" if hvd.mpi_enabled() else "gloo (Horovod)"
         self.ops = _horovod_ops(hvd, torch, self.size)
         if ccl:
-            from lab.worker.dist import allreduce_ops
-            seen = allreduce_ops(hvd, self.rank)["ops"]
+            seen = lab_ccl.allreduce_ops(hvd, torch, self.rank)["ops"]
             if seen != ["CCL_ALLREDUCE"]:
                 raise SystemExit(f"envcheck.collectives: asked for oneCCL, Horovod's timeline shows "
                                  f"{', '.join(seen) or 'no all-reduce'}")

@@ -115,8 +115,8 @@ def test_a_run_that_names_no_cpu_operations_runs_mpis_and_the_check_says_so():
     built (install-horovod.sh gives MPI as the build-time default, defined as a number so
     that Horovod's #if reads it), and the same timeline check then sees MPI_ALLREDUCE: a run
     that fell back to MPI would fail the ccl check."""
-    code = ("import os, json, horovod.torch as hvd; from lab.worker.dist import allreduce_ops; "
-            "hvd.init(); seen = allreduce_ops(hvd, hvd.rank()); "
+    code = ("import os, json, horovod.torch as hvd; import torch; from lab.common.ccl import allreduce_ops; "
+            "hvd.init(); seen = allreduce_ops(hvd, torch, hvd.rank()); "
             "print('SEEN ' + json.dumps(seen['ops'])) if hvd.rank() == 0 else None; hvd.shutdown()")
     cp = subprocess.run([*envstack._mpirun(2), sys.executable, "-c", code],
                         capture_output=True, text=True, timeout=300, cwd=REPO,

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import tempfile
+import time
 
 # Horovod's controller under which the CCL operations run. horovodrun's Gloo launcher
 # overwrites HOROVOD_CPU_OPERATIONS with "gloo" (horovod/runner/gloo_run.py, line 208), and
@@ -110,3 +113,38 @@ def ops_in_timeline(text: str) -> list[str]:
     """The operations that carried all-reduces on Horovod's timeline (CCL_ALLREDUCE,
     MPI_ALLREDUCE, GLOO_ALLREDUCE: horovod/common/common.h), sorted, each once."""
     return sorted(set(_ALLREDUCE.findall(text)) - {NEGOTIATION})
+
+
+def allreduce_ops(hvd, torch, rank: int, rounds: int = 3, wait_s: float = 5.0) -> dict:
+    """Which operations carried Horovod's all-reduce, from its own timeline: a few one-value
+    all-reduces recorded into a timeline (the dynamic one, HOROVOD_TIMELINE=DYNAMIC:
+    hvd.start_timeline and stop_timeline, horovod/common/basics.py), whose file rank 0 (the
+    coordinator, the only rank that writes it: operations.cc, horovod_start_timeline) reads
+    once Horovod's writer has closed it, and hands to every rank; `hvd` and `torch` are the
+    caller's (horovod.torch and torch: this module imports neither). {"ops": the all-reduce
+    activities named (ops_in_timeline), "check_s": what it cost}."""
+    t0 = time.perf_counter()
+    folder = tempfile.mkdtemp(prefix="lab-timeline-")
+    path = os.path.join(folder, "timeline.json")
+    try:
+        hvd.start_timeline(path)
+        for i in range(rounds):
+            hvd.allreduce(torch.ones(1), name=f"lab.allreduce_ops.{i}")
+        hvd.stop_timeline()
+        hvd.allreduce(torch.ones(1), name="lab.allreduce_ops.stop")  # a cycle that applies the stop
+        ops = []
+        if rank == 0:
+            end = time.monotonic() + wait_s
+            while time.monotonic() < end:
+                try:
+                    with open(path) as f:
+                        ops = ops_in_timeline(f.read())
+                except OSError:
+                    pass
+                if ops:
+                    break
+                time.sleep(0.05)
+        ops = hvd.broadcast_object(ops, root_rank=0, name="lab.allreduce_ops.seen")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return {"ops": ops, "check_s": round(time.perf_counter() - t0, 3)}

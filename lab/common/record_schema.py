@@ -52,7 +52,7 @@ SCHEMA = {
     "world.allreduce_ops": ("object, optional", "--backend ccl: ops (the all-reduce operations "
                             "Horovod's own timeline named for a few one-value all-reduces at the "
                             "start, CCL_ALLREDUCE when oneCCL carried them) and check_s (what that "
-                            "check took; lab.worker.dist.allreduce_ops)"),
+                            "check took; lab.common.ccl.allreduce_ops)"),
     "world.horovod": ("object, optional", "Horovod runs: fusion_threshold_bytes and cycle_time_ms "
                       "as rank 0's Horovod used them (Horovod 0.28.1's defaults, 128 MiB and 1 ms, "
                       "or HOROVOD_FUSION_THRESHOLD in bytes and HOROVOD_CYCLE_TIME in ms), set_by "

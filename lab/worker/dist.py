@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import datetime
 import os
-import shutil
 import socket
-import tempfile
-import time
 
 import torch
 
@@ -81,7 +78,7 @@ class Horovod:
         # What carried the all-reduce, as Horovod's timeline named it (--backend ccl).
         self.ccl_check = None
         if cfg.backend == "ccl":
-            self.ccl_check = allreduce_ops(hvd, self.rank)
+            self.ccl_check = ccl.allreduce_ops(hvd, torch, self.rank)
             if self.ccl_check["ops"] != ["CCL_ALLREDUCE"]:
                 raise ConfigError(f"asked for the ccl back end but Horovod's timeline shows "
                                   f"{', '.join(self.ccl_check['ops']) or 'no all-reduce'}: check "
@@ -120,40 +117,6 @@ class Horovod:
 
     def shutdown(self):
         self.hvd.shutdown()
-
-
-def allreduce_ops(hvd, rank: int, rounds: int = 3, wait_s: float = 5.0) -> dict:
-    """Which operations carried Horovod's all-reduce, from its own timeline: a few one-value
-    all-reduces recorded into a timeline (the dynamic one, HOROVOD_TIMELINE=DYNAMIC:
-    hvd.start_timeline and stop_timeline, horovod/common/basics.py), whose file rank 0 (the
-    coordinator, the only rank that writes it: operations.cc, horovod_start_timeline) reads
-    once Horovod's writer has closed it, and hands to every rank. {"ops": the all-reduce
-    activities named (lab.common.ccl.ops_in_timeline), "check_s": what it cost}."""
-    t0 = time.perf_counter()
-    folder = tempfile.mkdtemp(prefix="lab-timeline-")
-    path = os.path.join(folder, "timeline.json")
-    try:
-        hvd.start_timeline(path)
-        for i in range(rounds):
-            hvd.allreduce(torch.ones(1), name=f"lab.allreduce_ops.{i}")
-        hvd.stop_timeline()
-        hvd.allreduce(torch.ones(1), name="lab.allreduce_ops.stop")  # a cycle that applies the stop
-        ops = []
-        if rank == 0:
-            end = time.monotonic() + wait_s
-            while time.monotonic() < end:
-                try:
-                    with open(path) as f:
-                        ops = ccl.ops_in_timeline(f.read())
-                except OSError:
-                    pass
-                if ops:
-                    break
-                time.sleep(0.05)
-        ops = hvd.broadcast_object(ops, root_rank=0, name="lab.allreduce_ops.seen")
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-    return {"ops": ops, "check_s": round(time.perf_counter() - t0, 3)}
 
 
 class DDP:
