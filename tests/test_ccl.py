@@ -15,7 +15,7 @@ from envcheck.probes import PASS
 from lab.common import ccl, results
 from lab.common.config import ConfigError, RunConfig
 from lab.common.docker_api import IMAGE_REPO
-from tests.conftest import REPO, requires_horovod, requires_mpirun
+from tests.conftest import REPO, requires_mpirun
 
 # The image the image and cluster tests run in: the CPU image, or another one named by
 # LAB_IMAGE (compose.yaml's variable, which the cluster's nodes run too).
@@ -108,7 +108,7 @@ def test_the_timeline_names_the_operations_not_the_negotiation():
 
 # ---- the timeline check tells the operations apart (the same check, under MPI's)
 
-@requires_horovod
+@requires_ccl
 @requires_mpirun
 def test_a_run_that_names_no_cpu_operations_runs_mpis_and_the_check_says_so():
     """A rank that names no HOROVOD_CPU_OPERATIONS runs MPI's operations, as before oneCCL was

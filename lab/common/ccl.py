@@ -10,17 +10,19 @@ ParseCPUOpsFromEnv; horovod/common/operations.cc, InitializeHorovodOnce), so the
 itself sets it before hvd.init(), whatever place started it."""
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import shutil
 import tempfile
 import time
 
-# Horovod's controller under which the CCL operations run. horovodrun's Gloo launcher
-# overwrites HOROVOD_CPU_OPERATIONS with "gloo" (horovod/runner/gloo_run.py, line 208), and
-# with the MPI controller the MPI operations stay beside CCL's for what CCL lacks
-# (reduce-scatter: operations.cc adds no CCL operation for it), as Horovod's
-# docs/oneccl.rst runs it (mpirun with HOROVOD_CPU_OPERATIONS=CCL).
+# Horovod's controller under which the CCL operations run: under Gloo's controller
+# Horovod's operation list puts Gloo's all-reduce before CCL's (horovod/common/operations.cc,
+# CreateOperationManager: Gloo's operations added at l.221-233, CCL's at l.236-245, and
+# GlooAllreduce is always enabled), so the first enabled, Gloo's, would carry it; with the MPI
+# controller the MPI operations stay beside CCL's for what CCL lacks (reduce-scatter: no CCL
+# operation for it), as Horovod's docs/oneccl.rst runs it (mpirun with HOROVOD_CPU_OPERATIONS=CCL).
 CONTROLLER = "mpi"
 
 # PyTorch's own "ccl" process group is registered by Intel's torch bindings
@@ -49,8 +51,8 @@ def config_problem(framework: str, device: str, strategy: str = "ddp") -> str | 
 # mpi, which loads an MPICH-ABI libmpi.so.12 (Intel MPI, MPICH; Open MPI's is libmpi.so.40,
 # another ABI), and ofi, libfabric, which 2021.13 loads as "libfabric.so" unless
 # CCL_OFI_LIBRARY_PATH names another (its warning here: "could not open the library:
-# libfabric.so"; later releases default to libfabric.so.1: oneCCL
-# src/common/api_wrapper/ofi_api_wrapper.cpp, ofi_api_init). Debian's Open MPI package
+# libfabric.so"; oneCCL src/common/api_wrapper/ofi_api_wrapper.cpp, ofi_api_init: releases
+# up to 2021.10 loaded libfabric.so.1, 2021.11 on load libfabric.so). Debian's Open MPI package
 # depends on libfabric1, which has libfabric.so.1 (the unversioned name is its -dev
 # package's), so every stack of the kit has it. Its tcp provider runs within a machine and
 # across machines alike. oneCCL's warnings (CCL_LOG_LEVEL warn, its default) name on every
@@ -61,16 +63,18 @@ TRANSPORT_ENV = {"CCL_ATL_TRANSPORT": "ofi", "CCL_OFI_LIBRARY_PATH": "libfabric.
 TIMELINE_ENV = {"HOROVOD_TIMELINE": "DYNAMIC"}
 
 
-def worker_affinity(cores, local_size: int) -> str:
+def worker_affinity(cores, local_size: int, workers: int = 1) -> str:
     """CCL_WORKER_AFFINITY for `local_size` ranks on a machine whose processes may run on
-    `cores` (the rank's own CPU set): one core per local rank (oneCCL starts one worker thread
-    per rank, CCL_WORKER_COUNT 1, pinned to the entry of its local index), the last cores of
+    `cores` (the rank's own CPU set): one core per worker thread of each local rank (oneCCL
+    starts CCL_WORKER_COUNT threads a rank, 1 by default, and wants exactly local ranks x
+    workers entries: src/common/env/env.cpp, parse_affinity, "failed to parse worker
+    affinity" otherwise), the last cores of
     the set as oneCCL's own choice takes the last of the machine's, wrapping round when the set
     has fewer cores than ranks. oneCCL 2021.13's own choice takes them from the whole machine,
     outside a container's or a job's CPU set: "start_workers: failed to start worker # 0"
     on the simulated cluster's nodes, whose CPU sets the kit gives (lab.host.places.compose.cores)."""
     cores = sorted(cores)
-    n = max(1, local_size)
+    n = max(1, local_size) * max(1, workers)
     return ",".join(str(cores[(len(cores) - n + i) % len(cores)]) for i in range(n))
 
 
@@ -78,13 +82,18 @@ def rank_env(environ, cores=None) -> dict[str, str]:
     """The variables a --backend ccl rank sets in its own environment before hvd.init():
     HOROVOD_CPU_OPERATIONS=CCL always (the back end asked for); the transport's, the
     workers' cores (worker_affinity of `cores`, default this process's CPU set, for the
-    local ranks mpirun counts: OMPI_COMM_WORLD_LOCAL_SIZE) and the timeline's unless the
+    local ranks mpirun counts, OMPI_COMM_WORLD_LOCAL_SIZE, and CCL_WORKER_COUNT's threads
+    each) and the timeline's unless the
     user exported them (theirs win)."""
     cores = os.sched_getaffinity(0) if cores is None else cores
-    local = int(environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") or 1)
     env = {"HOROVOD_CPU_OPERATIONS": "CCL"}
-    for k, v in {**TRANSPORT_ENV, "CCL_WORKER_AFFINITY": worker_affinity(cores, local),
-                 **TIMELINE_ENV}.items():
+    pinned = {}
+    # Where the local ranks are not counted (a launcher other than mpirun: srun), oneCCL's
+    # own choice stays: a wrong count would fail its parsing.
+    if environ.get("OMPI_COMM_WORLD_LOCAL_SIZE"):
+        pinned["CCL_WORKER_AFFINITY"] = worker_affinity(
+            cores, int(environ["OMPI_COMM_WORLD_LOCAL_SIZE"]), int(environ.get("CCL_WORKER_COUNT") or 1))
+    for k, v in {**TRANSPORT_ENV, **pinned, **TIMELINE_ENV}.items():
         if k not in environ:
             env[k] = v
     return env
@@ -148,3 +157,17 @@ def allreduce_ops(hvd, torch, rank: int, rounds: int = 3, wait_s: float = 5.0) -
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return {"ops": ops, "check_s": round(time.perf_counter() - t0, 3)}
+
+
+def transport_problem(environ) -> str | None:
+    """Why oneCCL's transport cannot load here (one sentence), or None: its libfabric
+    (CCL_OFI_LIBRARY_PATH, the kit's TRANSPORT_ENV unless exported) must open, or oneCCL
+    fails inside hvd.init()."""
+    name = environ.get("CCL_OFI_LIBRARY_PATH") or TRANSPORT_ENV["CCL_OFI_LIBRARY_PATH"]
+    try:
+        ctypes.CDLL(name)
+    except OSError:
+        return (f"--backend ccl needs libfabric ({name}) for oneCCL's transport, and it does not "
+                f"load here: install libfabric1 (Debian's Open MPI packages bring it), or set "
+                f"CCL_OFI_LIBRARY_PATH to a libfabric that loads")
+    return None

@@ -1,6 +1,7 @@
 """Which algorithm a back end's collective runs, and what it costs one rank: latency steps
 and bytes on the wire, the alpha and beta terms of lab.report.cost_model.
 
+- oneCCL (Horovod's ccl back end): by size, _CCL_ALLREDUCE.
 - Gloo (torch.distributed's ProcessGroupGloo and Horovod's Gloo operations both call
   gloo::allreduce without choosing an algorithm, which runs its ring: gloo/allreduce.cc,
   "case detail::AllreduceOptionsImpl::UNSPECIFIED: case ...RING") and NCCL: a ring,
@@ -16,7 +17,7 @@ The costs (Thakur, Rabenseifner and Gropp 2005; Patarasuk and Yuan 2009), with p
 largest power of two at most n and, where p < n, two more steps (Rabenseifner's three)
 and the buffer twice more for the ranks folded in: ring 2(n-1) steps, 2(n-1)/n x size; recursive doubling
 log2 p steps, log2 p x size; Rabenseifner 2 log2 p steps, 2(p-1)/p x size;
-nonoverlapping 2 log2 p steps, 2 log2 p x size (a binomial reduce, then broadcast).
+nonoverlapping 2 ceil(log2 n) steps, 2 ceil(log2 n) x size (a binomial reduce, then broadcast).
 Other operations: all-gather and reduce-scatter n-1 steps, (n-1)/n of the output; the
 rest 1 step, the buffer once. A target may name the algorithm instead of its back end's
 choice (ALGORITHMS: "tree" is a binomial reduce then broadcast, Thakur et al.'s
@@ -51,12 +52,21 @@ _MPI_ALLREDUCE = [
             (None, RABENSEIFNER)]),
 ]
 
+# oneCCL 2021.13.1 over its ofi transport (the kit's: lab.common.ccl.TRANSPORT_ENV), all-reduce
+# by buffer bytes (src/coll/selection/selector_allreduce.cpp, l.47-53, with the bounds of
+# selector.hpp, l.27-28): recursive doubling up to 8 KiB, "nreduce" (each rank reduces its
+# 1/n of the buffer from every other, then gathers the rest: a reduce-scatter and an
+# all-gather, costed as the ring's steps and bytes) up to 1 MiB, then a ring.
+_CCL_ALLREDUCE = [(8192, RECURSIVE_DOUBLING), (2**20, RING), (None, RING)]
+
 
 def allreduce_algorithm(backend: str | None, size: float, n: int, algorithm: str | None = None) -> str:
     """The all-reduce algorithm `backend` runs for a buffer of `size` bytes on n ranks
     (`algorithm`, a key of ALGORITHMS: that one instead, "auto" or None the back end's)."""
     if ALGORITHMS.get(algorithm or "auto"):
         return ALGORITHMS[algorithm]
+    if backend == "ccl":
+        return next(alg for bound, alg in _CCL_ALLREDUCE if bound is None or size <= bound)
     if backend != "mpi":
         return RING
     for below, table in _MPI_ALLREDUCE:
@@ -78,7 +88,9 @@ def _cost(alg: str, n: int) -> tuple[int, float]:
         # its folding swaps halves, then sends one back: a step more than recursive doubling's
         # (coll_base_allreduce.c, ompi_coll_base_allreduce_intra_redscat_allgather, v4.1.4)
         return 2 * k + extra_steps + (1 if p < n else 0), 2 * (p - 1) / p + extra_bytes
-    return 2 * k, 2.0 * k     # nonoverlapping: a binomial reduce, then a broadcast
+    # nonoverlapping: a binomial reduce, then a broadcast, ceil(log2 n) rounds each
+    rounds = math.ceil(math.log2(n))
+    return 2 * rounds, 2.0 * rounds
 
 
 def steps(op: str, n: int, backend: str | None = None, size: float = 0.0, algorithm: str | None = None) -> int:

@@ -517,7 +517,7 @@ def straggler_wait(step_times_s: list[float] | None, n: int) -> float:
 def horovod_agreement_s(fit_: Fit, n: int) -> float:
     """What a Horovod cycle costs beyond its collectives: its agreement on the ready tensors,
     one small all-reduce of the response cache's bits every cycle (horovod 0.28.1
-    controller.cc 154-159, response_cache.cc 428), at the fit's cost of a SMALL_BYTES
+    controller.cc 154-159, response_cache.cc 428), at the fit's cost of an 8-byte
     message (in practice the latency term)."""
     return fit_.time("allreduce", 8.0, n)
 

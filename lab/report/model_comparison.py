@@ -19,7 +19,8 @@ def _key(row: dict) -> tuple:
     c = r.get("config", {})
     return (c.get("data"), c.get("batch_size"), c.get("framework"), c.get("backend"),
             c.get("compression") or "none", row["strategy"], c.get("precision") or "fp32",
-            summary.place(r), row["np"], row["servers"], c.get("link") or "")
+            summary.place(r), row["np"], row["servers"], c.get("link") or "",
+            c.get("device"), c.get("threads"), bool(c.get("compile")))
 
 
 def measured(row: dict) -> dict | None:

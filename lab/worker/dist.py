@@ -60,6 +60,9 @@ class Horovod:
                 raise ConfigError("this Horovod was built without oneCCL: rebuild it with "
                                   "docker/install-horovod.sh (HOROVOD_WITH_CCL=1), or use "
                                   "--backend gloo or mpi")
+            problem = ccl.transport_problem(os.environ)
+            if problem:
+                raise ConfigError(problem)
         # The CPU operations (and oneCCL's own variables), read by hvd.init() (lab.common.ccl).
         os.environ.update(ccl.horovod_env(cfg.backend, os.environ))
         hvd.init()
