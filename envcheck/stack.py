@@ -262,12 +262,7 @@ def probe_collectives_mpi(hvd: Result, np: int = 2, timeout: float = 240) -> Res
     if hvd.status != PASS or "MPI" not in (hvd.value or {}).get("controllers", []):
         return Result("collectives_mpi", SKIP, None, "Horovod is not built with MPI here: the "
                       "collectives over MPI are measured through Horovod")
-    text = run_command(_mpirun(np) + [sys.executable, "-m", "envcheck.collectives", "--backend", "horovod"],
-                       timeout=timeout, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    for line in reversed(text.splitlines()):
-        if line.startswith("{") and '"ops"' in line:
-            return Result("collectives_mpi", PASS, json.loads(line))
-    raise ProbeError("the collectives' sweep over MPI printed no result")
+    return _horovod_sweep("collectives_mpi", "horovod", "MPI", np, timeout)
 
 
 @probe("collectives_ccl")
@@ -280,12 +275,18 @@ def probe_collectives_ccl(hvd: Result, np: int = 2, timeout: float = 240) -> Res
     if "MPI" not in (hvd.value or {}).get("controllers", []):
         return Result("collectives_ccl", SKIP, None, "Horovod's oneCCL operations run under its "
                       "MPI controller, which this Horovod lacks")
-    text = run_command(_mpirun(np) + [sys.executable, "-m", "envcheck.collectives", "--backend", "ccl"],
+    return _horovod_sweep("collectives_ccl", "ccl", "oneCCL", np, timeout)
+
+
+def _horovod_sweep(name: str, backend: str, label: str, np: int, timeout: float) -> Result:
+    """envcheck.collectives --backend BACKEND under mpirun, one thread a rank: its last JSON
+    line of operations is the sweep."""
+    text = run_command(_mpirun(np) + [sys.executable, "-m", "envcheck.collectives", "--backend", backend],
                        timeout=timeout, env=dict(os.environ, OMP_NUM_THREADS="1"))
     for line in reversed(text.splitlines()):
         if line.startswith("{") and '"ops"' in line:
-            return Result("collectives_ccl", PASS, json.loads(line))
-    raise ProbeError("the collectives' sweep over oneCCL printed no result")
+            return Result(name, PASS, json.loads(line))
+    raise ProbeError(f"the collectives' sweep over {label} printed no result")
 
 
 def _gpus(torch_r: Result) -> int:

@@ -67,6 +67,15 @@ def test_ddp_over_ccl_is_refused_in_one_sentence():
     RunConfig(framework="horovod", backend="ccl").check()     # what runs
 
 
+def test_fp16_compression_over_ccl_is_refused_and_8_bit_runs():
+    """Horovod's CPU CCL operations have no float16 type: every rank would throw."""
+    with pytest.raises(ConfigError, match="no float16 tensors.*--compression int8 or none"):
+        RunConfig(framework="horovod", backend="ccl", compression="fp16").check()
+    for codec in ("none", "int8", "int8-naive"):
+        RunConfig(framework="horovod", backend="ccl", compression=codec).check()
+    RunConfig(framework="horovod", backend="gloo", compression="fp16").check()
+
+
 def test_bench_refuses_ddp_over_ccl_before_any_rank(tmp_path):
     cp = invoke("bench", "--local", "--np", "2", "--framework", "ddp", "--backend", "ccl",
                 "--results-dir", str(tmp_path))

@@ -480,7 +480,7 @@ def _fake_gpu_host(monkeypatch, tmp_path, capture, gpus_seen, docker=False):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus_seen)
     for launch in ("probe_cudnn", "probe_mpi_hello", "probe_mpi_gpu_allreduce", "probe_nccl_tests",
-                   "probe_collectives", "probe_collectives_mpi"):
+                   "probe_collectives", "probe_collectives_mpi", "probe_collectives_ccl"):
         monkeypatch.setattr(stack, launch, lambda *a, _n=launch, **k: Result(_n, SKIP, None, "not run here"))
     if not docker:
         def no_engine(*a, **k):

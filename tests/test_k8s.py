@@ -393,9 +393,10 @@ def test_every_flag_has_its_help_and_no_odd_short_flag(tmp_path):
     assert cp.returncode == 0, cp.stderr
     flags = re.findall(r"^\s+(-\S*)=STRING", cp.stdout, re.M)
     assert "--" not in flags and "--timeout-s" in flags and "--registry" in flags
+    switches = re.findall(r"^\s+--\[no-\](\S+)\s", cp.stdout, re.M)
     import tasks
-    assert sorted(f[2:].replace("-", "_") for f in flags) == sorted(
-        set(inspect.signature(tasks.k8s.body).parameters) - {"c"})
+    assert sorted([f[2:] for f in flags] + switches) == sorted(
+        p.replace("_", "-") for p in set(inspect.signature(tasks.k8s.body).parameters) - {"c"})
 
 
 # Kubernetes' own rules (k8s.io/apimachinery pkg/util/validation/validation.go), written

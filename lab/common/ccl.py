@@ -32,7 +32,8 @@ DDP_REFUSAL = ("DDP over oneCCL needs PyTorch's ccl process group from Intel's "
                "--framework horovod --backend ccl, or DDP with --backend gloo or mpi")
 
 
-def config_problem(framework: str, device: str, strategy: str = "ddp") -> str | None:
+def config_problem(framework: str, device: str, strategy: str = "ddp",
+                   compression: str = "none") -> str | None:
     """Why a run cannot use --backend ccl (one sentence), or None."""
     if framework == "ddp" and strategy != "ddp":
         return (f"the {strategy} strategy runs on torch.distributed, whose ccl process group needs "
@@ -43,6 +44,13 @@ def config_problem(framework: str, device: str, strategy: str = "ddp") -> str | 
     if device != "cpu":
         return ("the ccl back end is Horovod's oneCCL operations on CPU tensors: use --device cpu, "
                 "or --backend nccl on GPUs")
+    if compression == "fp16":
+        # Horovod 0.28.1's CPU CCL operations map 8/16/32/64-bit integers and 32/64-bit
+        # floats to oneCCL's types and throw on any other (horovod/common/ops/ccl_operations.cc,
+        # GetCCLDataType): "Type float16 is not supported in CCL." on every rank.
+        return ("Horovod's oneCCL operations take no float16 tensors, which --compression fp16 "
+                "sends: use --compression int8 or none with --backend ccl, or fp16 over "
+                "--backend gloo or mpi")
     return None
 
 

@@ -160,8 +160,10 @@ class RunConfig:
         if self.backend == "nccl" and self.device != "cuda":
             raise ConfigError("the nccl back end runs on GPUs only: add --device cuda, "
                               "or use --backend gloo or mpi on the CPU")
-        if self.backend == "ccl" and ccl.config_problem(self.framework, self.device, self.strategy):
-            raise ConfigError(ccl.config_problem(self.framework, self.device, self.strategy))
+        if self.backend == "ccl":
+            problem = ccl.config_problem(self.framework, self.device, self.strategy, self.compression)
+            if problem:
+                raise ConfigError(problem)
         if self.framework == "none" and self.compression != "none":
             raise ConfigError("gradient compression needs a distributed framework: "
                               "use --framework horovod or ddp, or --compression none")

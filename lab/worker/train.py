@@ -21,6 +21,7 @@ PROCESS_T0 = time.time()
 
 from lab.common import progress, restarts, results  # noqa: E402
 from lab.common.config import SLOW_FAULT_S, SLOW_SAVE_S, ConfigError, parse_args  # noqa: E402
+from lab.worker import compiled, lean  # noqa: E402 - light: torch is imported where it is timed
 
 # Wall-clock marks of this rank's start-up (lab.worker.train.startup_phases).
 MARKS: dict[str, float] = {"process": PROCESS_T0}
@@ -126,7 +127,7 @@ def train(cfg, d, log=print, hb=None) -> dict | None:
 
     from lab.common import horovod_tuning, metrics
     from lab.worker import checkpoint as ckpt
-    from lab.worker import compiled, data, dist, manifest, models, precision, step_parts, strategies
+    from lab.worker import data, dist, manifest, models, precision, step_parts, strategies
     from lab.worker.strategies import memory
 
     started = results.now_iso()
@@ -416,7 +417,6 @@ def main(argv=None) -> int:
         hb = start_heartbeat(cfg, rank)
         import torch  # noqa: F401 - timed apart from the framework's start
 
-        from lab.worker import compiled, lean
         if cfg.compile:
             compiled.load()             # the compiler first: lean's shortcut is for runs without it
         else:
