@@ -22,22 +22,24 @@ class Costs:
 # start (launcher, imports, rendezvous, data, model, its evaluations and record) 4 s;
 # a step at 1 and 2 workers: the MNIST CNN at batch 32, 15 and 25 ms (its per-epoch
 # evaluation included); the LSTM at 64, 65 and 90 ms; ResNet-50 at 16, 0.8 and 1.6 s (its
-# warm-up steps included); a run on the simulated cluster's nodes 2 s more. `invoke lab`
-# prints each part's time beside its estimate, and the whole lab's at its end: refit
-# these when they part by more than 1.5x. VGG-16 (the lab's model comparison, batch 16 on
-# the digits padded to 32x32, in the simulated cluster): PROVISIONAL, not fitted on an idle
-# machine. Measured on the same VM shared with other jobs (load 7 to 9, 2026-11-29), where
-# `invoke lab --quick` took 12 min 14 s against its estimate of 4 min (3.1x) and its
-# ResNet-50 part 38 s against 9 s (4.2x): VGG-16's part (2 workers on 2 servers, 2 steps)
-# took 2 min against 32 s (3.8x), a start of 55 s and 13.6 s a step; its 537 MB of
-# gradients took 4.7 s alone on the 1 Gbit/s link (collective_alone). The costs below: the
-# start and the 1-worker step (8.3 s at batch 16 in one process, loaded) over the load's
-# 3.5x; at 2 workers the link bounds the step: the all-reduce's 4.7 s (which no CPU load
-# lengthens) beyond the backward, with the forward and the optimizer, 5.5 s.
+# warm-up steps included). `invoke lab` prints each part's time beside its estimate, and
+# the whole lab's at its end: refit these when they part by more than 1.5x. Refitted
+# 2026-11-29 to `invoke lab --quick --results-dir /tmp/labq` on the same VM, nothing else
+# running (6 min 04 s against 5 min estimated, with oneCCL, VGG-16 and doctor's sweeps
+# added; the launch stamps of its records give each run's share): an MNIST run on the
+# simulated cluster's nodes 9.9 s against 7 s on this machine (docker exec, ssh, the
+# containers' start), so 4 s more; ResNet-50's start 8 s (the parallel strategies' runs
+# took 14 s each for 4 steps; its run across two servers 22 s, whose start held its
+# collective timed alone, lab.worker.collective, 4 all-reduces of its 94 MB);
+# VGG-16's start 40 s (its run across two servers, batch 16 on the digits padded to
+# 32x32, 2 steps: 63 s, of which 45.6 s to its first timed step: its 537 MB
+# all-reduced 5 times alone at 4.4 s each over the 1 Gbit/s link, DDP's first broadcast
+# of it, 138M parameters built; a step at 2 workers 6.5 s; at 1 worker 2.5 s, not
+# refitted: the quick lab runs none).
 CPU = Costs(
-    run_start_s={"mnist": 4.0, "lstm": 4.0, "resnet50": 4.0, "vgg16": 15.0},
-    step_s={"mnist": (0.015, 0.025), "lstm": (0.065, 0.09), "resnet50": (0.8, 1.6), "vgg16": (2.5, 5.5)},
-    cluster_extra_s=2.0)
+    run_start_s={"mnist": 4.0, "lstm": 4.0, "resnet50": 8.0, "vgg16": 40.0},
+    step_s={"mnist": (0.015, 0.025), "lstm": (0.065, 0.09), "resnet50": (0.8, 1.6), "vgg16": (2.5, 6.5)},
+    cluster_extra_s=4.0)
 CLUSTER_UP_S = 20.0             # `invoke up --nodes 2` with the image built, and down
 LAB_REPORT_S = 15.0             # `invoke report` of the lab's parts
 
