@@ -46,8 +46,8 @@ def config_problem(framework: str, device: str, strategy: str = "ddp",
                 "or --backend nccl on GPUs")
     if compression == "fp16":
         # Horovod 0.28.1's CPU CCL operations map 8/16/32/64-bit integers and 32/64-bit
-        # floats to oneCCL's types and throw on any other (horovod/common/ops/ccl_operations.cc,
-        # GetCCLDataType): "Type float16 is not supported in CCL." on every rank.
+        # floats to oneCCL's types and throw on any other (horovod/common/ops/ccl_operations.cc
+        # l.141-163, GetCCLDataType): "Type float16 is not supported in CCL." on every rank.
         return ("Horovod's oneCCL operations take no float16 tensors, which --compression fp16 "
                 "sends: use --compression int8 or none with --backend ccl, or fp16 over "
                 "--backend gloo or mpi")
