@@ -55,12 +55,12 @@ def sentences(records: list[dict]) -> list[str]:
         if m is not None:
             by_key.setdefault(_key(row), {}).setdefault(row["model"], (row, m))
     out = []
-    for key, models in by_key.items():
+    for models in by_key.values():
         # the model with more gradient bytes first
         for a, b in combinations(sorted(models, key=lambda m: -models[m][1]["grad_bytes"]), 2):
             (row, x), (_, y) = models[a], models[b]
             c = row["record"]["config"]
-            link = f" over {key[-1]}" if key[-1] else ""
+            link = f" over {c['link']}" if c.get("link") else ""
             out.append(
                 f"{a} spent {x['comm_share']:.0%} of its step in exposed communication against "
                 f"{b}'s {y['comm_share']:.0%} at {row['np']} workers on {row['servers']} servers{link} "
