@@ -132,5 +132,5 @@ def test_a_pythons_cached_stack_is_probed_again_after_a_user_site_install(tmp_pa
     (horovod / "torch.py").write_text("__version__ = '0.28.1'\n"
                                       "gloo_built = mpi_built = lambda: True\n"
                                       "nccl_built = lambda: 0\n"
-                                          "ccl_built = lambda: False\n")
+                                      "ccl_built = lambda: False\n")
     assert stack_cache.cached(key, probe)["horovod"]["version"] == "0.28.1"
