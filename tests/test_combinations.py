@@ -122,9 +122,11 @@ def verdict(case: dict, stack: dict, results_dir: str) -> str | None:
 
 
 def cost(case: dict) -> float:
-    """A case's rough cost in launches: a heavy model counts as three, each repeat once more."""
+    """A case's rough cost in launches: a heavy model counts as three. (--repeat is not
+    crossed: it is bench's interleaving on the host, reach "bench", and changes nothing the
+    ranks do; tests/test_sweep.py runs its repeats.)"""
     values = {**DEFAULTS, **case}
-    return values["repeat"] * (1 + 2 * (values["model"] in HEAVY))
+    return 1 + 2 * (values["model"] in HEAVY)
 
 
 
@@ -191,7 +193,7 @@ def affordable(case: dict) -> bool:
 
 
 HEAVY_RUN = {"framework": "none", "backend": "gloo", "strategy": "ddp", "compression": "none",
-             "precision": "fp32", "batch_size": min(FACTORS["batch_size"]), "repeat": 1,
+             "precision": "fp32", "batch_size": min(FACTORS["batch_size"]),
              "checkpoint_every": 0, "max_restarts": 0}
 
 
@@ -245,7 +247,7 @@ def test_every_refused_pair_is_refused_for_itself_in_one_sentence_naming_both(ju
 
 
 def test_the_cases_cover_every_pair_that_runs(judged):
-    print(f"\n{len(judged.cases)} cases ({sum(c['repeat'] for c in judged.cases)} launches) cover "
+    print(f"\n{len(judged.cases)} cases cover "
           f"{len(wanted(judged.runs))} pairs, judged in {judged.seconds:.1f} s")
     assert pairwise.check_covers(judged.cases, FACTORS, wanted(judged.runs)) == []
     left = [p for p in judged.runs if p not in wanted(judged.runs)]
@@ -262,8 +264,7 @@ def mean(xs):
 def test_every_case_runs_with_the_labels_of_what_ran_and_a_finite_loss(judged, tmp_path):
     t0 = time.monotonic()
     combos = tuple(settings_of(c, str(tmp_path)) for c in judged.cases)
-    jobs = tuple(Job(s, i, s.np[0], rep) for rep in range(max(s.repeat for s in combos))
-                 for i, s in enumerate(combos) if rep < s.repeat)
+    jobs = tuple(Job(s, i, s.np[0], 0) for i, s in enumerate(combos))
     lines: list[str] = []
     sweep.run_sweep(Plan(combos, jobs), echo=lines.append)
     rfile = results.run_dir(str(tmp_path), combos[0].run_id) / results.RESULTS_FILE
@@ -273,13 +274,13 @@ def test_every_case_runs_with_the_labels_of_what_ran_and_a_finite_loss(judged, t
     wrong = []
     for job, r in zip(jobs, records):
         case = judged.cases[job.combination]
-        problems = check_record(case, job.repeat, r)
+        problems = check_record(case, r)
         if problems:
             wrong.append(f"{case}: {'; '.join(problems)}")
     assert wrong == [], "\n".join(wrong)
 
 
-def check_record(case: dict, repeat: int, r: dict) -> list[str]:
+def check_record(case: dict, r: dict) -> list[str]:
     """What in a case's record differs from what it asked for, or is not a finite loss."""
     if r.get("status") != "ok":
         return [f"status {r.get('status')}: {r.get('error') or r.get('reason')}"]
@@ -288,8 +289,6 @@ def check_record(case: dict, repeat: int, r: dict) -> list[str]:
               "batch_size", "checkpoint_every"):
         if c[k] != case[k]:
             out.append(f"config.{k} {c[k]!r}")
-    if c["repeat"] != repeat:
-        out.append(f"config.repeat {c['repeat']}, not {repeat}")
     controller = case["backend"] if case["framework"] != "none" else "none"
     if r["world"]["controller"] != controller:
         out.append(f"world.controller {r['world']['controller']!r}, not {controller!r}")

@@ -148,8 +148,7 @@ OPTIONS = (
     Option("threads", "CPU threads per rank", _W, kind=int, tasks=ONE_JOB, key=True, setup=True),
     # measurement and records
     Option("repeat", "runs of each combination, interleaved (all once, then all again); tables give "
-           f"medians and spread; {REPEAT_AUTO_HELP}", _M, default=1, kind=int, key=True, reach="bench",
-           crossed=(1, 2)),
+           f"medians and spread; {REPEAT_AUTO_HELP}", _M, default=1, kind=int, key=True, reach="bench"),
     Option("repeat_max", "--repeat auto[:N]: at most N (0: exactly --repeat)", _M, default=0,
            kind=int, tasks=(), reach="bench"),
     Option("warmup_steps", "steps left out of the timing", _M, kind=int, tasks=ONE_JOB, key=True),
