@@ -31,9 +31,9 @@ def test_bus_factors_are_nccl_tests_formulas():
         collectives.bus_factor("all-reduce", 2)
 
 
-def bench(tmp_path, *extra, run_id="p"):
+def bench(tmp_path, *extra, run_id="p", epochs=1):
     cp = subprocess.run([sys.executable, "-m", "invoke", "bench", "--local", "--data", "digits",
-                         "--epochs", "1", "--max-steps", "6", "--warmup-steps", "1",
+                         "--epochs", str(epochs), "--max-steps", "6", "--warmup-steps", "1",
                          "--results-dir", str(tmp_path), "--run-id", run_id, *extra],
                         cwd=REPO, capture_output=True, text=True, timeout=600)
     assert cp.returncode == 0, cp.stdout[-2000:] + cp.stderr[-2000:]
@@ -190,3 +190,27 @@ def test_the_benchmark_runs_the_docs_publish_give_their_figures(run, folder):
 def prediction_sweeps(folder):
     from lab.report import model_inputs
     return model_inputs.load_sweeps(folder)
+
+
+def test_a_codec_row_is_predicted_from_a_plain_1_worker_run_of_another_length(tmp_path):
+    """The lab's compression part runs at 2 workers only, longer than its within-server part
+    ran 1 worker: a row with a codec takes the 1-worker run of another length without one
+    (prediction.STANDS_FOR), with its own codec's payload and collective; a strategy with no
+    1-worker run says why the model does not cover it, not that a run is missing."""
+    one = bench(tmp_path, "--np", "1", "--framework", "ddp", "--backend", "gloo", run_id="one")
+    two = bench(tmp_path, "--np", "2", "--framework", "ddp", "--backend", "gloo", "--compression", "int8",
+                epochs=2, run_id="two")
+    zero = bench(tmp_path, "--np", "2", "--framework", "ddp", "--backend", "gloo", "--strategy", "zero1",
+                 run_id="zero")
+    sweeps = prediction_sweeps(REPO / "tests" / "fixtures" / "model-bench-10")
+    [p] = prediction.predictions(one + two + zero, sweeps)
+    f = two[0]["figures"]
+    assert p["row"]["record"]["config"]["compression"] == "int8" and p["np"] == 2
+    assert p["inputs"].op == "allgather" == f["collective"]
+    assert p["inputs"].payload_bytes == f["payload_bytes_per_step"] < one[0]["figures"]["gradient_values"] * 4
+    assert p["compute_ms"] == pytest.approx(summary.rows(one)[0]["time per step (ms)"])
+    [u] = prediction.unpredicted(one + two + zero, sweeps)
+    assert u["row"]["record"]["config"]["strategy"] == "zero1"
+    assert u["why"].startswith("not predicted: ZeRO-1"), u["why"]
+    # without the plain run, the codec row has none: nothing else stands for it
+    assert [x["why"] for x in prediction.unpredicted(two, sweeps)] == ["no 1-worker run of the same configuration"]

@@ -13,6 +13,7 @@ predicted or not.
 Every figure comes from the records (medians over repeats, lab.report.summary.rows)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from pathlib import Path
@@ -108,15 +109,36 @@ def inputs(row: dict, one: dict) -> cm.Inputs:
         fusion_bytes=(r["world"].get("horovod") or {}).get("fusion_threshold_bytes", cm.HOROVOD_FUSION))
 
 
+# What a 1-worker run stands for beside its own configuration: a run of another length
+# (epochs, max_steps: how long it ran, not what a step is) and, for a row with a codec, the
+# same run without one (the codec's encode and decode cost nothing beyond the 1-worker step:
+# the assumption "codec"; predict_row takes the row's payload and collective then).
+STANDS_FOR = {"epochs": None, "max_steps": None, "compression": "none"}
+
+
+def standing_key(record: dict) -> tuple:
+    """summary.config_key less what a 1-worker run stands for (STANDS_FOR)."""
+    return summary.config_key({**record, "config": {**record.get("config", {}), **STANDS_FOR}})
+
+
 def _pairs(records: list[dict], known: list[dict] | None = None):
-    """(row, its 1-worker row or None) for every multi-worker row that ran; the 1-worker
-    rows from `known` where given."""
+    """(row, its 1-worker row or None) for every multi-worker row that ran: the 1-worker
+    row of its configuration, else one of another length with its codec, else one of
+    another length without a codec (standing_key); the 1-worker rows from `known` where
+    given."""
     rows = summary.rows(records)
-    base = {summary.config_key(r["record"]): r for r in (summary.rows(known) if known is not None else rows)
-            if r.get("runs") and r["np"] == 1 and r.get("servers") == 1}
+    ones = [r for r in (summary.rows(known) if known is not None else rows)
+            if r.get("runs") and r["np"] == 1 and r.get("servers") == 1]
+    base = {summary.config_key(r["record"]): r for r in ones}
+    standing: dict[tuple, dict] = {}
+    for r in ones:
+        codec = r["record"].get("config", {}).get("compression") or "none"
+        standing.setdefault((standing_key(r["record"]), codec), r)
     for row in rows:
         if row.get("runs") and row["np"] >= 2:
-            yield row, base.get(summary.config_key(row["record"]))
+            key, codec = standing_key(row["record"]), row["record"].get("config", {}).get("compression") or "none"
+            yield row, (base.get(summary.config_key(row["record"])) or standing.get((key, codec))
+                        or standing.get((key, "none")))
 
 
 def with_cycle_costs(cases: list[tuple[dict, cm.Inputs, cm.Fit]], blind: set[int] = frozenset()) -> list[cm.Inputs]:
@@ -182,6 +204,14 @@ def predict_row(row: dict, one: dict, ceilings: dict, sweeps: list[dict]) -> dic
     its back end's sweeps (sweep_fit: where its ranks exchange, across servers or not):
     nothing of the row's own runs, nor of any other multi-worker run."""
     ow = mi.one_worker(one, ceilings)
+    codec = row["record"].get("config", {}).get("compression") or "none"
+    if codec != (one["record"].get("config", {}).get("compression") or "none"):
+        # a 1-worker run without the row's codec (_pairs): what the codec hands the collective
+        # is the row's (lab.worker.compression.bytes_per_step: set by the model and the codec,
+        # the same in every run of it; nothing timed)
+        f = row["record"].get("figures") or {}
+        ow = dataclasses.replace(ow, payload_bytes=float(f.get("payload_bytes_per_step") or ow.payload_bytes),
+                                 op=f.get("collective") or ow.op)
     fit = mi.sweep_fit(sweeps, ow.backend, summary.place(row["record"]), row["servers"] > 1)
     return {**cm.predict_target(ow, fit, target_of(row)), "one_worker": ow}
 
@@ -195,8 +225,9 @@ def _cases(records: list[dict], sweeps: list[dict] = (), leave_out=None) -> list
     out = []
     for row, one in _pairs(records, known):
         left = bool(leave_out and leave_out(row["record"]))
+        strategy = row["record"].get("config", {}).get("strategy") or "ddp"
         p = predict_row(row, one, ceilings, sweeps) if one is not None else {
-            "why": "no 1-worker run of the same configuration"}
+            "why": cm.not_predicted(strategy) if strategy != "ddp" else "no 1-worker run of the same configuration"}
         out.append({"row": row, "one": one, "inputs": p.get("inputs"), "fit": p.get("fit"), "why": p["why"],
                     "model": p, "left": left, "explained": None})
     _explain(known, sweeps, [c for c in out if c["one"] is not None and not c["row"]["record"].get("planned")
