@@ -202,7 +202,8 @@ def target_of(row: dict) -> cm.Target:
 def predict_row(row: dict, one: dict, ceilings: dict, sweeps: list[dict]) -> dict:
     """cost_model.predict_target of the row's target from its 1-worker row (one_worker) and
     its back end's sweeps (sweep_fit: where its ranks exchange, across servers or not):
-    nothing of the row's own runs, nor of any other multi-worker run."""
+    nothing the row's own runs timed, nor any other multi-worker run (where its 1-worker run
+    had no codec, the row's codec's payload and collective, which no timing sets)."""
     ow = mi.one_worker(one, ceilings)
     codec = row["record"].get("config", {}).get("compression") or "none"
     if codec != (one["record"].get("config", {}).get("compression") or "none"):
