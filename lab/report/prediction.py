@@ -116,6 +116,11 @@ def inputs(row: dict, one: dict) -> cm.Inputs:
 STANDS_FOR = {"epochs": None, "max_steps": None, "compression": "none"}
 
 
+def codec(record: dict) -> str:
+    """The record's gradient compression ("none" where it names none)."""
+    return record.get("config", {}).get("compression") or "none"
+
+
 def standing_key(record: dict) -> tuple:
     """summary.config_key less what a 1-worker run stands for (STANDS_FOR)."""
     return summary.config_key({**record, "config": {**record.get("config", {}), **STANDS_FOR}})
@@ -132,12 +137,11 @@ def _pairs(records: list[dict], known: list[dict] | None = None):
     base = {summary.config_key(r["record"]): r for r in ones}
     standing: dict[tuple, dict] = {}
     for r in ones:
-        codec = r["record"].get("config", {}).get("compression") or "none"
-        standing.setdefault((standing_key(r["record"]), codec), r)
+        standing.setdefault((standing_key(r["record"]), codec(r["record"])), r)
     for row in rows:
         if row.get("runs") and row["np"] >= 2:
-            key, codec = standing_key(row["record"]), row["record"].get("config", {}).get("compression") or "none"
-            yield row, (base.get(summary.config_key(row["record"])) or standing.get((key, codec))
+            key = standing_key(row["record"])
+            yield row, (base.get(summary.config_key(row["record"])) or standing.get((key, codec(row["record"])))
                         or standing.get((key, "none")))
 
 
@@ -205,8 +209,7 @@ def predict_row(row: dict, one: dict, ceilings: dict, sweeps: list[dict]) -> dic
     nothing the row's own runs timed, nor any other multi-worker run (where its 1-worker run
     had no codec, the row's codec's payload and collective, which no timing sets)."""
     ow = mi.one_worker(one, ceilings)
-    codec = row["record"].get("config", {}).get("compression") or "none"
-    if codec != (one["record"].get("config", {}).get("compression") or "none"):
+    if codec(row["record"]) != codec(one["record"]):
         # a 1-worker run without the row's codec (_pairs): what the codec hands the collective
         # is the row's (lab.worker.compression.bytes_per_step: set by the model and the codec,
         # the same in every run of it; nothing timed)
