@@ -1057,6 +1057,13 @@ def test_cluster_commands_for_each_framework_and_back_end():
     cmds = cluster_commands("horovod", "nccl", 4, 2, ["--device", "cuda"])
     assert list(cmds) == ["node1"]
     assert cmds["node1"][:6] == ["horovodrun", "-np", "4", "-H", "node1:2,node2:2", "--gloo"]
+    # with the nodes' stack probe, horovodrun's build checks are answered from it
+    # (lab.host.launchers.horovod), the rest of the command unchanged
+    lean = cluster_commands("horovod", "ccl", 2, 2, ["--max-steps", "3"],
+                            stack={"horovod": {"gloo": True, "mpi": True}})["node1"]
+    assert lean[:4] == ["python", "-m", "lab.host.launchers.horovod", "--built=gloo,mpi"]
+    assert lean[4:] == cluster_commands("horovod", "ccl", 2, 2, ["--max-steps", "3"])["node1"][1:]
+    assert cluster_commands("horovod", "gloo", 2, 2, [], stack={"horovod": None})["node1"][0] == "horovodrun"
     ddp = cluster_commands("ddp", "gloo", 4, 2, [])
     assert list(ddp) == ["node1", "node2"] and "--node-rank=1" in ddp["node2"]
     with pytest.raises(cluster.ClusterError, match="spread evenly"):

@@ -4,6 +4,7 @@ by the class itself, then real ranks of Horovod and DDP over Gloo and MPI, a ran
 slow on purpose, and the report of those records."""
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -247,3 +248,49 @@ def test_on_a_gpu_the_marks_are_events_read_once_the_last_has_completed(monkeypa
     [row] = sp.rows
     assert calls.count("synchronize") == 1 and calls.index("synchronize") == len(calls) - 1
     assert {k: row[k] for k in SPANS} == pytest.approx(SPANS)
+
+
+def test_every_rank_times_the_same_number_of_collectives_whatever_its_own_clock_says(monkeypatch):
+    """The run's collective timed alone (lab.worker.collective): two ranks whose own
+    operations take different times around the budget still run the same number, since
+    the counts come from the slowest rank's shared figure; ranks deciding alone would
+    leave one waiting on a collective the other never joins."""
+    import threading
+
+    from lab.worker import collective
+    monkeypatch.setattr(collective, "BUDGET_S", 0.06)
+    barrier, shared, lock = threading.Barrier(2), [], threading.Lock()
+
+    def slowest(seconds):
+        with lock:
+            shared.append(seconds)
+        barrier.wait()
+        top = max(shared[-2:])
+        barrier.wait()
+        return top
+
+    calls = {}
+
+    def rank(name, took_s):
+        n = [0]
+
+        def call():
+            n[0] += 1
+            time.sleep(took_s)
+        times = collective.timed(call, lambda: None, slowest)
+        calls[name] = (n[0], len(times))
+
+    # alone, the fast rank (5 ms) would time 7 and the slow one (25 ms) 3
+    threads = [threading.Thread(target=rank, args=a) for a in (("fast", 0.005), ("slow", 0.025))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert calls["fast"] == calls["slow"] == (collective.WARMUP + 3, 3)
+
+
+def test_a_collective_longer_than_the_budget_is_run_twice_not_five_times():
+    from lab.worker import collective
+    assert collective.counts(collective.BUDGET_S * 2) == (False, 1)
+    assert collective.counts(collective.BUDGET_S / 100) == (True, collective.REPEATS)
+    assert collective.counts(collective.BUDGET_S / 2.5) == (True, 3)

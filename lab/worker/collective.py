@@ -6,12 +6,17 @@ tensor of the same bytes stands in for them, so per-tensor latency is not counte
 8-bit codecs all-gather their payload instead of all-reducing it (int8 sums overflow),
 and fp16 halves it (lab.worker.compression.bytes_per_step says which and how many bytes).
 
-Each rank times WARMUP untimed and then up to REPEATS timed operations (at least 3, fewer
-than REPEATS once BUDGET_S has passed); the figure is the slowest rank's median, as the
-step waits for the slowest rank. Bandwidths use nccl-tests' formulas
+Every rank runs the same number of operations, or the ranks would hang on a collective
+one of them never joins: the counts follow from the slowest rank's time of each untimed
+operation, shared before the next (counts()). Up to WARMUP untimed operations (one where it
+alone took longer than BUDGET_S: a 537 MB all-reduce over a 1 Gbit/s link takes 4.5 s, and
+its set-up is nothing beside that), then enough timed ones to fill BUDGET_S, between 3 and
+REPEATS (1 where one operation takes longer than BUDGET_S). The figure is the slowest
+rank's median, as the step waits for the slowest rank. Bandwidths use nccl-tests' formulas
 (lab.common.collectives)."""
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
@@ -20,19 +25,32 @@ from lab.common import collectives
 WARMUP, REPEATS, BUDGET_S = 2, 7, 2.0
 
 
-def timed(call, sync, warmup: int = WARMUP, repeats: int = REPEATS, budget_s: float = BUDGET_S) -> list[float]:
+def counts(took_s: float) -> tuple[bool, int]:
+    """(whether to run another untimed operation, how many to time), from the slowest
+    rank's time of the last untimed one: the same on every rank, as every rank reads the
+    same shared figure."""
+    if took_s > BUDGET_S:
+        return False, 1
+    return True, max(3, min(REPEATS, math.ceil(BUDGET_S / max(took_s, 1e-9))))
+
+
+def timed(call, sync, slowest, warmup: int = WARMUP) -> list[float]:
+    """This rank's times of the timed operations. `slowest(seconds)` returns the largest
+    of every rank's figure (an all-gather), so that all ranks agree on the counts."""
+    n = 3
     for _ in range(warmup):
+        t0 = time.perf_counter()
         call()
-    sync()
+        sync()
+        more, n = counts(slowest(time.perf_counter() - t0))
+        if not more:
+            break
     times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < repeats:
+    for _ in range(n):
         t0 = time.perf_counter()
         call()
         sync()
         times.append(time.perf_counter() - t0)
-        if len(times) >= 3 and time.perf_counter() - start > budget_s:
-            break
     return times
 
 
@@ -68,11 +86,13 @@ def measure(d, op: str, payload_bytes: int, device, half: bool = False) -> dict:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
+    def slowest(seconds: float) -> float:
+        return max(d.allgather_object(seconds))
+
     t0 = time.perf_counter()
     call, size = operation(d, op, payload_bytes, device, half)
-    times = timed(call, sync)
-    mine = statistics.median(times)
-    slowest = max(p["median"] for p in d.allgather_object({"median": mine}))
-    return {"op": op, "size_bytes": size, "time_s": slowest, "timed": len(times),
-            **collectives.bandwidths(op, size, slowest, d.size), "ranks": d.size,
+    times = timed(call, sync, slowest)
+    slowest_median = slowest(statistics.median(times))
+    return {"op": op, "size_bytes": size, "time_s": slowest_median, "timed": len(times),
+            **collectives.bandwidths(op, size, slowest_median, d.size), "ranks": d.size,
             "cost_s": time.perf_counter() - t0}

@@ -181,6 +181,7 @@ class ImageRunner(Runner):
         self.frozen, self.gpus = frozen, gpus
         self.tag = (image.tags or [image.short_id])[0]
         self._container = None
+        self.stack: dict | None = None      # what probe_stack found
 
     def describe(self) -> str:
         code = "the image's own copy of the kit" if self.frozen else "the checkout's lab code"
@@ -202,8 +203,10 @@ class ImageRunner(Runner):
         hand_back(run_dir)
 
     def commands(self, job):
-        return {self.tag: launch.command(job.framework, job.backend, job.np, list(job.worker_args),
-                                         python="python")}
+        cmd = launch.command(job.framework, job.backend, job.np, list(job.worker_args), python="python")
+        # The checkout's launcher (lab.host.launchers.horovod); an image's own copy of the kit
+        # (--frozen) may predate it, so that runs horovodrun itself.
+        return {self.tag: cmd if self.frozen else launch.lean_horovodrun(cmd, self.stack, "python")}
 
     def run(self, commands, env, timeout_s, echo, name=""):
         """One container for the job: (exit code or None at the time limit, last lines,
@@ -261,9 +264,10 @@ class ImageRunner(Runner):
         """The probe's answer for this image, from the cache (lab.host.places.stack_cache): an
         image's content never changes, so its id (with the kit's copy it runs and the
         GPUs it is given) keys it."""
-        return stack_cache.cached(stack_cache.image_key(self.image.id, self.frozen, self.gpus),
-                                  lambda: super(ImageRunner, self).probe_stack(timeout_s),
-                                  depends=False)
+        self.stack = stack_cache.cached(stack_cache.image_key(self.image.id, self.frozen, self.gpus),
+                                        lambda: super(ImageRunner, self).probe_stack(timeout_s),
+                                        depends=False)
+        return self.stack
 
     def output(self, argv: list[str], timeout_s: float = 300) -> tuple[int | None, str]:
         """Run a short command (a probe) and return its exit code and its output."""

@@ -87,6 +87,19 @@ def horovod_command(np: int, hosts: list[Host], controller: str, worker_args: li
             *worker_command(worker_args, python)]
 
 
+def lean_horovodrun(cmd: list[str], stack: dict | None, python: str) -> list[str]:
+    """`cmd` (horovodrun ...) started through lab.host.launchers.horovod, horovodrun's two
+    checks of what Horovod was built with (each forks a child importing torch: 3 of the
+    4 s a 2-rank horovodrun took to start in the cluster's image here, 2026-11-29) answered
+    from the stack probe bench ran where the ranks run. Unchanged where the probe found no
+    Horovod (or was not run) or `cmd` is not horovodrun."""
+    hvd = (stack or {}).get("horovod")
+    if not hvd or not cmd or os.path.basename(cmd[0]) != "horovodrun":
+        return cmd
+    built = ",".join(c for c in ("gloo", "mpi") if hvd.get(c))
+    return [python, "-m", "lab.host.launchers.horovod", f"--built={built}", *cmd[1:]]
+
+
 def ddp_command(nproc_per_node: int, worker_args: list[str], nnodes: int = 1, node_rank: int = 0,
                 rdzv_endpoint: str | None = None, python: str = sys.executable,
                 static: bool = False, rdzv_id: str = "", module: str = "lab.worker.train") -> list[str]:

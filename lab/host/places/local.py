@@ -36,12 +36,7 @@ class LocalRunner(Runner):
             return {"localhost": launch.local_ddp_command(job.np, list(job.worker_args), self.python)}
         cmd = launch.command(job.framework, job.backend, job.np, list(job.worker_args),
                              python=self.python, horovodrun=kit.horovodrun(self.python))
-        hvd = (self._stack or {}).get("horovod")
-        if job.framework == "horovod" and hvd:
-            # horovodrun, its build checks answered from the probe (lab.host.launchers.horovod)
-            built = ",".join(c for c in ("gloo", "mpi") if hvd.get(c))
-            cmd = [self.python, "-m", "lab.host.launchers.horovod", f"--built={built}", *cmd[1:]]
-        return {"localhost": cmd}
+        return {"localhost": launch.lean_horovodrun(cmd, self._stack, self.python)}
 
     def run(self, commands, env, timeout_s, echo, name=""):
         (cmd,) = commands.values()

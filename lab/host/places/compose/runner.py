@@ -81,13 +81,16 @@ def dead_nodes(found: dict) -> dict[str, str]:
 
 
 def cluster_commands(framework: str, backend: str, np: int, n: int,
-                     args: list[str], key: str = "") -> dict[str, list[str]]:
+                     args: list[str], key: str = "", stack: dict | None = None) -> dict[str, list[str]]:
     """Node -> the command it runs: Horovod from node1 over all nodes (NCCL rides on the
-    Gloo controller, as locally: launch.framework_for_backend), DDP on every node."""
+    Gloo controller, as locally: launch.framework_for_backend), through the checkout's
+    launcher where `stack` (the nodes' stack probe) says what Horovod was built with
+    (launch.lean_horovodrun); DDP on every node."""
     if framework == "horovod":
         hosts = node_hosts(np, n)
-        return {"node1": launch.horovod_command(np, hosts, launch.framework_for_backend(
-            framework, backend), args, python="python")}
+        return {"node1": launch.lean_horovodrun(launch.horovod_command(
+            np, hosts, launch.framework_for_backend(framework, backend), args, python="python"),
+            stack, "python")}
     if framework == "ddp":
         # A rendezvous of this launch's own (port and id from its run id and attempt, as
         # --hosts and Slurm do): a run left over on node1 never meets the next one.
@@ -132,6 +135,7 @@ class ClusterRunner(Runner):
                                   if n == 2 and not self.up_flags else ""))
         self.found = {h: found[h] for h in node_names(n)}
         self.cpusets: dict[str, str] | None = None     # while own_cores holds them
+        self.stack: dict | None = None      # what probe_stack found
         wait_ssh(self.client, n, echo=echo)
         node1 = self.found["node1"]
         self.image = self.client.images.get(node1.image.id)
@@ -195,8 +199,14 @@ class ClusterRunner(Runner):
         if rc != 0:
             raise ClusterError(f"giving {path} back to uid {os.getuid()} failed on node1: {out.strip()[-200:]}")
 
+    def probe_stack(self, timeout_s: float = 120) -> dict:
+        self.stack = super().probe_stack(timeout_s)
+        return self.stack
+
     def commands(self, job) -> dict[str, list[str]]:
-        return cluster_commands(job.framework, job.backend, job.np, self.n, list(job.worker_args), job.key)
+        # an image's own copy of the kit (--frozen) may predate the launcher: horovodrun itself
+        return cluster_commands(job.framework, job.backend, job.np, self.n, list(job.worker_args), job.key,
+                                None if self.frozen else self.stack)
 
     def run(self, commands, env, timeout_s, echo, name=""):
         self.started = {}
