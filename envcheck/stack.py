@@ -239,7 +239,9 @@ def probe_collectives(torch_r: Result, np: int = 2, timeout: float = 300,
     they are a share of (envcheck.collectives); on one GPU the device copy instead. Where
     nccl-tests ran, its all_reduce_perf's largest size rides along as the reference."""
     backend, ranks = collectives_ranks(_gpus(torch_r), np)
-    text = run_command([sys.executable, "-m", "torch.distributed.run", "--standalone",
+    # the ranks started as torch.distributed.run --standalone starts them, by the kit's
+    # launcher that does not import torch itself (lab.host.launchers.local)
+    text = run_command([sys.executable, "-m", "lab.host.launchers.local",
                         f"--nproc-per-node={ranks}", "-m", "envcheck.collectives", "--backend", backend],
                        timeout=timeout, env=dict(os.environ, OMP_NUM_THREADS="1"))
     for line in reversed(text.splitlines()):

@@ -111,6 +111,9 @@ def test_an_images_cached_stack_is_probed_again_for_other_visible_gpus(tmp_path,
     cpu = stack(gpus=False)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
     assert stack(gpus=False) == cpu
+    # The simulated cluster's nodes running the same image keep an answer of their own.
+    assert stack_cache.cached(stack_cache.image_key("sha256:abc", False, False, kind="cluster"), probe,
+                              depends=False)["gpus"] == cpu + 1
 
 
 def test_a_pythons_cached_stack_is_probed_again_after_a_user_site_install(tmp_path, monkeypatch, venv):

@@ -9,9 +9,10 @@ what the answer depends on, so a run does not pay for it again while nothing cha
   folders on the Python path, where an installation adds or removes packages, the user
   site folder whether or not it exists yet, the probed packages' folders, mpirun), and it
   is reused only while each of those is unchanged (its modification time).
-- The lab image: an image's content never changes, so the key is its id (with the kit's
-  copy it runs, the GPUs it is given: with GPUs, the host's visible-device variables, and
-  this machine's GPU files and driver).
+- The lab image, in a container of its own or on the simulated cluster's nodes: an
+  image's content never changes, so the key is its id (with the kit's copy it runs, the
+  GPUs it is given: with GPUs, the host's visible-device variables, and this machine's GPU
+  files and driver).
 
 LAB_STACK_CACHE=off probes every time; LAB_STACK_CACHE=<folder> keeps the cache there
 (default: $XDG_CACHE_HOME/dl-lab-kit/stack, else ~/.cache/dl-lab-kit/stack). `cores` is
@@ -63,11 +64,13 @@ def local_key(python: str, env: dict | None = None) -> str:
     return _digest(facts)
 
 
-def image_key(image_id: str, frozen: bool, gpus: bool, env: dict | None = None) -> str:
+def image_key(image_id: str, frozen: bool, gpus: bool, env: dict | None = None, kind: str = "image") -> str:
     """With `gpus`, the container is given the GPUs the host's variables make visible
-    (lab.host.places.image.visible_gpus); without, none, whatever they say."""
+    (lab.host.places.image.visible_gpus); without, none, whatever they say. `kind`:
+    "image" (a container of its own) or "cluster" (the simulated cluster's node1, which
+    runs the image it was brought up with)."""
     env = (os.environ if env is None else env) if gpus else {}
-    return _digest({"kind": "image", "image": image_id, "frozen": frozen, "gpus": gpus,
+    return _digest({"kind": kind, "image": image_id, "frozen": frozen, "gpus": gpus,
                     **machine_facts(env)})
 
 

@@ -131,7 +131,7 @@ def plan(results_dir: str = "results", *, quick: bool = False, gpus: int = 0,
     nps = [1, 2] if gpus < 2 else sorted({1, 2, gpus} | ({4} if gpus >= 4 else set()))
     cpu_backends = tuple(b for b in backends if b != "nccl")
     common = {"results_dir": results_dir, "data": "digits", "batch_size": 32}
-    epochs = 3 if quick else 8
+    epochs = 2 if quick else 8
 
     def combos(bes, here: bool = True) -> int:  # Horovod over each, DDP over each but MPI and oneCCL
         return (len(bes) if not (here and horovod) else 0) + len([b for b in bes if b not in NOT_DDP])
@@ -243,10 +243,10 @@ def plan(results_dir: str = "results", *, quick: bool = False, gpus: int = 0,
     # Parallel strategies on ResNet-50, short runs: the table compares throughput and
     # the memory each strategy holds per rank (accuracy needs far longer runs on CPUs).
     strategies = "ddp,zero1" if quick else "ddp,zero1,fsdp,pipeline,model-parallel,deepspeed,rpc-pipeline"
-    steps, repeat = (4 if quick else 8), (1 if quick else 2)
+    steps, warmup, repeat = (3, 1, 1) if quick else (8, 2, 2)
     local("strategies", "parallel strategies (ResNet-50)",
           {"np": "2", "strategy": strategies, "framework": "ddp", "model": "resnet50",
-           "epochs": 1, "max_steps": steps, "warmup_steps": 2, "repeat": repeat,
+           "epochs": 1, "max_steps": steps, "warmup_steps": warmup, "repeat": repeat,
            "run_id": "lab-strategies"},
           lambda f, c: estimate("resnet50", c, len(f["strategy"].split(",")) * repeat, lambda np: steps),
           batch_size=16)

@@ -10,7 +10,7 @@ import os
 from lab.common.forwarded_env import forwarded
 from lab.common.kit import REPO_ROOT
 from lab.common.link import rate_gbs
-from lab.host.places import hold, jobs, launch
+from lab.host.places import hold, jobs, launch, stack_cache
 from lab.host.places.base import JobResult, Runner
 from lab.host.places.compose import cluster, cores
 from lab.host.places.compose.cluster import (
@@ -200,7 +200,12 @@ class ClusterRunner(Runner):
             raise ClusterError(f"giving {path} back to uid {os.getuid()} failed on node1: {out.strip()[-200:]}")
 
     def probe_stack(self, timeout_s: float = 120) -> dict:
-        self.stack = super().probe_stack(timeout_s)
+        """The probe's answer on node1, from the cache (lab.host.places.stack_cache) keyed by
+        the image the nodes run, the kit's copy and whether they were given GPUs."""
+        gpus = bool((self.found["node1"].attrs.get("HostConfig") or {}).get("DeviceRequests"))
+        self.stack = stack_cache.cached(
+            stack_cache.image_key(self.image.id, self.frozen, gpus, kind="cluster"),
+            lambda: super(ClusterRunner, self).probe_stack(timeout_s), depends=False)
         return self.stack
 
     def commands(self, job) -> dict[str, list[str]]:
