@@ -51,10 +51,19 @@ def test_the_lab_first_saves_doctors_sweeps_where_its_report_finds_them(quick, t
     # input); but --quick's model comparison, which runs 2 workers across 2 servers alone to fit
     # its minutes (its rows are compared, not predicted)
     for part in p.parts:
-        comparison_only = quick and part.name in ("across-resnet50", "across-vgg16")
+        comparison_only = quick and part.name in ("across-resnet50", "across-vgg16", "strategies")
         if (part.flags.get("strategy", "ddp") == "ddp" and "compression" not in part.flags
                 and not part.skipped and not comparison_only):
             assert "1" in str(part.flags["np"]).split(","), part.name
+    # the strategies' plain DDP at 2 workers has its 1-worker run, in the same configuration
+    strategies = {q.name: q.flags for q in p.parts if q.name.startswith("strategies")}
+    if not quick:
+        multi, one = strategies["strategies"], strategies["strategies-one"]
+        assert "ddp" in multi["strategy"].split(",") and (one["np"], one["strategy"]) == ("1", "ddp")
+        assert {k: v for k, v in multi.items() if k not in ("np", "strategy", "run_id")} == \
+            {k: v for k, v in one.items() if k not in ("np", "strategy", "run_id")}
+    else:
+        assert list(strategies) == ["strategies"]
     # resumed with the sweeps saved: not measured again
     (tmp_path / model_inputs.SWEEP_FILE).write_text("")
     assert course.sweeps(p.sweeps, True) == "ok (saved before)"
@@ -69,7 +78,8 @@ def test_every_section_of_the_lab_is_a_part(quick):
     assert [p.title for p in parts] == [
         "results within one server", "results across servers", "results across servers (ResNet-50)",
         "results across servers (VGG-16)", "a recurrent model (LSTM)", "gradient compression",
-        "parallel strategies (ResNet-50)"]
+        "parallel strategies (ResNet-50)",
+        *([] if quick else ["parallel strategies (ResNet-50): DDP at 1 worker, for its prediction"])]
     for across in parts[1:4]:
         assert across.place == "cluster" and across.flags["link"] == "1gbit"
         assert across.flags["nodes"] == ("2" if quick and across is not parts[1] else "1,2")
@@ -113,7 +123,7 @@ def test_every_section_has_a_part_that_runs_and_no_gpu_part_asks_for_more_ranks_
     backends = ("gloo", "mpi") + (("nccl",) if gpus else ())
     why = "" if docker else "no Docker engine here (socket refused); the cross-server part needs one"
     p = course_plan.plan("r", quick=quick, gpus=gpus, backends=backends, cluster=why)
-    assert list(dict.fromkeys(x.title for x in p.parts)) == [x.title for x in cpu_plan(quick).parts]
+    assert list(dict.fromkeys(x.title for x in p.parts)) == list(dict.fromkeys(x.title for x in cpu_plan(quick).parts))
     for title in dict.fromkeys(x.title for x in p.parts):
         mine = [x for x in p.parts if x.title == title]
         if title.startswith("results across servers") and not docker:

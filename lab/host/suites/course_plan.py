@@ -245,12 +245,20 @@ def plan(results_dir: str = "results", *, quick: bool = False, gpus: int = 0,
     # the memory each strategy holds per rank (accuracy needs far longer runs on CPUs).
     strategies = "ddp,zero1" if quick else "ddp,zero1,fsdp,pipeline,model-parallel,deepspeed,rpc-pipeline"
     steps, warmup, repeat = (3, 1, 1) if quick else (8, 2, 2)
+    strategy_runs = {"framework": "ddp", "model": "resnet50", "epochs": 1, "max_steps": steps,
+                     "warmup_steps": warmup, "repeat": repeat}
     local("strategies", "parallel strategies (ResNet-50)",
-          {"np": "2", "strategy": strategies, "framework": "ddp", "model": "resnet50",
-           "epochs": 1, "max_steps": steps, "warmup_steps": warmup, "repeat": repeat,
-           "run_id": "lab-strategies"},
+          {"np": "2", "strategy": strategies, **strategy_runs, "run_id": "lab-strategies"},
           lambda f, c: estimate("resnet50", c, len(f["strategy"].split(",")) * repeat, lambda np: steps),
           batch_size=16)
+    # Plain DDP's 1-worker run of the same configuration: what the report's cost model
+    # predicts its 2-worker row from (the other strategies are not predicted, each with its
+    # reason: lab.report.prediction). Not in --quick (its minutes), nor with one GPU, where
+    # the part above already runs DDP at 1 worker on it.
+    if not quick and gpus != 1:
+        local("strategies-one", "parallel strategies (ResNet-50): DDP at 1 worker, for its prediction",
+              {"np": "1", "strategy": "ddp", **strategy_runs, "run_id": "lab-strategies-one"},
+              lambda f, c: estimate("resnet50", c, repeat, lambda np: steps), batch_size=16)
 
     notes = []
     if horovod:
