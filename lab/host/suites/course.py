@@ -146,10 +146,10 @@ def run(plan: Plan, *, resume: bool = False, defaults: dict | None = None, build
         for i, part in enumerate(plan.parts, 1):
             if part.skipped:
                 outcome[part.name] = f"skipped: {part.skipped}"
-                echo(f"== lab part {i}/{len(plan.parts)}: {part.title}: skipped: {part.skipped}")
+                echo(f"== lab part {i}/{len(plan.parts)}: {part.heading}: skipped: {part.skipped}")
                 continue
             left = sum(p.estimate_s for p in todo[todo.index(part):])
-            echo(f"== lab part {i}/{len(plan.parts)}: {part.title} (about {display.duration(part.estimate_s, rough=True)}; "
+            echo(f"== lab part {i}/{len(plan.parts)}: {part.heading} (about {display.duration(part.estimate_s, rough=True)}; "
                  f"{display.duration(time.monotonic() - t0, rough=True)} so far, about {display.duration(left, rough=True)} to go)")
             echo(f"   {part.command()}")
             t_part = time.monotonic()
@@ -161,8 +161,8 @@ def run(plan: Plan, *, resume: bool = False, defaults: dict | None = None, build
                 outcome[part.name] = part_outcome(result)
             except (BenchError, CourseError) as e:
                 outcome[part.name] = f"error: {e}"
-                echo(f"!! {part.title}: {e}")
-            echo(f"== {part.title}: {outcome[part.name]}, took {display.duration(time.monotonic() - t_part, rough=True)} "
+                echo(f"!! {part.heading}: {e}")
+            echo(f"== {part.heading}: {outcome[part.name]}, took {display.duration(time.monotonic() - t_part, rough=True)} "
                  f"(estimated {display.duration(part.estimate_s, rough=True)})")
     finally:
         if started_cluster:

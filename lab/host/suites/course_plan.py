@@ -43,6 +43,12 @@ class Part:
     skipped: str = ""           # why the part does not run here ("" : it runs)
     devices: str = "CPU processes"  # what its runs measure, as the plan says it
     kind: str = "bench"         # "bench", or "doctor": doctor's collective sweeps saved for the cost model
+    why: str = ""               # what the part is for, where its title (its report section) does not say
+
+    @property
+    def heading(self) -> str:
+        """Its title, and what it is for where the title does not say."""
+        return f"{self.title} ({self.why})" if self.why else self.title
 
     @property
     def gpu(self) -> bool:
@@ -93,9 +99,9 @@ class Plan:
             lines.append(f"     {self.sweeps.command()}")
         for i, p in enumerate(self.parts, 1):
             if p.skipped:
-                lines.append(f"  {i}. {p.title}: skipped: {p.skipped}")
+                lines.append(f"  {i}. {p.heading}: skipped: {p.skipped}")
                 continue
-            lines.append(f"  {i}. {p.title}, on {p.devices}: about {display.duration(p.estimate_s, rough=True)}")
+            lines.append(f"  {i}. {p.heading}, on {p.devices}: about {display.duration(p.estimate_s, rough=True)}")
             lines.append(f"     {p.command()}")
         lines.append(f"  then: invoke report (Markdown and HTML) into {self.report_dir}")
         lines += [f"  note: {n}" for n in self.notes]
@@ -142,16 +148,16 @@ def plan(results_dir: str = "results", *, quick: bool = False, gpus: int = 0,
 
     parts: list[Part] = []
 
-    def local(name, title, flags, cost, **extra):
+    def local(name, title, flags, cost, why="", **extra):
         """The part on this machine's GPUs where its counts fit (all of them: one part),
         else at the counts that fit and, beside it, all of them on CPU processes.
-        cost(flags, counts) -> its estimate; `extra`: flags over the common ones."""
+        cost(flags, counts) -> its estimate; `why`: Part.why; `extra`: flags over the common ones."""
         counts = [int(n) for n in str(flags["np"]).split(",")]
         run_id = flags.pop("run_id")
         flags = {**flags, "local": True, **common, **extra}
         if not gpus:
             flags["run_id"] = run_id
-            parts.append(Part(name, title, flags, estimate_s=cost(flags, counts)))
+            parts.append(Part(name, title, flags, estimate_s=cost(flags, counts), why=why))
             return
         fit = [n for n in counts if n <= gpus]
         on_gpus = "the GPU" if gpus == 1 else "the GPUs, one per rank"
@@ -159,12 +165,12 @@ def plan(results_dir: str = "results", *, quick: bool = False, gpus: int = 0,
             g = {**flags, "np": ",".join(map(str, fit or [1])), "device": "cuda", "run_id": run_id}
             if not fit:         # ResNet-50 on the GPU: one process, ddp alone
                 g["strategy"] = "ddp"
-            parts.append(Part(name, title, g, estimate_s=cost(g, fit or [1]), devices=on_gpus))
+            parts.append(Part(name, title, g, estimate_s=cost(g, fit or [1]), devices=on_gpus, why=why))
         if fit != counts:
             c = {**flags, "run_id": f"{run_id}-cpu"}
             if "backend" in c:
                 c["backend"] = ",".join(b for b in c["backend"].split(",") if b != "nccl")
-            parts.append(Part(f"{name}-cpu", title, c, estimate_s=cost(c, counts),
+            parts.append(Part(f"{name}-cpu", title, c, estimate_s=cost(c, counts), why=why,
                               devices=f"CPU processes beside {on_gpus} (more ranks than GPUs)"))
 
     # Within one server: every back end that runs here, Horovod and DDP, 1 and 2 workers
@@ -256,9 +262,10 @@ def plan(results_dir: str = "results", *, quick: bool = False, gpus: int = 0,
     # reason: lab.report.prediction). Not in --quick (its minutes), nor with one GPU, where
     # the part above already runs DDP at 1 worker on it.
     if not quick and gpus != 1:
-        local("strategies-one", "parallel strategies (ResNet-50): DDP at 1 worker, for its prediction",
+        local("strategies-one", "parallel strategies (ResNet-50)",
               {"np": "1", "strategy": "ddp", **strategy_runs, "run_id": "lab-strategies-one"},
-              lambda f, c: estimate("resnet50", c, repeat, lambda np: steps), batch_size=16)
+              lambda f, c: estimate("resnet50", c, repeat, lambda np: steps),
+              why="plain DDP at 1 worker, what its 2-worker row is predicted from", batch_size=16)
 
     notes = []
     if horovod:
