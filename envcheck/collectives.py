@@ -1,4 +1,5 @@
-"""`python -m torch.distributed.run --nproc-per-node N -m envcheck.collectives`: the
+"""`python -m torch.distributed.run --nproc-per-node N -m envcheck.collectives` (doctor starts
+the ranks as torchrun --standalone does, through lab.host.launchers.local): the
 collectives nccl-tests times (all-reduce, all-gather, reduce-scatter, broadcast, reduce,
 all-to-all: lab.common.collectives.OPS) swept over message sizes through torch.distributed
 (Gloo on CPU, NCCL on GPU), reported as nccl-tests reports them: per size the slowest
@@ -113,7 +114,8 @@ def _horovod_ops(hvd, torch, n: int):
 
 
 class _Torch:
-    """torch.distributed as started by torch.distributed.run (Gloo on CPU, NCCL on GPU)."""
+    """torch.distributed as started by torch.distributed.run or lab.host.launchers.local
+    (Gloo on CPU, NCCL on GPU)."""
 
     def __init__(self, backend: str):
         import torch
@@ -257,7 +259,7 @@ def main(argv=None) -> int:
     from lab.common.collectives import OPS
     p = argparse.ArgumentParser(prog="python -m envcheck.collectives")
     p.add_argument("--backend", default="gloo", choices=("gloo", "nccl", "horovod", "ccl"),
-                   help="gloo or nccl: torch.distributed (under torch.distributed.run); "
+                   help="gloo or nccl: torch.distributed (under torch.distributed.run or lab.host.launchers.local); "
                         "horovod: Horovod's collectives (under mpirun: MPI's); ccl: Horovod's "
                         "oneCCL operations (under mpirun)")
     p.add_argument("--sizes", type=_ints, default=None,

@@ -114,6 +114,10 @@ def test_an_images_cached_stack_is_probed_again_for_other_visible_gpus(tmp_path,
     # The simulated cluster's nodes running the same image keep an answer of their own.
     assert stack_cache.cached(stack_cache.image_key("sha256:abc", False, False, kind="cluster"), probe,
                               depends=False)["gpus"] == cpu + 1
+    # a cluster brought up again on the same image with other GPUs is probed again
+    one, two = ([{"Driver": "nvidia", "DeviceIDs": ids, "Capabilities": [["gpu"]]}] for ids in (["0"], ["0", "1"]))
+    assert stack_cache.image_key("sha256:abc", False, True, kind="cluster", devices=one) != \
+        stack_cache.image_key("sha256:abc", False, True, kind="cluster", devices=two)
 
 
 def test_a_pythons_cached_stack_is_probed_again_after_a_user_site_install(tmp_path, monkeypatch, venv):

@@ -289,3 +289,23 @@ def test_a_results_dir_that_is_a_file_is_one_sentence_and_the_file_is_left_alone
     assert len(cp.stderr.strip().splitlines()) == 1 and "is a file, not a folder" in cp.stderr
     assert f"{afile} is a file" in cp.stderr and "lab part" not in cp.stdout
     assert afile.read_text() == "kept" and list(tmp_path.iterdir()) == [afile]
+
+
+@pytest.mark.parametrize("gpus", [0, 1, 2])
+def test_the_strategies_ddp_rows_at_2_workers_each_have_their_1_worker_run(gpus):
+    """The full lab's strategies part runs plain DDP at 2 workers (on the GPUs, or as CPU
+    processes beside one GPU): a part with the same flags at 1 worker gives the report's cost
+    model its input, on the same device (a CPU row is never paired with a GPU one)."""
+    backends = ("gloo", "mpi") + (("nccl",) if gpus else ())
+    parts = course_plan.plan("r", gpus=gpus, backends=backends).parts
+    ignore = ("np", "strategy", "run_id")
+
+    def same(flags):
+        return {k: v for k, v in flags.items() if k not in ignore}
+    multi = [q.flags for q in parts if q.name.startswith("strategies")
+             and "2" in str(q.flags["np"]).split(",") and "ddp" in q.flags["strategy"].split(",")]
+    ones = [q.flags for q in parts if q.name.startswith("strategies") and str(q.flags["np"]) == "1"
+            and q.flags["strategy"] == "ddp"]
+    assert multi, [q.name for q in parts]
+    for flags in multi:
+        assert any(same(o) == same(flags) for o in ones), (flags, ones)

@@ -64,14 +64,16 @@ def local_key(python: str, env: dict | None = None) -> str:
     return _digest(facts)
 
 
-def image_key(image_id: str, frozen: bool, gpus: bool, env: dict | None = None, kind: str = "image") -> str:
+def image_key(image_id: str, frozen: bool, gpus: bool, env: dict | None = None, kind: str = "image",
+              devices=None) -> str:
     """With `gpus`, the container is given the GPUs the host's variables make visible
     (lab.host.places.image.visible_gpus); without, none, whatever they say. `kind`:
     "image" (a container of its own) or "cluster" (the simulated cluster's node1, which
-    runs the image it was brought up with)."""
+    runs the image it was brought up with, given the GPUs of its `devices`: the
+    container's device requests, fixed when the cluster came up)."""
     env = (os.environ if env is None else env) if gpus else {}
     return _digest({"kind": kind, "image": image_id, "frozen": frozen, "gpus": gpus,
-                    **machine_facts(env)})
+                    **({"devices": devices} if devices else {}), **machine_facts(env)})
 
 
 def _digest(facts: dict) -> str:

@@ -259,13 +259,20 @@ def plan(results_dir: str = "results", *, quick: bool = False, gpus: int = 0,
           batch_size=16)
     # Plain DDP's 1-worker run of the same configuration: what the report's cost model
     # predicts its 2-worker row from (the other strategies are not predicted, each with its
-    # reason: lab.report.prediction). Not in --quick (its minutes), nor with one GPU, where
-    # the part above already runs DDP at 1 worker on it.
-    if not quick and gpus != 1:
-        local("strategies-one", "parallel strategies (ResNet-50)",
-              {"np": "1", "strategy": "ddp", **strategy_runs, "run_id": "lab-strategies-one"},
-              lambda f, c: estimate("resnet50", c, repeat, lambda np: steps),
-              why="plain DDP at 1 worker, what its 2-worker row is predicted from", batch_size=16)
+    # reason: lab.report.prediction). Not in --quick (its minutes). With one GPU the part
+    # above runs DDP at 1 worker on it and its 2-worker rows as CPU processes beside it:
+    # their 1-worker run is a CPU process too (the device is part of a configuration).
+    if not quick:
+        one = {"np": "1", "strategy": "ddp", **strategy_runs, "run_id": "lab-strategies-one"}
+        why = "plain DDP at 1 worker, what its 2-worker row is predicted from"
+        if gpus == 1:
+            flags = {**one, "local": True, **common, "batch_size": 16, "run_id": "lab-strategies-one-cpu"}
+            parts.append(Part("strategies-one-cpu", "parallel strategies (ResNet-50)", flags, why=why,
+                              estimate_s=estimate("resnet50", [1], repeat, lambda np: steps),
+                              devices="CPU processes beside the GPU (more ranks than GPUs)"))
+        else:
+            local("strategies-one", "parallel strategies (ResNet-50)", one,
+                  lambda f, c: estimate("resnet50", c, repeat, lambda np: steps), why=why, batch_size=16)
 
     notes = []
     if horovod:

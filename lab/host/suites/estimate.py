@@ -37,7 +37,7 @@ class Costs:
 # of it, 138M parameters built; a step at 2 workers 6.5 s; at 1 worker 2.5 s, not
 # refitted: the quick lab runs none).
 # Refitted again 2026-11-29 after two changes (`invoke lab --quick --results-dir /tmp/lq2`,
-# 4 min 50 s against 5 min estimated): a run's collective timed alone runs 2 all-reduces
+# 4 min 50 s against 5 min estimated; with these costs /tmp/lq3 took 4 min 40 s against 285 s): a run's collective timed alone runs 2 all-reduces
 # where one takes longer than its budget (VGG-16's start 40 s -> 27 s), and Horovod on the
 # cluster's nodes starts without horovodrun's build checks (3.5 s -> 0.8 s a run), so a run
 # there costs 1.5 s more than on this machine, not 4.

@@ -201,10 +201,11 @@ class ClusterRunner(Runner):
 
     def probe_stack(self, timeout_s: float = 120) -> dict:
         """The probe's answer on node1, from the cache (lab.host.places.stack_cache) keyed by
-        the image the nodes run, the kit's copy and whether they were given GPUs."""
-        gpus = bool((self.found["node1"].attrs.get("HostConfig") or {}).get("DeviceRequests"))
+        the image the nodes run, the kit's copy and the GPUs they were given (node1's device
+        requests, as `invoke up` made them)."""
+        requests = (self.found["node1"].attrs.get("HostConfig") or {}).get("DeviceRequests")
         self.stack = stack_cache.cached(
-            stack_cache.image_key(self.image.id, self.frozen, gpus, kind="cluster"),
+            stack_cache.image_key(self.image.id, self.frozen, bool(requests), kind="cluster", devices=requests),
             lambda: super(ClusterRunner, self).probe_stack(timeout_s), depends=False)
         return self.stack
 
