@@ -73,7 +73,7 @@ def image_key(image_id: str, frozen: bool, gpus: bool, env: dict | None = None, 
     container's device requests, fixed when the cluster came up)."""
     env = (os.environ if env is None else env) if gpus else {}
     return _digest({"kind": kind, "image": image_id, "frozen": frozen, "gpus": gpus,
-                    **({"devices": devices} if devices else {}), **machine_facts(env)})
+                    **machine_facts(env), **({"device_requests": devices} if devices else {})})
 
 
 def _digest(facts: dict) -> str:
