@@ -90,13 +90,17 @@ def left_processes(token: str) -> list[int]:
 
 
 def stop_processes(pids: list[int], grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM, then SIGKILL to what is left after `grace_s`; each waited for (at most
+    `grace_s`) until gone, so that what the caller starts next never meets them: a kill
+    is delivered, not done, when os.kill returns."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = [p for p in pids if _alive(p)]
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
         end = time.monotonic() + grace_s
-        while sig == signal.SIGTERM and time.monotonic() < end and any(_alive(p) for p in pids):
-            time.sleep(0.1)
+        while time.monotonic() < end and any(_alive(p) for p in pids):
+            time.sleep(0.05)
 
 
 def _alive(pid: int) -> bool:
