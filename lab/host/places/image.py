@@ -204,9 +204,8 @@ class ImageRunner(Runner):
 
     def commands(self, job):
         cmd = launch.command(job.framework, job.backend, job.np, list(job.worker_args), python="python")
-        # The checkout's launcher (lab.host.launchers.horovod); an image's own copy of the kit
-        # (--frozen) may predate it, so that runs horovodrun itself.
-        return {self.tag: cmd if self.frozen else launch.lean_horovodrun(cmd, self.stack, "python")}
+        # an image's own copy of the kit (--frozen) may predate the launcher: horovodrun itself
+        return {self.tag: launch.lean_horovodrun(cmd, None if self.frozen else self.stack, "python")}
 
     def run(self, commands, env, timeout_s, echo, name=""):
         """One container for the job: (exit code or None at the time limit, last lines,

@@ -148,14 +148,15 @@ def plan(results_dir: str = "results", *, quick: bool = False, gpus: int = 0,
 
     parts: list[Part] = []
 
-    def local(name, title, flags, cost, why="", **extra):
+    def local(name, title, flags, cost, why="", cpu=False, **extra):
         """The part on this machine's GPUs where its counts fit (all of them: one part),
-        else at the counts that fit and, beside it, all of them on CPU processes.
-        cost(flags, counts) -> its estimate; `why`: Part.why; `extra`: flags over the common ones."""
+        else at the counts that fit and, beside it, all of them on CPU processes (`cpu`:
+        on CPU processes alone). cost(flags, counts) -> its estimate; `why`: Part.why;
+        `extra`: flags over the common ones."""
         counts = [int(n) for n in str(flags["np"]).split(",")]
         run_id = flags.pop("run_id")
         flags = {**flags, "local": True, **common, **extra}
-        if not gpus:
+        if not gpus or cpu:
             flags["run_id"] = run_id
             parts.append(Part(name, title, flags, estimate_s=cost(flags, counts), why=why))
             return
@@ -263,16 +264,11 @@ def plan(results_dir: str = "results", *, quick: bool = False, gpus: int = 0,
     # above runs DDP at 1 worker on it and its 2-worker rows as CPU processes beside it:
     # their 1-worker run is a CPU process too (the device is part of a configuration).
     if not quick:
-        one = {"np": "1", "strategy": "ddp", **strategy_runs, "run_id": "lab-strategies-one"}
-        why = "plain DDP at 1 worker, what its 2-worker row is predicted from"
-        if gpus == 1:
-            flags = {**one, "local": True, **common, "batch_size": 16, "run_id": "lab-strategies-one-cpu"}
-            parts.append(Part("strategies-one-cpu", "parallel strategies (ResNet-50)", flags, why=why,
-                              estimate_s=estimate("resnet50", [1], repeat, lambda np: steps),
-                              devices="CPU processes beside the GPU (more ranks than GPUs)"))
-        else:
-            local("strategies-one", "parallel strategies (ResNet-50)", one,
-                  lambda f, c: estimate("resnet50", c, repeat, lambda np: steps), why=why, batch_size=16)
+        local("strategies-one", "parallel strategies (ResNet-50)",
+              {"np": "1", "strategy": "ddp", **strategy_runs, "run_id": "lab-strategies-one"},
+              lambda f, c: estimate("resnet50", c, repeat, lambda np: steps),
+              why="plain DDP at 1 worker, what its 2-worker row is predicted from", cpu=gpus == 1,
+              batch_size=16)
 
     notes = []
     if horovod:
